@@ -1,0 +1,23 @@
+"""namedaxes: named axes and logical-to-physical sharding for JAX.
+
+Write models with named axes, say once how logical axes map to mesh axes, and let the library turn
+names into ``PartitionSpec``s.
+"""
+
+__version__ = "0.1.0"
+
+from ._array import NamedArray as NamedArray
+from ._array import is_named_array as is_named_array
+from ._array import named as named
+from ._axis import Axis as Axis
+from ._axis import AxisSelector as AxisSelector
+from ._axis import AxisSpec as AxisSpec
+from ._errors import AxisError as AxisError
+from ._errors import AxisNotFoundError as AxisNotFoundError
+from ._errors import AxisSizeError as AxisSizeError
+from ._errors import DuplicateAxisError as DuplicateAxisError
+from ._errors import MeshError as MeshError
+from ._errors import NamedAxesError as NamedAxesError
+from ._errors import NamedTypeError as NamedTypeError
+from ._errors import ShardingError as ShardingError
+from ._errors import SpecMismatchError as SpecMismatchError

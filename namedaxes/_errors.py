@@ -1,0 +1,109 @@
+"""Exception types and the formatters their messages share.
+
+Every error the library raises on bad user input is one of these types. Each subclasses
+``ValueError`` or ``TypeError`` so callers can catch the usual thing, and each message says what
+failed, shows the offending names/sizes/mesh/path, lists what was available, and names one fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "AxisError",
+    "AxisNotFoundError",
+    "AxisSizeError",
+    "DuplicateAxisError",
+    "MeshError",
+    "NamedAxesError",
+    "NamedTypeError",
+    "ShardingError",
+    "SpecMismatchError",
+    "format_axes",
+    "format_mesh",
+    "format_names",
+    "format_path",
+]
+
+
+class NamedAxesError(Exception):
+    """Base class of every error raised by namedaxes on bad input."""
+
+
+class AxisError(NamedAxesError, ValueError):
+    """An axis specification is invalid (bad name, bad size, wrong count)."""
+
+
+class AxisNotFoundError(AxisError, KeyError):
+    """An axis name was asked for that the array does not have."""
+
+    # KeyError quotes its message in str(); keep it readable.
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateAxisError(AxisError):
+    """The same axis name appears twice where names must be unique."""
+
+
+class AxisSizeError(AxisError):
+    """Two axes with the same name disagree on their size, or a size does not fit."""
+
+
+class NamedTypeError(NamedAxesError, TypeError):
+    """An argument has the wrong type (for example a plain array where a NamedArray is needed)."""
+
+
+class ShardingError(NamedAxesError, ValueError):
+    """A logical-to-physical mapping cannot be applied to an array on a mesh."""
+
+
+class SpecMismatchError(ShardingError):
+    """A tree of partition specs does not match the tree of arrays it describes."""
+
+
+class MeshError(NamedAxesError, ValueError):
+    """A device mesh cannot be built or parsed as asked."""
+
+
+def format_names(names: Iterable[Any]) -> str:
+    """Quote and comma-join names: ``'batch', 'embed'`` (``(none)`` when empty)."""
+    quoted = [repr(n) for n in names]
+    return ", ".join(quoted) if quoted else "(none)"
+
+
+def format_axes(axes: Iterable[Any]) -> str:
+    """Render axes as ``batch=8, embed=64``.
+
+    Accepts ``Axis`` objects (anything with ``name`` and ``size``), ``(name, size)`` pairs, or a
+    ``{name: size}`` mapping.
+    """
+    if isinstance(axes, Mapping):
+        items = list(axes.items())
+    else:
+        items = [(a.name, a.size) if hasattr(a, "name") else tuple(a) for a in axes]
+    return ", ".join(f"{name}={size}" for name, size in items)
+
+
+def format_mesh(mesh: Any) -> str:
+    """Render a mesh (concrete or abstract) as ``Mesh(data=2, model=4)``."""
+    if mesh is None:
+        return "no mesh"
+    shape = getattr(mesh, "shape", None)
+    if isinstance(shape, Mapping):
+        return "Mesh(" + ", ".join(f"{k}={v}" for k, v in shape.items()) + ")"
+    return repr(mesh)
+
+
+def format_path(path: Iterable[Any]) -> str:
+    """Render a pytree key path as ``params/layers/0/weight`` (``<root>`` when empty)."""
+    parts = []
+    for key in path:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts) if parts else "<root>"
