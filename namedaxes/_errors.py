@@ -15,6 +15,7 @@ __all__ = [
     "AxisNotFoundError",
     "AxisSizeError",
     "DuplicateAxisError",
+    "MappingTypeError",
     "MeshError",
     "NamedAxesError",
     "NamedTypeError",
@@ -57,6 +58,11 @@ class NamedTypeError(NamedAxesError, TypeError):
 
 class ShardingError(NamedAxesError, ValueError):
     """A logical-to-physical mapping cannot be applied to an array on a mesh."""
+
+
+class MappingTypeError(ShardingError, NamedTypeError):
+    """A sharding mapping or rule holds a value of the wrong type (both a ``ShardingError`` and a
+    ``TypeError``)."""
 
 
 class SpecMismatchError(ShardingError):
