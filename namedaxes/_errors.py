@@ -16,10 +16,12 @@ __all__ = [
     "AxisSizeError",
     "DuplicateAxisError",
     "MappingTypeError",
+    "MemoryAnalysisUnavailableError",
     "MeshError",
     "NamedAxesError",
     "NamedTypeError",
     "ShardingError",
+    "ShardingWarning",
     "SpecMismatchError",
     "format_axes",
     "format_mesh",
@@ -71,6 +73,14 @@ class SpecMismatchError(ShardingError):
 
 class MeshError(NamedAxesError, ValueError):
     """A device mesh cannot be built or parsed as asked."""
+
+
+class MemoryAnalysisUnavailableError(NamedAxesError, NotImplementedError):
+    """The backend cannot report compiled memory figures (``memory_analysis()`` is missing)."""
+
+
+class ShardingWarning(UserWarning):
+    """Base class of the warnings namedaxes emits about shardings (bad specs, unmet budgets)."""
 
 
 def format_names(names: Iterable[Any]) -> str:
