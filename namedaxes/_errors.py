@@ -14,6 +14,8 @@ __all__ = [
     "AxisError",
     "AxisNotFoundError",
     "AxisSizeError",
+    "BarrierTimeoutError",
+    "DistributedError",
     "DuplicateAxisError",
     "MappingTypeError",
     "MemoryAnalysisUnavailableError",
@@ -73,6 +75,14 @@ class SpecMismatchError(ShardingError):
 
 class MeshError(NamedAxesError, ValueError):
     """A device mesh cannot be built or parsed as asked."""
+
+
+class DistributedError(NamedAxesError, RuntimeError):
+    """A multi-process operation failed (runtime not initialized, peers not answering)."""
+
+
+class BarrierTimeoutError(DistributedError, TimeoutError):
+    """Not every process reached a barrier within its timeout."""
 
 
 class MemoryAnalysisUnavailableError(NamedAxesError, NotImplementedError):
