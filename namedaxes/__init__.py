@@ -21,3 +21,12 @@ from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import ShardingError as ShardingError
 from ._errors import SpecMismatchError as SpecMismatchError
+
+# -- partitioning (issue 3): rules, resolve, mapping context, shard, named_jit ----------------
+from ._errors import MappingTypeError as MappingTypeError
+from ._partitioning import AxisRules as AxisRules
+from ._partitioning import ResourceMapping as ResourceMapping
+from ._partitioning import axis_mapping as axis_mapping
+from ._partitioning import current_axis_mapping as current_axis_mapping
+from ._partitioning import resolve as resolve
+# -- end partitioning --

@@ -1,0 +1,313 @@
+"""Logical-to-physical rules: ``ResourceMapping``, ``AxisRules`` and their normalization.
+
+A ``ResourceMapping`` is the everyday form (``{"batch": "data"}``); ``AxisRules`` is the general one:
+an ordered, immutable, hashable sequence of ``(logical_name, mesh_axes)`` pairs in which a name may
+repeat (later pairs are fallbacks). Everything else in the package works on ``AxisRules``; mappings
+are converted once (and the conversion is cached) by ``as_rules``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal, TypeAlias, Union
+
+from .._errors import MappingTypeError, ShardingError, format_names
+
+__all__ = [
+    "AxisRules",
+    "MeshAxes",
+    "ResourceMapping",
+    "RulesLike",
+    "UnsatisfiedPolicy",
+    "as_rules",
+    "merge_rules",
+]
+
+#: Where one logical axis goes: one mesh axis, several (split over their product), or ``None``
+#: (explicitly replicated).
+MeshAxes: TypeAlias = Union[str, tuple[str, ...], None]
+#: A logical axis name to the mesh axes it is split over.
+ResourceMapping: TypeAlias = Mapping[str, MeshAxes]
+#: What to do when rules exist for an axis but none of them applies.
+UnsatisfiedPolicy: TypeAlias = Literal["error", "replicate"]
+_POLICIES = ("error", "replicate")
+
+# Normalized target of one rule: a non-empty tuple of distinct mesh-axis names, or None.
+_Target: TypeAlias = Union[tuple[str, ...], None]
+
+
+def _normalize_target(name: Any, value: Any) -> _Target:
+    """Check and normalize one rule's mesh axes; errors name the logical axis and the value."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            raise MappingTypeError(
+                f"Logical axis {name!r} is mapped to an empty mesh-axis name ''. "
+                "Use a mesh axis name such as 'data', or None to replicate."
+            )
+        return (value,)
+    if isinstance(value, (tuple, list)):
+        bad = [v for v in value if not isinstance(v, str) or not v]
+        if bad:
+            raise MappingTypeError(
+                f"Logical axis {name!r} is mapped to {value!r}, which contains {bad[0]!r} "
+                f"({type(bad[0]).__name__}); every mesh axis must be a non-empty string. "
+                "Use e.g. ('data', 'model')."
+            )
+        target = tuple(value)
+        if len(set(target)) != len(target):
+            raise ShardingError(
+                f"Logical axis {name!r} is mapped to {value!r}, which names a mesh axis twice. "
+                "List each mesh axis once."
+            )
+        return target or None  # () means "split over nothing": replicated
+    raise MappingTypeError(
+        f"Logical axis {name!r} is mapped to {value!r} ({type(value).__name__}); a mapping value "
+        "must be a mesh axis name (str), a tuple of mesh axis names, or None (replicated). "
+        f"Use e.g. {{{name!r}: 'data'}}."
+    )
+
+
+def _display(target: _Target) -> MeshAxes:
+    if target is None:
+        return None
+    return target[0] if len(target) == 1 else target
+
+
+class AxisRules:
+    """Ordered logical-to-mesh rules; a name may repeat, later pairs being fallbacks.
+
+    For each axis of an array, ``resolve`` takes the first pair for its name whose mesh axes are not
+    used by an earlier axis of the same array and whose combined size divides the axis size. When
+    pairs exist for a name but none applies, ``unsatisfied`` decides: ``"error"`` raises a
+    ``ShardingError``, ``"replicate"`` leaves the axis unsharded.
+
+    Immutable and hashable (usable as a cache key); equal rules compare equal whether mesh axes were
+    given as ``"data"`` or ``("data",)``. An empty tuple of mesh axes means the same as ``None``.
+
+    Args:
+        pairs: ``(logical_name, mesh_axes)`` pairs, a ``ResourceMapping``, or another ``AxisRules``
+            (whose pairs are copied; its policy is replaced by ``unsatisfied``).
+        unsatisfied: ``"error"`` (default) or ``"replicate"``.
+
+    Raises:
+        MappingTypeError: if a name is not a non-empty string or mesh axes have the wrong type.
+        ShardingError: if ``unsatisfied`` is not a known policy, or a pair names a mesh axis twice.
+
+    Example:
+        >>> rules = AxisRules([("batch", ("replica", "data")), ("batch", "data"), ("mlp", "model")])
+        >>> rules.candidates("batch")
+        (('replica', 'data'), ('data',))
+        >>> rules
+        AxisRules([('batch', ('replica', 'data')), ('batch', 'data'), ('mlp', 'model')], unsatisfied='error')
+    """
+
+    __slots__ = ("_pairs", "_unsatisfied", "_by_name", "_mesh_axes", "_hash")
+
+    _pairs: tuple[tuple[str, _Target], ...]
+    _unsatisfied: UnsatisfiedPolicy
+    _by_name: dict[str, tuple[_Target, ...]]
+    _mesh_axes: tuple[str, ...]
+    _hash: int
+
+    def __init__(
+        self,
+        pairs: Iterable[tuple[str, MeshAxes]] | ResourceMapping | AxisRules = (),
+        unsatisfied: UnsatisfiedPolicy = "error",
+    ) -> None:
+        if unsatisfied not in _POLICIES:
+            raise ShardingError(
+                f"unsatisfied must be one of {format_names(_POLICIES)}, got {unsatisfied!r}."
+            )
+        if isinstance(pairs, AxisRules):
+            normalized = pairs._pairs
+        else:
+            items: Iterable[Any] = pairs.items() if isinstance(pairs, Mapping) else pairs
+            if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+                raise MappingTypeError(
+                    f"AxisRules expects (logical_name, mesh_axes) pairs or a mapping, got {pairs!r} "
+                    f"({type(pairs).__name__}). Use e.g. AxisRules([('batch', 'data')])."
+                )
+            out = []
+            for item in items:
+                if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    raise MappingTypeError(
+                        f"Each rule must be a (logical_name, mesh_axes) pair, got {item!r}. "
+                        "Use e.g. ('batch', 'data')."
+                    )
+                name, value = item
+                if not isinstance(name, str) or not name:
+                    raise MappingTypeError(
+                        f"A logical axis name must be a non-empty string, got {name!r} "
+                        f"({type(name).__name__}) in rule {tuple(item)!r}."
+                    )
+                out.append((name, _normalize_target(name, value)))
+            normalized = tuple(out)
+        by_name: dict[str, list[_Target]] = {}
+        mesh_axes: dict[str, None] = {}
+        for name, target in normalized:
+            by_name.setdefault(name, []).append(target)
+            for m in target or ():
+                mesh_axes[m] = None
+        set_ = object.__setattr__
+        set_(self, "_pairs", normalized)
+        set_(self, "_unsatisfied", unsatisfied)
+        set_(self, "_by_name", {k: tuple(v) for k, v in by_name.items()})
+        set_(self, "_mesh_axes", tuple(mesh_axes))
+        set_(self, "_hash", hash((normalized, unsatisfied)))
+
+    # -- immutability / value semantics ---------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"AxisRules is immutable; build a new one instead of setting {name!r}.")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("AxisRules is immutable.")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AxisRules):
+            return NotImplemented
+        return self._pairs == other._pairs and self._unsatisfied == other._unsatisfied
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (AxisRules, (list(self.pairs), self._unsatisfied))
+
+    def __repr__(self) -> str:
+        return f"AxisRules({list(self.pairs)!r}, unsatisfied={self._unsatisfied!r})"
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def pairs(self) -> tuple[tuple[str, MeshAxes], ...]:
+        """The pairs in order, a single mesh axis shown as a string."""
+        return tuple((n, _display(t)) for n, t in self._pairs)
+
+    @property
+    def unsatisfied(self) -> UnsatisfiedPolicy:
+        """The policy for axes that have rules of which none applies."""
+        return self._unsatisfied
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The logical names that have rules, in first-appearance order."""
+        return tuple(self._by_name)
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        """Every mesh axis named by any rule, in first-appearance order."""
+        return self._mesh_axes
+
+    def candidates(self, name: str) -> tuple[tuple[str, ...] | None, ...]:
+        """The normalized targets for ``name`` in order (``()`` when it has no rules).
+
+        Example:
+            >>> AxisRules({"batch": "data"}).candidates("batch")
+            (('data',),)
+        """
+        return self._by_name.get(name, ())
+
+    def first(self, name: str) -> MeshAxes:
+        """The first rule's mesh axes for ``name`` (``None`` when unmapped or mapped to ``None``).
+
+        Example:
+            >>> AxisRules([("embed", ("data", "model")), ("embed", "data")]).first("embed")
+            ('data', 'model')
+        """
+        found = self._by_name.get(name)
+        return _display(found[0]) if found else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __iter__(self) -> Iterator[tuple[str, MeshAxes]]:
+        return iter(self.pairs)
+
+    # -- building -------------------------------------------------------------------------------
+
+    def replace(
+        self,
+        overrides: Mapping[str, MeshAxes] | None = None,
+        *,
+        unsatisfied: UnsatisfiedPolicy | None = None,
+    ) -> AxisRules:
+        """A copy in which each name in ``overrides`` has exactly the one given rule.
+
+        Example:
+            >>> AxisRules([("batch", "data"), ("batch", None)]).replace({"batch": "model"})
+            AxisRules([('batch', 'model')], unsatisfied='error')
+        """
+        overrides = dict(overrides or {})
+        kept = [(n, _display(t)) for n, t in self._pairs if n not in overrides]
+        return AxisRules(kept + list(overrides.items()), unsatisfied or self._unsatisfied)
+
+
+#: Anything accepted where rules are: ``AxisRules`` or a ``ResourceMapping``.
+RulesLike: TypeAlias = Union[AxisRules, ResourceMapping]
+
+
+@functools.lru_cache(maxsize=1024)
+def _rules_from_items(items: tuple[tuple[Any, Any], ...]) -> AxisRules:
+    return AxisRules(items)
+
+
+def as_rules(rules: RulesLike | None) -> AxisRules:
+    """Normalize ``AxisRules`` / ``ResourceMapping`` / ``None`` (no rules) to ``AxisRules``.
+
+    Conversions of mappings with hashable values are cached, so the hot path pays one dict walk.
+
+    Raises:
+        MappingTypeError: if ``rules`` is neither, or holds a mis-typed value.
+
+    Example:
+        >>> as_rules({"batch": "data"})
+        AxisRules([('batch', 'data')], unsatisfied='error')
+    """
+    if isinstance(rules, AxisRules):
+        return rules
+    if rules is None:
+        return _EMPTY
+    if isinstance(rules, Mapping):
+        items = tuple(rules.items())
+        try:
+            return _rules_from_items(items)
+        except TypeError as e:  # an unhashable value (a list): validate without the cache
+            if isinstance(e, MappingTypeError):
+                raise
+            return AxisRules(items)
+    raise MappingTypeError(
+        f"Expected an axis mapping (dict of logical name -> mesh axes) or AxisRules, got {rules!r} "
+        f"({type(rules).__name__}). Use e.g. {{'batch': 'data'}}."
+    )
+
+
+_EMPTY = AxisRules(())
+
+
+def merge_rules(inner: RulesLike, outer: RulesLike) -> RulesLike:
+    """Combine two mappings so that ``inner`` wins on every name it mentions.
+
+    Two plain mappings merge into a dict (``{**outer, **inner}``). If either is ``AxisRules`` the
+    result is ``AxisRules`` in which, for each name, inner's pairs come before outer's (outer's stay
+    as fallbacks); the policy is inner's when inner is ``AxisRules``, else outer's.
+
+    Example:
+        >>> merge_rules({"batch": "model"}, {"batch": "data", "embed": None})
+        {'batch': 'model', 'embed': None}
+    """
+    if not isinstance(inner, AxisRules) and not isinstance(outer, AxisRules):
+        as_rules(inner)  # validate both before merging
+        as_rules(outer)
+        return {**outer, **inner}
+    inner_r, outer_r = as_rules(inner), as_rules(outer)
+    policy = inner_r.unsatisfied if isinstance(inner, AxisRules) else outer_r.unsatisfied
+    # Resolution takes the first applicable pair per name, so listing inner's pairs first makes
+    # them win while outer's pairs for the same names remain as fallbacks.
+    return AxisRules(list(inner_r.pairs) + list(outer_r.pairs), policy)

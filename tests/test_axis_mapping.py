@@ -1,0 +1,207 @@
+"""The axis_mapping context: nesting, merge, kwargs, isolation across threads/tasks/generators."""
+
+import asyncio
+import contextlib
+import threading
+
+import pytest
+
+from namedaxes import AxisRules, MappingTypeError, axis_mapping, current_axis_mapping
+
+
+def test_nesting_and_restore():
+    assert current_axis_mapping() is None
+    with axis_mapping({"batch": "data"}) as m:
+        assert m == {"batch": "data"}
+        assert current_axis_mapping() == {"batch": "data"}
+        with axis_mapping({"embed": "model"}):
+            assert current_axis_mapping() == {"embed": "model"}  # replaces, not merges
+        assert current_axis_mapping() == {"batch": "data"}
+    assert current_axis_mapping() is None
+
+
+def test_restored_after_exception():
+    with pytest.raises(RuntimeError):
+        with axis_mapping({"batch": "data"}):
+            raise RuntimeError("boom")
+    assert current_axis_mapping() is None
+
+
+def test_kwargs_add_and_override():
+    with axis_mapping({"batch": "data", "embed": None}, embed="model", mlp=("data", "model")):
+        assert current_axis_mapping() == {"batch": "data", "embed": "model", "mlp": ("data", "model")}
+    with axis_mapping(batch="data"):
+        assert current_axis_mapping() == {"batch": "data"}
+    rules = AxisRules([("batch", "replica"), ("batch", "data"), ("embed", "model")])
+    with axis_mapping(rules, batch="model"):
+        assert current_axis_mapping() == AxisRules([("embed", "model"), ("batch", "model")])
+
+
+def test_merge_inner_wins():
+    with axis_mapping({"batch": "data", "embed": "model"}):
+        with axis_mapping({"embed": None, "mlp": "model"}, merge=True):
+            assert current_axis_mapping() == {"batch": "data", "embed": None, "mlp": "model"}
+        with axis_mapping(merge=True, batch="model"):
+            assert current_axis_mapping() == {"batch": "model", "embed": "model"}
+    with axis_mapping({"batch": "data"}, merge=True):  # nothing to merge with
+        assert current_axis_mapping() == {"batch": "data"}
+
+
+def test_merge_with_rules_puts_inner_pairs_first():
+    outer = AxisRules([("batch", "data"), ("embed", "model")], unsatisfied="replicate")
+    with axis_mapping(outer):
+        with axis_mapping({"batch": "model"}, merge=True):
+            assert current_axis_mapping() == AxisRules(
+                [("batch", "model"), ("batch", "data"), ("embed", "model")], unsatisfied="replicate"
+            )
+        inner = AxisRules([("embed", "data")])
+        with axis_mapping(inner, merge=True):
+            merged = current_axis_mapping()
+            assert merged.candidates("embed") == (("data",), ("model",))
+            assert merged.unsatisfied == "error"  # the inner rules' policy
+
+
+def test_bad_values_fail_at_construction():
+    with pytest.raises(MappingTypeError, match=r"Logical axis 'batch' is mapped to 2 \(int\)"):
+        axis_mapping({"batch": 2})
+    with pytest.raises(MappingTypeError, match=r"Logical axis 'mlp' is mapped to 1.5"):
+        axis_mapping(mlp=1.5)
+    with pytest.raises(MappingTypeError, match=r"axis_mapping expects a dict .* got 'data'"):
+        axis_mapping("data")  # type: ignore[arg-type]
+
+
+def test_decorator():
+    @axis_mapping(batch="data")
+    def f():
+        return current_axis_mapping()
+
+    assert f() == {"batch": "data"}
+    assert current_axis_mapping() is None
+
+
+def test_threads_are_isolated():
+    barrier = threading.Barrier(2, timeout=10)
+    seen = {}
+
+    def worker(name):
+        with axis_mapping(batch=name):
+            barrier.wait()  # both threads are inside their blocks at once
+            seen[name] = current_axis_mapping()
+            barrier.wait()
+        seen[name + "_after"] = current_axis_mapping()
+
+    with axis_mapping(batch="main"):
+        threads = [threading.Thread(target=worker, args=(n,)) for n in ("t1", "t2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert current_axis_mapping() == {"batch": "main"}
+    assert seen == {"t1": {"batch": "t1"}, "t2": {"batch": "t2"}, "t1_after": None, "t2_after": None}
+
+
+def test_asyncio_tasks_are_isolated_and_inherit():
+    async def task(name, started, release):
+        with axis_mapping(batch=name):
+            started.set()
+            await release.wait()
+            return current_axis_mapping()
+
+    async def main():
+        e1, e2, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        t1 = asyncio.create_task(task("a", e1, release))
+        t2 = asyncio.create_task(task("b", e2, release))
+        await e1.wait()
+        await e2.wait()
+        mine = current_axis_mapping()  # both tasks are inside their blocks now
+        release.set()
+        return await t1, await t2, mine
+
+    with axis_mapping(batch="outer"):
+        r1, r2, mine = asyncio.run(main())
+    assert (r1, r2, mine) == ({"batch": "a"}, {"batch": "b"}, {"batch": "outer"})
+
+
+def test_suspended_generator_does_not_leak():
+    def gen():
+        with axis_mapping(batch="gen"):
+            yield current_axis_mapping()
+            yield current_axis_mapping()
+        yield current_axis_mapping()
+
+    with axis_mapping(batch="caller"):
+        g = gen()
+        assert next(g) == {"batch": "gen"}
+        assert current_axis_mapping() == {"batch": "caller"}
+        with axis_mapping(batch="caller2"):
+            # Resumed, the generator still sees its own block's mapping.
+            assert next(g) == {"batch": "gen"}
+            assert current_axis_mapping() == {"batch": "caller2"}
+            assert next(g) == {"batch": "caller2"}  # its block is over
+        assert current_axis_mapping() == {"batch": "caller"}
+    assert current_axis_mapping() is None
+
+
+def test_abandoned_generator_leaves_nothing_behind():
+    def gen():
+        with axis_mapping(batch="gen"):
+            yield
+
+    g = gen()
+    next(g)
+    assert current_axis_mapping() is None
+    g.close()
+    assert current_axis_mapping() is None
+    from namedaxes._partitioning._context import _STACK
+
+    assert _STACK.get().entries == ()
+
+
+def test_async_generator_does_not_leak():
+    async def agen():
+        with axis_mapping(batch="agen"):
+            yield current_axis_mapping()
+
+    async def main():
+        it = agen()
+        inside = await it.__anext__()
+        outside = current_axis_mapping()
+        await it.aclose()
+        return inside, outside
+
+    assert asyncio.run(main()) == ({"batch": "agen"}, None)
+
+
+def test_contextmanager_wrappers_extend_over_the_block():
+    @contextlib.contextmanager
+    def use(mapping):
+        with axis_mapping(mapping):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def ause(mapping):
+        with axis_mapping(mapping):
+            yield
+
+    with use({"batch": "data"}):
+        assert current_axis_mapping() == {"batch": "data"}
+    assert current_axis_mapping() is None
+
+    async def main():
+        async with ause({"batch": "model"}):
+            return current_axis_mapping()
+
+    assert asyncio.run(main()) == {"batch": "model"}
+
+
+def test_exit_stack_keeps_mapping_across_yield():
+    def fixture_like():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(axis_mapping(batch="data"))
+            yield
+
+    g = fixture_like()
+    next(g)
+    assert current_axis_mapping() == {"batch": "data"}
+    next(g, None)
+    assert current_axis_mapping() is None
