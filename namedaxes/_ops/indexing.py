@@ -1,0 +1,417 @@
+"""Indexing by name: ``x["batch", 3]``, ``x[{"seq": slice(0, 4)}]``, gathers with named index
+arrays, ``x.at[...]`` updates, ``take`` and the dynamic ``slice``.
+
+A selection maps axes to indices. Each index is
+
+* an integer (Python int or a 0-d integer array, possibly traced): the axis disappears;
+* a slice with static bounds (steps allowed): the axis keeps its name with the new size;
+* an integer NamedArray: a gather by name. The indexed axis is replaced, at its position, by the
+  index array's axes. An index axis that ``x`` also has (and that is not itself indexed) is a *batch*
+  axis: it is matched pointwise, not crossed (``x[{"vocab": ids}]`` with ``ids(batch, seq)`` and
+  ``x(batch, vocab)`` picks ``x[b, ids[b, s]]``); it stays where it is in ``x``;
+* a 1-d integer array or list without names: a gather that keeps the axis' name (new size = length).
+
+Static integers out of range raise; traced indices follow JAX (clamped when reading, dropped when
+updating).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._array import NamedArray
+from .._axis import Axis, AxisSelector, axis_name, broadcast_axes, find_axis
+from .._errors import (
+    AxisSizeError,
+    DuplicateAxisError,
+    NamedTypeError,
+    format_axes,
+    format_names,
+)
+from ._align import align_to
+from .shape import expect_named
+
+__all__ = ["take", "slice_axis"]
+
+_builtin_slice = slice
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a named selection becomes one positional JAX index.
+
+    ``index`` has one entry per dimension of ``x``; ``layout`` is the axes of ``x.array[index]`` in
+    the order JAX produces them (NumPy's advanced-indexing rules); ``out`` is the axes in the order
+    namedaxes promises (``x``'s order, gathered axes replaced in place).
+    """
+
+    index: tuple[Any, ...]
+    layout: tuple[Axis, ...]
+    out: tuple[Axis, ...]
+
+    def reorder(self, array: jax.Array) -> NamedArray:
+        """Wrap the result of ``x.array[index]`` with names, in ``out`` order."""
+        names = [a.name for a in self.layout]
+        perm = [names.index(a.name) for a in self.out]
+        if perm != list(range(len(perm))):
+            array = jnp.transpose(array, perm)
+        return NamedArray(array, self.out)
+
+
+def _is_static_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _parse_key(x: NamedArray, key: Any) -> dict[int, Any]:
+    """``{dimension: index}`` from ``{"a": i}`` or ``("a", i, "b", j)``."""
+    usage = "Index by name: x['batch', 3], x['batch', 3, 'seq', 0:4] or x[{'batch': 3}]."
+    if isinstance(key, Mapping):
+        pairs = list(key.items())
+    elif isinstance(key, tuple) and len(key) % 2 == 0 and all(
+        isinstance(k, (str, Axis)) for k in key[::2]
+    ):
+        pairs = list(zip(key[::2], key[1::2]))
+    elif isinstance(key, (str, Axis)) or (isinstance(key, tuple) and key and isinstance(key[-1], (str, Axis))):
+        last = key[-1] if isinstance(key, tuple) else key
+        raise NamedTypeError(
+            f"Missing index for axis {axis_name(last)!r} in NamedArray({format_axes(x.axes)})[{key!r}]. "
+            + usage
+        )
+    else:
+        raise NamedTypeError(
+            f"NamedArray({format_axes(x.axes)}) cannot be indexed by position ({key!r}): "
+            "say which axis each index is for. " + usage
+        )
+    selection: dict[int, Any] = {}
+    for sel, idx in pairs:
+        if not isinstance(sel, (str, Axis)):
+            raise NamedTypeError(f"Index keys must be axis names or Axis objects, got {sel!r}. " + usage)
+        pos = find_axis(x.axes, sel)
+        if pos in selection:
+            raise DuplicateAxisError(
+                f"Axis {x.axes[pos].name!r} is indexed twice in one selection; combine the indices."
+            )
+        selection[pos] = idx
+    return selection
+
+
+def _check_int_dtype(dtype: Any, ax: Axis, what: str) -> None:
+    if not jnp.issubdtype(dtype, jnp.integer):
+        hint = (
+            " Boolean masks give data-dependent shapes; use where() instead."
+            if jnp.issubdtype(dtype, jnp.bool_)
+            else ""
+        )
+        raise NamedTypeError(
+            f"Index for axis {ax.name!r} must be integers, got {what} of dtype {np.dtype(dtype)}.{hint}"
+        )
+
+
+def _static_slice(v: slice, ax: Axis) -> tuple[slice, int]:
+    try:
+        bounds = [None if b is None else operator.index(b) for b in (v.start, v.stop, v.step)]
+    except TypeError:
+        raise NamedTypeError(
+            f"Slice {v!r} for axis {ax.name!r} must have static integer bounds. For a traced start "
+            f"use namedaxes.slice(x, {ax.name!r}, start, length)."
+        ) from None
+    if bounds[2] == 0:
+        raise AxisSizeError(f"Slice step for axis {ax.name!r} must not be zero.")
+    s = _builtin_slice(*bounds)
+    return s, len(range(*s.indices(ax.size)))
+
+
+def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
+    n = x.ndim
+    entries: list[Any] = [_builtin_slice(None)] * n
+    kept: list[Axis | None] = list(x.axes)  # axis after basic indexing; None once removed
+    gathers: dict[int, NamedArray] = {}
+    for pos, v in selection.items():
+        ax = x.axes[pos]
+        if isinstance(v, _builtin_slice):
+            entries[pos], size = _static_slice(v, ax)
+            kept[pos] = Axis(ax.name, size)
+            continue
+        kept[pos] = None
+        if _is_static_int(v):
+            i = int(v)
+            if not -ax.size <= i < ax.size:
+                raise AxisSizeError(
+                    f"Index {i} is out of range for axis {ax.name!r} of size {ax.size} in "
+                    f"NamedArray({format_axes(x.axes)}). Valid indices are {-ax.size}..{ax.size - 1}."
+                )
+            entries[pos] = i % ax.size
+        elif isinstance(v, NamedArray):
+            _check_int_dtype(v.dtype, ax, "a NamedArray")
+            if v.ndim == 0:
+                entries[pos] = v.array
+            else:
+                gathers[pos] = v
+        else:
+            if isinstance(v, (list, tuple)):
+                v = np.asarray(v, dtype=np.int32) if len(v) else np.zeros((0,), np.int32)
+            shape = None if isinstance(v, type) else getattr(v, "shape", None)
+            if shape is None or isinstance(v, (bool, np.bool_)):
+                raise NamedTypeError(
+                    f"Cannot index axis {ax.name!r} with {v!r} ({type(v).__name__}); use an int, a "
+                    "slice, or an integer NamedArray."
+                )
+            _check_int_dtype(v.dtype, ax, f"an array of shape {tuple(shape)}")
+            if len(shape) == 0:
+                entries[pos] = v
+            elif len(shape) == 1:
+                gathers[pos] = NamedArray(v, (Axis(ax.name, int(shape[0])),))
+            else:
+                raise NamedTypeError(
+                    f"Index for axis {ax.name!r} is a plain array of shape {tuple(shape)}; its "
+                    "dimensions need names to say where they go. Wrap it first, e.g. "
+                    f"named(idx, {tuple(f'axis{i}' for i in range(len(shape)))!r})."
+                )
+    if not gathers:
+        layout = tuple(a for a in kept if a is not None)
+        return _Plan(tuple(entries), layout, layout)
+
+    gathered: tuple[Axis, ...] = ()
+    for v in gathers.values():
+        gathered = broadcast_axes(gathered, v.axes)
+    remaining = {a.name: i for i, a in enumerate(kept) if a is not None}
+    new = tuple(b for b in gathered if b.name not in remaining)
+    for k, b in enumerate(gathered):
+        if b.name not in remaining:
+            continue
+        i = remaining[b.name]
+        if kept[i].size != b.size:  # type: ignore[union-attr]
+            raise AxisSizeError(
+                f"Index arrays share axis {b.name!r} (size {b.size}) with the indexed array, where it "
+                f"has size {kept[i].size} (NamedArray({format_axes(x.axes)})). Shared axes are "  # type: ignore[union-attr]
+                "matched pointwise, so their sizes must agree; rename the index axis to cross them."
+            )
+        # A batch axis: index it with its own positions so it is matched pointwise.
+        positions = np.arange(*entries[i].indices(x.axes[i].size), dtype=np.int32)
+        entries[i] = positions.reshape([b.size if j == k else 1 for j in range(len(gathered))])
+    for pos, v in gathers.items():
+        entries[pos] = align_to(v, gathered)
+
+    # NumPy's rule: adjacent advanced indices put their dims in place, separated ones put them first.
+    advanced = [i for i in range(n) if not isinstance(entries[i], _builtin_slice)]
+    sliced = [i for i in range(n) if isinstance(entries[i], _builtin_slice)]
+    if advanced == list(range(advanced[0], advanced[-1] + 1)):
+        before = [kept[i] for i in sliced if i < advanced[0]]
+        after = [kept[i] for i in sliced if i > advanced[0]]
+        layout = tuple(before) + gathered + tuple(after)  # type: ignore[arg-type]
+    else:
+        layout = gathered + tuple(kept[i] for i in sliced)  # type: ignore[misc]
+
+    out: list[Axis] = []
+    for i in range(n):
+        if i in gathers:
+            if i == min(gathers):
+                out.extend(new)
+        elif kept[i] is not None:
+            out.append(kept[i])  # type: ignore[arg-type]
+    return _Plan(tuple(entries), layout, tuple(out))
+
+
+def _getitem(self: NamedArray, key: Any) -> NamedArray:
+    """Index by name; see the module docstring of ``namedaxes._ops.indexing``."""
+    plan = _plan(self, _parse_key(self, key))
+    return plan.reorder(self.array[plan.index])
+
+
+# -- .at[...] -------------------------------------------------------------------------------
+
+
+class _AtRef:
+    """``x.at[selection]``: functional updates of the selected region (returns new arrays)."""
+
+    __slots__ = ("_x", "_plan")
+
+    def __init__(self, x: NamedArray, key: Any):
+        self._x = x
+        self._plan = _plan(x, _parse_key(x, key))
+
+    def _values(self, values: Any, method: str) -> Any:
+        region = self._plan.out
+        if isinstance(values, NamedArray):
+            by_name = {a.name: a for a in region}
+            bad = [a for a in values.axes if by_name.get(a.name) != a]
+            if bad:
+                raise AxisSizeError(
+                    f"x.at[...].{method}(): values NamedArray({format_axes(values.axes)}) has axes "
+                    f"({format_axes(bad)}) that the selected region ({format_axes(region)}) does not "
+                    f"have with those sizes. Values broadcast by name into the region; "
+                    f"available axes: {format_names(a.name for a in region)}."
+                )
+            return align_to(values, self._plan.layout)
+        shape = None if isinstance(values, type) else getattr(values, "shape", None)
+        if shape is not None and len(shape) > 0:
+            raise NamedTypeError(
+                f"x.at[...].{method}() got a plain array of shape {tuple(shape)}; the selected region "
+                f"has axes ({format_axes(region)}). Pass a scalar or a NamedArray, e.g. "
+                f"named(v, {tuple(a.name for a in region)!r})."
+            )
+        return values
+
+    def _update(self, method: str, values: Any, kwargs: dict[str, Any]) -> NamedArray:
+        v = self._values(values, method)
+        array = getattr(self._x.array.at[self._plan.index], method)(v, **kwargs)
+        return NamedArray(array, self._x.axes)
+
+    def get(self, **kwargs: Any) -> NamedArray:
+        """The selected region (like ``x[selection]``); ``kwargs`` go to JAX (e.g. ``mode="fill"``)."""
+        return self._plan.reorder(self._x.array.at[self._plan.index].get(**kwargs))
+
+    def set(self, values: Any, **kwargs: Any) -> NamedArray:
+        """``x`` with the region replaced by ``values`` (a scalar or a NamedArray broadcast by name)."""
+        return self._update("set", values, kwargs)
+
+    def add(self, values: Any, **kwargs: Any) -> NamedArray:
+        """``x`` with ``values`` added to the region."""
+        return self._update("add", values, kwargs)
+
+    def multiply(self, values: Any, **kwargs: Any) -> NamedArray:
+        """``x`` with the region multiplied by ``values``."""
+        return self._update("multiply", values, kwargs)
+
+    def min(self, values: Any, **kwargs: Any) -> NamedArray:
+        """``x`` with the region replaced by ``minimum(region, values)``."""
+        return self._update("min", values, kwargs)
+
+    def max(self, values: Any, **kwargs: Any) -> NamedArray:
+        """``x`` with the region replaced by ``maximum(region, values)``."""
+        return self._update("max", values, kwargs)
+
+
+class _AtIndexer:
+    __slots__ = ("_x",)
+
+    def __init__(self, x: NamedArray):
+        self._x = x
+
+    def __getitem__(self, key: Any) -> _AtRef:
+        return _AtRef(self._x, key)
+
+
+def _at(self: NamedArray) -> _AtIndexer:
+    """Functional updates by name: ``x.at[{"seq": 0}].set(v)``, ``.add``, ``.multiply``, ``.min``,
+    ``.max``, ``.get``. ``v`` is a scalar or a NamedArray broadcast by name to the selected region.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named
+        >>> x = named(jnp.zeros((2, 3)), ("batch", "seq"))
+        >>> x.at["seq", 0].set(1.0).array[:, 0]
+        Array([1., 1.], dtype=float32)
+    """
+    return _AtIndexer(self)
+
+
+# -- functions -------------------------------------------------------------------------------
+
+
+def take(x: NamedArray, axis: AxisSelector, indices: Any) -> NamedArray:
+    """Gather along ``axis`` by integer indices.
+
+    Args:
+        x: The array.
+        axis: The axis to index.
+        indices: An int (the axis disappears), a 1-d integer array or list (the axis keeps its name
+            with size ``len(indices)``), or an integer NamedArray, whose axes replace ``axis`` in
+            place (an index axis that ``x`` also has is matched pointwise; see ``x[...]``).
+
+    Returns:
+        The gathered NamedArray. Out-of-range traced indices are clamped, as in JAX.
+
+    Raises:
+        AxisNotFoundError: if ``axis`` is not an axis of ``x``.
+        NamedTypeError: if ``indices`` is not integer, or is a plain array with more than one dimension.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, take
+        >>> emb = named(jnp.zeros((10, 4)), ("vocab", "embed"))
+        >>> ids = named(jnp.array([[1, 2, 3]]), ("batch", "seq"))
+        >>> take(emb, "vocab", ids).shape
+        {'batch': 1, 'seq': 3, 'embed': 4}
+    """
+    x = expect_named(x, "take")
+    pos = find_axis(x.axes, axis)
+    if isinstance(indices, _builtin_slice):
+        raise NamedTypeError(
+            f"take() needs integer indices for axis {x.axes[pos].name!r}, got {indices!r}. "
+            f"Use x[{x.axes[pos].name!r}, start:stop] or namedaxes.slice() for ranges."
+        )
+    plan = _plan(x, {pos: indices})
+    return plan.reorder(x.array[plan.index])
+
+
+def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> NamedArray:
+    """Take ``length`` consecutive entries of ``axis`` from ``start``, which may be traced.
+
+    Exported as ``namedaxes.slice``. Built on ``jax.lax.dynamic_slice_in_dim``, so it works under
+    ``jax.jit`` with a traced ``start``; the size of the result stays static.
+
+    Args:
+        x: The array.
+        axis: The axis to slice.
+        start: An integer, or a 0-d integer array (possibly traced). A traced start that runs past
+            the end is clamped by JAX so that the slice stays in bounds.
+        length: The static new size of ``axis``.
+
+    Returns:
+        A NamedArray whose ``axis`` has size ``length``.
+
+    Raises:
+        AxisNotFoundError: if ``axis`` is not an axis of ``x``.
+        AxisSizeError: if ``length`` exceeds the axis, or a static ``start + length`` does.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.arange(10), ("seq",))
+        >>> jax.jit(lambda s: na.slice(x, "seq", s, 3))(4).array
+        Array([4, 5, 6], dtype=int32)
+    """
+    x = expect_named(x, "slice")
+    i = find_axis(x.axes, axis)
+    ax = x.axes[i]
+    if not _is_static_int(length):
+        raise NamedTypeError(
+            f"slice(): length must be a static int (the new size of {ax.name!r}), got {length!r}. "
+            "Only start may be traced."
+        )
+    length = int(length)
+    if not 0 <= length <= ax.size:
+        raise AxisSizeError(
+            f"slice(): length {length} does not fit axis {ax.name!r} of size {ax.size} in "
+            f"NamedArray({format_axes(x.axes)}). Use a length between 0 and {ax.size}."
+        )
+    if _is_static_int(start):
+        start = int(start)
+        if not 0 <= start <= ax.size - length:
+            raise AxisSizeError(
+                f"slice(): start {start} with length {length} runs outside axis {ax.name!r} of size "
+                f"{ax.size} in NamedArray({format_axes(x.axes)}). Use a start between 0 and "
+                f"{ax.size - length}."
+            )
+    else:
+        shape = None if isinstance(start, type) else getattr(start, "shape", None)
+        if shape is None or len(shape) != 0:
+            raise NamedTypeError(
+                f"slice(): start must be an int or a 0-d integer array, got {start!r}."
+            )
+        _check_int_dtype(start.dtype, ax, "a start")
+    array = jax.lax.dynamic_slice_in_dim(x.array, start, length, axis=i)
+    return NamedArray(array, x.axes[:i] + (Axis(ax.name, length),) + x.axes[i + 1 :])
+
+
+NamedArray.__getitem__ = _getitem  # type: ignore[attr-defined]
+NamedArray.at = property(_at)  # type: ignore[attr-defined]
+NamedArray.take = take  # type: ignore[attr-defined]

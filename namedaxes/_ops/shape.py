@@ -1,0 +1,619 @@
+"""Shape operations by name: reorder, rename, merge and split axes, join and broadcast arrays.
+
+Every function takes axes by name (``"embed"``) or as an ``Axis`` (whose size is then checked), and
+raises an error listing the available axes when a name is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from types import EllipsisType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._array import NamedArray
+from .._axis import (
+    Axis,
+    AxisSelector,
+    AxisSpec,
+    axis_name,
+    check_unique,
+    find_axis,
+    index_of,
+    to_axes,
+)
+from .._errors import (
+    AxisError,
+    AxisSizeError,
+    DuplicateAxisError,
+    NamedTypeError,
+    format_axes,
+    format_names,
+)
+from ._align import align_to
+
+__all__ = [
+    "broadcast_axis",
+    "broadcast_to",
+    "concatenate",
+    "flatten_axes",
+    "rearrange",
+    "rename",
+    "split",
+    "stack",
+    "unbind",
+    "unflatten_axis",
+]
+
+
+def _describe(x: Any) -> str:
+    """A short description of a non-NamedArray operand for error messages."""
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"{type(x).__name__} of shape {tuple(shape)}"
+    return f"{x!r} ({type(x).__name__})"
+
+
+def expect_named(x: Any, op: str, arg: str = "x") -> NamedArray:
+    """Return ``x`` if it is a NamedArray, else raise a ``NamedTypeError`` that says how to name it."""
+    if isinstance(x, NamedArray):
+        return x
+    raise NamedTypeError(
+        f"{op}() needs a NamedArray for `{arg}`, got {_describe(x)}. "
+        "Name its axes first, e.g. named(array, ('batch', 'embed'))."
+    )
+
+
+def _check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
+    """Raise if a new axis name collides with an axis of ``x`` that is not being replaced."""
+    clash = [a.name for a in new if a.name not in replaced and x.has_axis(a.name)]
+    if clash:
+        raise DuplicateAxisError(
+            f"{op}(): new axis name(s) {format_names(clash)} already exist in "
+            f"NamedArray({format_axes(x.axes)}). Pick names the array does not use, "
+            "or rename() the existing axes first."
+        )
+
+
+def _named_from(array: jax.Array, axes: Sequence[Axis]) -> NamedArray:
+    return NamedArray(array, tuple(axes))
+
+
+# -- reorder / rename ------------------------------------------------------------------------
+
+
+def rearrange(x: NamedArray, axes: Sequence[AxisSelector | EllipsisType]) -> NamedArray:
+    """Reorder the axes of ``x`` by name.
+
+    Args:
+        x: The array.
+        axes: Every axis of ``x`` in the new order, by name or ``Axis``. One ``...`` may stand for
+            "all axes not listed, in their current order".
+
+    Returns:
+        ``x`` transposed so that its axes follow ``axes``.
+
+    Raises:
+        AxisNotFoundError: if a name is not an axis of ``x``.
+        DuplicateAxisError: if a name (or ``...``) is listed twice.
+        AxisError: if axes of ``x`` are missing and no ``...`` was given.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, rearrange
+        >>> x = named(jnp.zeros((2, 3, 4)), ("batch", "seq", "embed"))
+        >>> rearrange(x, ("embed", ...)).axis_names
+        ('embed', 'batch', 'seq')
+    """
+    x = expect_named(x, "rearrange")
+    if isinstance(axes, (str, Axis)):
+        axes = (axes,)
+    items = list(axes)
+    n_ellipsis = sum(1 for a in items if a is Ellipsis)
+    if n_ellipsis > 1:
+        raise DuplicateAxisError(
+            f"rearrange(): '...' appears {n_ellipsis} times in {tuple(items)!r}; use it at most once."
+        )
+    listed = [a for a in items if a is not Ellipsis]
+    check_unique(listed)  # type: ignore[arg-type]
+    positions = [find_axis(x.axes, a) for a in listed]  # type: ignore[arg-type]
+    if n_ellipsis:
+        rest = [i for i in range(x.ndim) if i not in positions]
+        at = items.index(Ellipsis)
+        perm = positions[:at] + rest + positions[at:]
+    else:
+        missing = [a.name for i, a in enumerate(x.axes) if i not in positions]
+        if missing:
+            raise AxisError(
+                f"rearrange(): axes {format_names(missing)} of NamedArray({format_axes(x.axes)}) "
+                f"are not in the new order ({format_names(axis_name(a) for a in listed)}). "  # type: ignore[arg-type]
+                "List every axis, or add ... to keep the others in their current order."
+            )
+        perm = positions
+    if perm == list(range(x.ndim)):
+        return x
+    return _named_from(jnp.transpose(x.array, perm), [x.axes[i] for i in perm])
+
+
+def rename(x: NamedArray, mapping: Mapping[AxisSelector, str | Axis]) -> NamedArray:
+    """Rename axes of ``x``; the data is unchanged.
+
+    Args:
+        x: The array.
+        mapping: ``{old: new}``. ``old`` is a name or ``Axis``; ``new`` is a name or an ``Axis``
+            whose size must equal the old axis' size. Names may be swapped (``{"a": "b", "b": "a"}``).
+
+    Returns:
+        A NamedArray with the same array and renamed axes.
+
+    Raises:
+        AxisNotFoundError: if an old name is not an axis of ``x``.
+        DuplicateAxisError: if a new name is already used by an axis that is not renamed.
+        AxisSizeError: if a new ``Axis`` has a different size.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, rename
+        >>> x = named(jnp.zeros((2, 3)), ("batch", "embed"))
+        >>> rename(x, {"embed": "hidden"}).axis_names
+        ('batch', 'hidden')
+    """
+    x = expect_named(x, "rename")
+    if not isinstance(mapping, Mapping):
+        raise NamedTypeError(
+            f"rename() takes a {{old: new}} dict, got {mapping!r}. Example: rename(x, {{'embed': 'hidden'}})."
+        )
+    new_axes = list(x.axes)
+    for old, new in mapping.items():
+        i = find_axis(x.axes, old)
+        if isinstance(new, Axis):
+            if new.size != x.axes[i].size:
+                raise AxisSizeError(
+                    f"rename(): cannot rename axis {x.axes[i].name!r} (size {x.axes[i].size}) to "
+                    f"{new.name!r} with size {new.size}. Renaming keeps sizes; pass the name "
+                    f"{new.name!r} instead of an Axis."
+                )
+            new_axes[i] = new
+        else:
+            new_axes[i] = Axis(axis_name(new), x.axes[i].size)
+    names = [a.name for a in new_axes]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise DuplicateAxisError(
+            f"rename(): renaming NamedArray({format_axes(x.axes)}) with {_fmt_mapping(mapping)} "
+            f"gives axis name(s) {format_names(dups)} twice. Rename the existing axis too, "
+            "or pick a name the array does not use."
+        )
+    return _named_from(x.array, new_axes)
+
+
+def _fmt_mapping(mapping: Mapping[Any, Any]) -> str:
+    return "{" + ", ".join(f"{axis_name(k)!r}: {axis_name(v)!r}" for k, v in mapping.items()) + "}"
+
+
+# -- merge / split one axis ------------------------------------------------------------------
+
+
+def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector) -> NamedArray:
+    """Merge several axes into one whose size is the product of theirs.
+
+    The merged axes need not be adjacent: they are moved together to the position of the one that
+    comes first in ``x``, and flattened row-major in the order given by ``axes`` (so ``("a", "b")``
+    makes ``b`` vary fastest).
+
+    Args:
+        x: The array.
+        axes: The axes to merge (at least one).
+        new_axis: The name of the merged axis, or an ``Axis`` whose size must equal the product.
+
+    Returns:
+        A NamedArray with ``axes`` replaced by ``new_axis``.
+
+    Raises:
+        AxisNotFoundError: if one of ``axes`` is not an axis of ``x``.
+        DuplicateAxisError: if ``axes`` repeats a name, or ``new_axis`` is the name of an axis that is kept.
+        AxisSizeError: if ``new_axis`` is an ``Axis`` of the wrong size.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, flatten_axes
+        >>> x = named(jnp.zeros((2, 3, 4)), ("batch", "seq", "embed"))
+        >>> flatten_axes(x, ("batch", "seq"), "tokens").shape
+        {'tokens': 6, 'embed': 4}
+    """
+    x = expect_named(x, "flatten_axes")
+    if isinstance(axes, (str, Axis)):
+        axes = (axes,)
+    if not axes:
+        raise AxisError("flatten_axes() needs at least one axis to merge, got ().")
+    check_unique(axes)
+    positions = [find_axis(x.axes, a) for a in axes]
+    merged = [x.axes[i] for i in positions]
+    size = math.prod(a.size for a in merged)
+    name = axis_name(new_axis)
+    if isinstance(new_axis, Axis) and new_axis.size != size:
+        raise AxisSizeError(
+            f"flatten_axes(): merging ({format_axes(merged)}) gives size {size}, but new axis "
+            f"{name!r} was given size {new_axis.size}. Pass the name {name!r} to take the product."
+        )
+    out_axis = Axis(name, size)
+    _check_new_names(x, [out_axis], [a.name for a in merged], "flatten_axes")
+    first = min(positions)
+    kept_before = [i for i in range(first) if i not in positions]
+    kept_after = [i for i in range(first, x.ndim) if i not in positions]
+    perm = kept_before + positions + kept_after
+    array = x.array if perm == list(range(x.ndim)) else jnp.transpose(x.array, perm)
+    shape = (
+        tuple(x.axes[i].size for i in kept_before) + (size,) + tuple(x.axes[i].size for i in kept_after)
+    )
+    out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
+    return _named_from(jnp.reshape(array, shape), out)
+
+
+def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> NamedArray:
+    """Split one axis into several whose sizes multiply to its size (the inverse of ``flatten_axes``).
+
+    The new axes take the old axis' place, row-major (the last one varies fastest).
+
+    Args:
+        x: The array.
+        axis: The axis to split.
+        new_axes: ``Axis`` objects or a ``{name: size}`` dict, in order.
+
+    Returns:
+        A NamedArray with ``axis`` replaced by ``new_axes``.
+
+    Raises:
+        AxisNotFoundError: if ``axis`` is not an axis of ``x``.
+        AxisSizeError: if the sizes of ``new_axes`` do not multiply to the size of ``axis``.
+        DuplicateAxisError: if a new name is already used by another axis of ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, unflatten_axis
+        >>> x = named(jnp.zeros((6, 4)), ("tokens", "embed"))
+        >>> unflatten_axis(x, "tokens", {"batch": 2, "seq": 3}).shape
+        {'batch': 2, 'seq': 3, 'embed': 4}
+    """
+    x = expect_named(x, "unflatten_axis")
+    i = find_axis(x.axes, axis)
+    old = x.axes[i]
+    new = to_axes(new_axes, what="unflatten_axis() new_axes")
+    size = math.prod(a.size for a in new)
+    if size != old.size:
+        raise AxisSizeError(
+            f"unflatten_axis(): axis {old.name!r} has size {old.size}, but the new axes "
+            f"({format_axes(new)}) multiply to {size}. Choose sizes whose product is {old.size}."
+        )
+    _check_new_names(x, new, [old.name], "unflatten_axis")
+    out = x.axes[:i] + new + x.axes[i + 1 :]
+    return _named_from(jnp.reshape(x.array, tuple(a.size for a in out)), out)
+
+
+def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> list[NamedArray]:
+    """Cut ``axis`` into consecutive chunks.
+
+    Args:
+        x: The array.
+        axis: The axis to cut.
+        new_axes: One entry per chunk, in order: an ``Axis`` (the chunk's axis takes that name and
+            size) or an ``int`` (the chunk keeps the old name with that size). Sizes must add up to
+            the size of ``axis``. Names may repeat across chunks.
+
+    Returns:
+        A list of NamedArrays; chunk ``i`` has ``new_axes[i]`` where ``x`` had ``axis``.
+
+    Raises:
+        AxisNotFoundError: if ``axis`` is not an axis of ``x``.
+        AxisSizeError: if the sizes do not add up.
+        DuplicateAxisError: if a chunk's name is already used by another axis of ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, split, Axis
+        >>> x = named(jnp.zeros((2, 10)), ("batch", "feat"))
+        >>> [p.shape for p in split(x, "feat", (Axis("q", 4), Axis("k", 6)))]
+        [{'batch': 2, 'q': 4}, {'batch': 2, 'k': 6}]
+    """
+    x = expect_named(x, "split")
+    i = find_axis(x.axes, axis)
+    old = x.axes[i]
+    if isinstance(new_axes, (Axis, Mapping)) or not isinstance(new_axes, Sequence):
+        raise NamedTypeError(
+            f"split() takes a sequence of Axis (or int sizes), one per chunk, got {new_axes!r}. "
+            "Example: split(x, 'feat', (Axis('q', 4), Axis('k', 6)))."
+        )
+    chunks = []
+    for a in new_axes:
+        if isinstance(a, Axis):
+            chunks.append(a)
+        elif isinstance(a, int) and not isinstance(a, bool):
+            chunks.append(Axis(old.name, a))
+        else:
+            raise NamedTypeError(
+                f"split(): each chunk must be an Axis or an int size, got {a!r} ({type(a).__name__})."
+            )
+    total = sum(a.size for a in chunks)
+    if total != old.size:
+        raise AxisSizeError(
+            f"split(): chunk sizes ({format_axes(chunks)}) add up to {total}, but axis "
+            f"{old.name!r} has size {old.size}. Choose sizes that add up to {old.size}."
+        )
+    _check_new_names(x, chunks, [old.name], "split")
+    cuts = [sum(a.size for a in chunks[:k]) for k in range(1, len(chunks))]
+    pieces = jnp.split(x.array, cuts, axis=i)
+    return [_named_from(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(pieces, chunks)]
+
+
+def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
+    """Split ``x`` into one array per index of ``axis``, each without that axis.
+
+    Args:
+        x: The array.
+        axis: The axis to remove.
+
+    Returns:
+        A list of ``x.axis_size(axis)`` NamedArrays.
+
+    Raises:
+        AxisNotFoundError: if ``axis`` is not an axis of ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, unbind
+        >>> x = named(jnp.zeros((3, 4)), ("layer", "embed"))
+        >>> [p.shape for p in unbind(x, "layer")][0]
+        {'embed': 4}
+    """
+    x = expect_named(x, "unbind")
+    i = find_axis(x.axes, axis)
+    rest = x.axes[:i] + x.axes[i + 1 :]
+    return [_named_from(p, rest) for p in jnp.unstack(x.array, axis=i)]
+
+
+# -- join arrays -----------------------------------------------------------------------------
+
+
+def _aligned_operands(
+    arrays: Sequence[NamedArray], op: str, skip: str | None
+) -> tuple[tuple[Axis, ...], list[jax.Array]]:
+    """Check that ``arrays`` agree on their axes (other than ``skip``) as sets; transpose each to the
+    first array's order. Returns the first array's axes and the transposed arrays."""
+    if isinstance(arrays, NamedArray) or not isinstance(arrays, Sequence) or not arrays:
+        raise NamedTypeError(
+            f"{op}() takes a non-empty list of NamedArrays, got {_describe(arrays)}."
+        )
+    arrays = [expect_named(a, op, f"arrays[{k}]") for k, a in enumerate(arrays)]
+    first = arrays[0]
+
+    def others(a: NamedArray) -> dict[str, int]:
+        return {ax.name: ax.size for ax in a.axes if ax.name != skip}
+
+    ref = others(first)
+    out = []
+    for k, a in enumerate(arrays):
+        if others(a) != ref:
+            mine = others(a)
+            diff = sorted(set(ref) ^ set(mine)) + sorted(n for n in ref if n in mine and ref[n] != mine[n])
+            along = f" along {skip!r}" if skip is not None else ""
+            raise AxisSizeError(
+                f"{op}(){along}: arrays[{k}] has axes ({format_axes(a.axes)}) but arrays[0] has "
+                f"({format_axes(first.axes)}); the other axes must match by name and size "
+                f"(they differ in {format_names(diff)}). Rename, slice or broadcast the arrays first."
+            )
+        order = [index_of(a.axes, ax) for ax in first.axes]
+        out.append(a.array if order == list(range(a.ndim)) else jnp.transpose(a.array, order))
+    return first.axes, out
+
+
+def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
+    """Join arrays end to end along an axis they all have.
+
+    The arrays must have the same other axes (by name and size) but may order them differently;
+    each is transposed to the first array's order, and the result keeps that order.
+
+    Args:
+        axis: The name of the axis to join along, which every array has (sizes may differ). If an
+            ``Axis`` is given, its size must equal the sum of the arrays' sizes.
+        arrays: A non-empty sequence of NamedArrays.
+
+    Returns:
+        A NamedArray whose ``axis`` has the summed size.
+
+    Raises:
+        AxisNotFoundError: if an array lacks ``axis``.
+        AxisSizeError: if the other axes differ, or a given ``Axis`` has the wrong size.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, concatenate
+        >>> a = named(jnp.zeros((2, 3)), ("batch", "seq"))
+        >>> b = named(jnp.zeros((5, 2)), ("seq", "batch"))
+        >>> concatenate("seq", [a, b]).shape
+        {'batch': 2, 'seq': 8}
+    """
+    name = axis_name(axis)
+    for k, a in enumerate(arrays if isinstance(arrays, Sequence) else ()):
+        if isinstance(a, NamedArray):
+            find_axis(a.axes, name, where=f"concatenate() arrays[{k}] NamedArray({format_axes(a.axes)})")
+    axes, raw = _aligned_operands(arrays, "concatenate", skip=name)
+    i = find_axis(axes, name)
+    total = sum(r.shape[i] for r in raw)
+    if isinstance(axis, Axis) and axis.size != total:
+        sizes = " + ".join(str(r.shape[i]) for r in raw)
+        raise AxisSizeError(
+            f"concatenate(): the arrays' {name!r} sizes add up to {sizes} = {total}, but "
+            f"Axis({name!r}, {axis.size}) was asked for. Pass the name {name!r} to take the sum."
+        )
+    out = axes[:i] + (Axis(name, total),) + axes[i + 1 :]
+    return _named_from(jnp.concatenate(raw, axis=i), out)
+
+
+def stack(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
+    """Stack arrays along a new leading axis.
+
+    Args:
+        axis: The new axis: a name (its size is ``len(arrays)``) or an ``Axis`` of that size.
+        arrays: A non-empty sequence of NamedArrays with the same axes (any order; each is
+            transposed to the first array's order).
+
+    Returns:
+        A NamedArray with ``axis`` first, then the first array's axes.
+
+    Raises:
+        DuplicateAxisError: if the arrays already have an axis of that name.
+        AxisSizeError: if the arrays' axes differ, or ``axis`` has a size other than ``len(arrays)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, stack
+        >>> xs = [named(jnp.zeros(4), ("embed",)) for _ in range(3)]
+        >>> stack("layer", xs).shape
+        {'layer': 3, 'embed': 4}
+    """
+    name = axis_name(axis)
+    axes, raw = _aligned_operands(arrays, "stack", skip=None)
+    if index_of(axes, name) is not None:
+        raise DuplicateAxisError(
+            f"stack(): the arrays already have an axis {name!r} (NamedArray({format_axes(axes)})). "
+            "Stack along a new name, or use concatenate() to join along the existing axis."
+        )
+    if isinstance(axis, Axis) and axis.size != len(raw):
+        raise AxisSizeError(
+            f"stack(): Axis({name!r}, {axis.size}) was asked for, but {len(raw)} arrays were given. "
+            f"Pass the name {name!r} to take the number of arrays."
+        )
+    return _named_from(jnp.stack(raw, axis=0), (Axis(name, len(raw)),) + axes)
+
+
+# -- broadcast -------------------------------------------------------------------------------
+
+
+def _as_named_or_scalar(x: Any, op: str) -> NamedArray:
+    """A NamedArray, or a scalar (Python number, 0-d array) wrapped as one with no axes."""
+    if isinstance(x, NamedArray):
+        return x
+    array = jnp.asarray(x) if not hasattr(x, "shape") else x
+    if getattr(array, "ndim", None) == 0:
+        return NamedArray(array, ())
+    return expect_named(x, op)
+
+
+def broadcast_to(x: NamedArray | Any, axes: AxisSpec | Sequence[Axis | EllipsisType]) -> NamedArray:
+    """Broadcast ``x`` to exactly the axes ``axes``, in that order.
+
+    Axes of ``x`` are matched by name; axes that ``x`` lacks are added. Every axis of ``x`` must be
+    listed (with the same size) unless ``axes`` contains ``...``, which stands for the axes of ``x``
+    that are not listed, in their current order. Sizes are never stretched (a size-1 axis does not
+    broadcast to a larger one of the same name).
+
+    Args:
+        x: A NamedArray, or a scalar (Python number or 0-d array).
+        axes: ``Axis`` objects (with at most one ``...``) or a ``{name: size}`` dict.
+
+    Returns:
+        A NamedArray with axes ``axes``.
+
+    Raises:
+        AxisError: if ``x`` has axes not listed and no ``...`` was given.
+        AxisSizeError: if a listed axis has a different size in ``x``.
+        NamedTypeError: if ``x`` is a plain non-scalar array.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, broadcast_to, Axis
+        >>> x = named(jnp.zeros(4), ("embed",))
+        >>> broadcast_to(x, {"batch": 2, "embed": 4}).shape
+        {'batch': 2, 'embed': 4}
+        >>> broadcast_to(x, (Axis("batch", 2), ...)).shape
+        {'batch': 2, 'embed': 4}
+    """
+    x = _as_named_or_scalar(x, "broadcast_to")
+    if isinstance(axes, (Axis, Mapping)):
+        target = to_axes(axes, what="broadcast_to() axes")
+    else:
+        items = list(axes)
+        if sum(1 for a in items if a is Ellipsis) > 1:
+            raise DuplicateAxisError("broadcast_to(): '...' may appear at most once in axes.")
+        listed = to_axes([a for a in items if a is not Ellipsis], what="broadcast_to() axes")
+        if Ellipsis in items:
+            listed_names = {a.name for a in listed}
+            rest = tuple(a for a in x.axes if a.name not in listed_names)
+            at = items.index(Ellipsis)
+            target = listed[:at] + rest + listed[at:]
+        else:
+            target = listed
+    names = {a.name for a in target}
+    extra = [a for a in x.axes if a.name not in names]
+    if extra:
+        raise AxisError(
+            f"broadcast_to(): NamedArray({format_axes(x.axes)}) has axes "
+            f"{format_names(a.name for a in extra)} that are not in the target "
+            f"({format_axes(target)}). List them in the target, or add ... to keep them."
+        )
+    for a in target:
+        i = index_of(x.axes, a.name)
+        if i is not None and x.axes[i].size != a.size:
+            raise AxisSizeError(
+                f"broadcast_to(): axis {a.name!r} has size {x.axes[i].size} in "
+                f"NamedArray({format_axes(x.axes)}) but size {a.size} in the target "
+                f"({format_axes(target)}). Named axes only broadcast when they are missing, "
+                "not by stretching; slice or rename first."
+            )
+    array = jnp.broadcast_to(align_to(x, target), tuple(a.size for a in target))
+    return _named_from(array, target)
+
+
+def broadcast_axis(x: NamedArray | Any, axis: AxisSpec) -> NamedArray:
+    """Add new axes in front of ``x`` by repeating its values.
+
+    Args:
+        x: A NamedArray, or a scalar.
+        axis: An ``Axis``, several, or a ``{name: size}`` dict; none may already be an axis of ``x``.
+
+    Returns:
+        A NamedArray with ``axis`` first, then the axes of ``x``.
+
+    Raises:
+        DuplicateAxisError: if ``x`` already has one of the axes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named, broadcast_axis, Axis
+        >>> x = named(jnp.zeros(4), ("embed",))
+        >>> broadcast_axis(x, Axis("batch", 2)).shape
+        {'batch': 2, 'embed': 4}
+    """
+    x = _as_named_or_scalar(x, "broadcast_axis")
+    new = to_axes(axis, what="broadcast_axis() axis")
+    present = [a.name for a in new if x.has_axis(a.name)]
+    if present:
+        raise DuplicateAxisError(
+            f"broadcast_axis(): NamedArray({format_axes(x.axes)}) already has axis(es) "
+            f"{format_names(present)}. Use broadcast_to() to reorder or add only missing axes."
+        )
+    return broadcast_to(x, new + x.axes)
+
+
+# -- NamedArray methods ----------------------------------------------------------------------
+
+
+def _install_methods() -> None:
+    """Attach the natural methods (``x.rename(...)`` etc.) to NamedArray."""
+    methods = {
+        "rearrange": rearrange,
+        "rename": rename,
+        "flatten_axes": flatten_axes,
+        "unflatten_axis": unflatten_axis,
+        "unbind": unbind,
+        "split": split,
+        "broadcast_axis": broadcast_axis,
+    }
+    for name, fn in methods.items():
+        setattr(NamedArray, name, fn)
+
+
+_install_methods()
