@@ -30,3 +30,21 @@ from ._partitioning import axis_mapping as axis_mapping
 from ._partitioning import current_axis_mapping as current_axis_mapping
 from ._partitioning import resolve as resolve
 # -- end partitioning --
+
+# -- named ops: shape, indexing, higher-order (issue 2) -------------------------------------
+from ._ops.hof import fold as fold
+from ._ops.hof import scan as scan
+from ._ops.hof import vmap as vmap
+from ._ops.indexing import slice_axis as slice
+from ._ops.indexing import take as take
+from ._ops.shape import broadcast_axis as broadcast_axis
+from ._ops.shape import broadcast_to as broadcast_to
+from ._ops.shape import concatenate as concatenate
+from ._ops.shape import flatten_axes as flatten_axes
+from ._ops.shape import rearrange as rearrange
+from ._ops.shape import rename as rename
+from ._ops.shape import split as split
+from ._ops.shape import stack as stack
+from ._ops.shape import unbind as unbind
+from ._ops.shape import unflatten_axis as unflatten_axis
+# -- end shape/indexing/hof --
