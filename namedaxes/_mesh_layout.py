@@ -1,0 +1,471 @@
+"""Device arrangement for meshes: axis sizes, granules (slices or hosts) and the ICI/DCN split.
+
+A *granule* is a group of devices joined by the fast interconnect (ICI): a TPU slice, or one
+process (host) when devices do not tell slices apart. Granules talk to each other over the slow
+data-centre network (DCN). The layout built here gives every granule one contiguous block of the
+mesh along the DCN-split axes, so only those axes' collectives cross the slow network.
+
+Everything here works on any objects with an ``id`` (and optionally ``process_index`` and
+``slice_index``), so multi-host layouts can be tested with stand-in devices; only building a
+``jax.sharding.Mesh`` needs real ones.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any, TypeAlias, Union
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType
+
+from ._errors import MeshError, NamedTypeError, format_names
+
+__all__ = [
+    "DEFAULT_AXIS_DIMS",
+    "DEFAULT_AXIS_NAMES",
+    "AxisTypes",
+    "build_mesh",
+    "check_axis_names",
+    "check_dims",
+    "create_device_array",
+    "device_granules",
+    "host_mesh_shape",
+    "hybrid_device_array",
+    "infer_dcn_dims",
+    "normalize_axis_types",
+    "resolve_dims",
+    "select_devices",
+]
+
+DEFAULT_AXIS_DIMS: tuple[int, ...] = (1, -1, 1, 1, 1)
+DEFAULT_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
+
+#: One axis type for every axis, or one per axis; strings are "auto", "explicit", "manual".
+AxisTypes: TypeAlias = Union[AxisType, str, Sequence[Union[AxisType, str]], None]
+
+_AXIS_TYPE_NAMES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit, "manual": AxisType.Manual}
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def format_dims(dims: Sequence[int], names: Sequence[str] | None = None) -> str:
+    """``(dp=2, tp=-1)`` with names, ``(2, -1)`` without."""
+    if names is None or len(names) != len(dims):
+        return str(tuple(dims))
+    return "(" + ", ".join(f"{n}={d}" for n, d in zip(names, dims)) + ")"
+
+
+def check_axis_names(names: Any, *, what: str = "axis_names") -> tuple[str, ...]:
+    """Mesh axis names as a tuple of unique non-empty strings, or a ``MeshError``."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise MeshError(
+            f"{what} must be a sequence of strings, got {names!r}. "
+            "Pass a tuple such as ('data', 'model')."
+        )
+    names = tuple(names)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise MeshError(
+                f"{what} must be non-empty strings, got {n!r} in {names!r}. Name every mesh axis."
+            )
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise MeshError(
+            f"Duplicate mesh axis names {format_names(dups)} in {what} ({format_names(names)}). "
+            "Give every mesh axis its own name."
+        )
+    return names
+
+
+def check_dims(
+    dims: Any, names: Sequence[str] | None = None, *, what: str = "axis_dims"
+) -> tuple[int, ...]:
+    """Mesh axis sizes as a tuple of ints, each positive or ``-1`` (at most one ``-1``).
+
+    Raises:
+        MeshError: for a non-sequence, a non-int or non-positive size, two ``-1``s, or a length
+            that differs from ``names``.
+    """
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+        raise MeshError(
+            f"{what} must be a sequence of ints, got {dims!r}. Pass a tuple such as (2, -1)."
+        )
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise MeshError(
+                f"{what} {tuple(dims)!r} contains {d!r} ({type(d).__name__}); "
+                "mesh axis sizes must be ints."
+            )
+        d = operator.index(d)
+        if d < 1 and d != -1:
+            raise MeshError(
+                f"{what} {tuple(dims)!r} contains size {d}; sizes must be >= 1, or -1 for "
+                "'the remaining devices'."
+            )
+        out.append(d)
+    if out.count(-1) > 1:
+        raise MeshError(
+            f"{what} {format_dims(out, names)} has {out.count(-1)} axes of size -1; at most one "
+            "axis can take the remaining devices. Give the other sizes explicitly."
+        )
+    if names is not None and len(out) != len(names):
+        raise MeshError(
+            f"{what} {tuple(out)} has {len(out)} entries but there are {len(names)} mesh axis "
+            f"names ({format_names(names)}). Give one size per axis name."
+        )
+    return tuple(out)
+
+
+def resolve_dims(
+    dims: Sequence[int],
+    names: Sequence[str] | None,
+    num_devices: int,
+    *,
+    what: str = "axis_dims",
+    unit: str = "devices",
+) -> tuple[int, ...]:
+    """Fill in the ``-1`` of checked ``dims`` so that their product is ``num_devices``.
+
+    Raises:
+        MeshError: if the product cannot equal ``num_devices``.
+    """
+    known = math.prod(d for d in dims if d != -1)
+    if -1 in dims:
+        if num_devices % known:
+            raise MeshError(
+                f"{what} {format_dims(dims, names)} cannot use {num_devices} {unit}: the other "
+                f"axes multiply to {known}, which does not divide {num_devices}. Choose sizes "
+                f"whose product divides {num_devices}."
+            )
+        return tuple(num_devices // known if d == -1 else d for d in dims)
+    if known != num_devices:
+        raise MeshError(
+            f"{what} {format_dims(dims, names)} needs {known} {unit}, but {num_devices} are "
+            f"available. Make the sizes multiply to {num_devices}, or use -1 for one axis to take "
+            "the remaining ones."
+        )
+    return tuple(dims)
+
+
+def normalize_axis_types(axis_types: AxisTypes, names: Sequence[str]) -> tuple[AxisType, ...]:
+    """One ``AxisType`` per mesh axis from ``None`` (Auto), one type/string, or one per axis."""
+
+    def one(t: Any) -> AxisType:
+        if isinstance(t, AxisType):
+            return t
+        if isinstance(t, str) and t.lower() in _AXIS_TYPE_NAMES:
+            return _AXIS_TYPE_NAMES[t.lower()]
+        if isinstance(t, str):
+            raise MeshError(
+                f"Unknown axis type {t!r}. Use one of {format_names(_AXIS_TYPE_NAMES)} or a "
+                "jax.sharding.AxisType."
+            )
+        raise NamedTypeError(
+            f"axis_types entries must be AxisType or str, got {t!r} ({type(t).__name__})."
+        )
+
+    if axis_types is None:
+        return (AxisType.Auto,) * len(names)
+    if isinstance(axis_types, (AxisType, str)):
+        return (one(axis_types),) * len(names)
+    if not isinstance(axis_types, Sequence):
+        raise NamedTypeError(
+            f"axis_types must be an AxisType, a string, or one per axis, got {axis_types!r}."
+        )
+    if len(axis_types) != len(names):
+        raise MeshError(
+            f"Got {len(axis_types)} axis_types for {len(names)} mesh axes "
+            f"({format_names(names)}). Give one type per axis, or a single type for all."
+        )
+    return tuple(one(t) for t in axis_types)
+
+
+# -- devices and granules --------------------------------------------------------------------
+
+
+def select_devices(devices: Sequence[Any] | None, backend: str | None = None) -> list[Any]:
+    """The devices to lay out: ``devices`` as given, or all devices of ``backend``."""
+    if devices is not None and backend is not None:
+        raise MeshError(
+            f"Got both devices ({len(devices)} of them) and backend={backend!r}. "
+            "Pass one: devices to choose them exactly, or backend to take all of its devices."
+        )
+    if devices is None:
+        try:
+            return list(jax.devices(backend))
+        except RuntimeError as e:
+            raise MeshError(f"Cannot get the devices of backend {backend!r}: {e}") from e
+    devices = list(devices)
+    if not devices:
+        raise MeshError(
+            "The device list is empty; a mesh needs at least one device. Pass devices=None to "
+            "use all of jax.devices()."
+        )
+    ids = [_device_id(d) for d in devices]
+    dups = sorted({i for i in ids if ids.count(i) > 1})
+    if dups:
+        raise MeshError(
+            f"Devices with ids {dups} appear more than once in the device list; each device can "
+            "hold one position of a mesh."
+        )
+    return devices
+
+
+def _device_id(device: Any) -> int:
+    try:
+        return int(device.id)
+    except AttributeError:
+        raise NamedTypeError(
+            f"Mesh devices must have an integer `id` (a jax.Device, or a stand-in with id, "
+            f"process_index and optionally slice_index), got {device!r}."
+        ) from None
+
+
+def _plural(kind: str) -> str:
+    return "processes" if kind == "process" else f"{kind}s"
+
+
+def granule_kind(devices: Sequence[Any]) -> str:
+    """``"slice"`` when devices name several slices, else ``"process"``.
+
+    CPU and GPU devices report ``slice_index == 0`` on every process, so a slice index only
+    defines granules when it actually tells devices apart.
+    """
+    slices = [getattr(d, "slice_index", None) for d in devices]
+    if None not in slices and len(set(slices)) > 1:
+        return "slice"
+    return "process"
+
+
+def device_granules(devices: Sequence[Any]) -> tuple[str, list[list[Any]]]:
+    """Group devices into granules, each sorted by id; granules sorted by their index.
+
+    Returns:
+        ``(kind, granules)`` with ``kind`` ``"slice"`` or ``"process"``.
+
+    Raises:
+        MeshError: if granules hold different numbers of devices.
+    """
+    kind = granule_kind(devices)
+    attr = "slice_index" if kind == "slice" else "process_index"
+    groups: dict[int, list[Any]] = {}
+    for d in devices:
+        groups.setdefault(int(getattr(d, attr, 0)), []).append(d)
+    granules = [sorted(groups[k], key=_device_id) for k in sorted(groups)]
+    sizes = {len(g) for g in granules}
+    if len(sizes) > 1:
+        counts = ", ".join(f"{kind} {k}: {len(groups[k])}" for k in sorted(groups))
+        raise MeshError(
+            f"Every {kind} must contribute the same number of devices to a mesh, got {counts}. "
+            f"Pass a device list with equally many devices from each {kind}."
+        )
+    return kind, granules
+
+
+def _suggest_dcn(dims: Sequence[int], n: int) -> tuple[int, ...] | None:
+    """Split ``n`` over several axes from the first (greatest common divisors), if possible."""
+    out = []
+    for d in dims:
+        g = math.gcd(d, n)
+        out.append(g)
+        n //= g
+    return tuple(out) if n == 1 else None
+
+
+def infer_dcn_dims(
+    axis_dims: Sequence[int], names: Sequence[str] | None, num_granules: int, kind: str = "process"
+) -> tuple[int, ...]:
+    """Put all granules on the first mesh axis whose size the granule count divides.
+
+    Raises:
+        MeshError: if no axis size is divisible by the granule count.
+    """
+    dcn = [1] * len(axis_dims)
+    if num_granules == 1:
+        return tuple(dcn)
+    for i, d in enumerate(axis_dims):
+        if d % num_granules == 0:
+            dcn[i] = num_granules
+            return tuple(dcn)
+    hint = _suggest_dcn(axis_dims, num_granules)
+    fix = (
+        f"Pass dcn_mesh_dims={hint} to spread the {_plural(kind)} over several axes, or make"
+        if hint is not None
+        else "Make"
+    )
+    raise MeshError(
+        f"Cannot split mesh {format_dims(axis_dims, names)} across {num_granules} {_plural(kind)}: no "
+        f"axis size is divisible by {num_granules}. {fix} one axis size a multiple of "
+        f"{num_granules}."
+    )
+
+
+def _check_dcn_dims(
+    dcn_dims: Any,
+    axis_dims: Sequence[int],
+    names: Sequence[str] | None,
+    num_granules: int,
+    kind: str,
+) -> tuple[int, ...]:
+    dcn = check_dims(dcn_dims, names, what="dcn_mesh_dims")
+    if len(dcn) != len(axis_dims):
+        raise MeshError(
+            f"dcn_mesh_dims {dcn} has {len(dcn)} entries but the mesh has {len(axis_dims)} axes "
+            f"{format_dims(axis_dims)}. Give one DCN size per mesh axis."
+        )
+    dcn = resolve_dims(dcn, names, num_granules, what="dcn_mesh_dims", unit=f"{_plural(kind)}")
+    for i, (g, d) in enumerate(zip(axis_dims, dcn)):
+        if g % d:
+            axis = f"axis {names[i]!r}" if names else f"axis {i}"
+            raise MeshError(
+                f"dcn_mesh_dims {format_dims(dcn, names)} splits {axis} of size {g} into {d} "
+                f"{kind} blocks, but {d} does not divide {g}. Choose a DCN size that divides the "
+                "axis size."
+            )
+    return dcn
+
+
+# -- arrangement -----------------------------------------------------------------------------
+
+
+def _granule_array(devices: list[Any], ici_dims: tuple[int, ...], kind: str) -> np.ndarray:
+    """One granule's devices in the shape ``ici_dims``."""
+    if all(isinstance(d, jax.Device) for d in devices):
+        # Real devices: let JAX follow the physical topology (TPU); on CPU/GPU it keeps id order.
+        try:
+            return mesh_utils.create_device_mesh(ici_dims, devices, allow_split_physical_axes=True)
+        except (ValueError, NotImplementedError) as e:
+            raise MeshError(
+                f"Cannot arrange the {len(devices)} devices of one {kind} as {ici_dims}: {e}"
+            ) from e
+    arr = np.empty(len(devices), dtype=object)
+    for i, d in enumerate(devices):
+        arr[i] = d
+    return arr.reshape(ici_dims)
+
+
+def _arrange(
+    granules: list[list[Any]], ici: tuple[int, ...], dcn: tuple[int, ...], kind: str
+) -> np.ndarray:
+    """Tile granule blocks (shape ``ici``) on a ``dcn`` grid, in granule order."""
+    n = len(ici)
+    grid = np.empty(dcn + ici, dtype=object)
+    for block_index, devices in zip(np.ndindex(*dcn), granules):
+        grid[block_index] = _granule_array(devices, ici, kind)
+    # Interleave (dcn_0, ici_0, dcn_1, ici_1, ...) so that along axis k the global index is
+    # dcn_k * ici_k + i: each granule's block is contiguous.
+    order = [ax for k in range(n) for ax in (k, n + k)]
+    return grid.transpose(order).reshape(tuple(d * i for d, i in zip(dcn, ici)))
+
+
+def create_device_array(
+    axis_dims: Sequence[int] = DEFAULT_AXIS_DIMS,
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    *,
+    dcn_mesh_dims: Sequence[int] | None = None,
+    devices: Sequence[Any] | None = None,
+) -> np.ndarray:
+    """Arrange devices into a numpy array of shape ``axis_dims`` (the global mesh shape).
+
+    Devices are grouped into granules (slices when devices have several ``slice_index`` values,
+    else processes). Along each axis, the DCN size says how many granule blocks the axis spans;
+    each granule owns one contiguous block, and within a granule devices follow their id (or the
+    physical topology, for real TPU devices). Works with stand-in device objects, so multi-host
+    layouts can be unit-tested.
+
+    Args:
+        axis_dims: Global mesh shape; one entry may be ``-1`` (the remaining devices).
+        axis_names: One name per axis (used in messages).
+        dcn_mesh_dims: How many granules each axis spans; its product is the granule count.
+            Inferred when ``None``: the first axis whose size the granule count divides.
+        devices: The devices; ``None`` means ``jax.devices()``.
+
+    Returns:
+        A numpy object array of devices of shape ``axis_dims`` (with ``-1`` filled in).
+
+    Raises:
+        MeshError: on bad sizes, an empty device list, unequal granules, or a DCN split that does
+            not divide the axes.
+
+    Example:
+        >>> from types import SimpleNamespace as Dev
+        >>> devs = [Dev(id=i, process_index=i // 2) for i in range(4)]
+        >>> arr = create_device_array((2, 2), ("data", "model"), devices=devs)
+        >>> [[d.process_index for d in row] for row in arr]
+        [[0, 0], [1, 1]]
+    """
+    names = check_axis_names(axis_names)
+    dims = check_dims(axis_dims, names)
+    devices = select_devices(devices)
+    kind, granules = device_granules(devices)
+    global_dims = resolve_dims(dims, names, len(devices))
+    if dcn_mesh_dims is None:
+        dcn = infer_dcn_dims(global_dims, names, len(granules), kind)
+    else:
+        dcn = _check_dcn_dims(dcn_mesh_dims, global_dims, names, len(granules), kind)
+    ici = tuple(g // d for g, d in zip(global_dims, dcn))
+    return _arrange(granules, ici, dcn, kind)
+
+
+def hybrid_device_array(
+    ici_dims: Sequence[int],
+    dcn_dims: Sequence[int],
+    axis_names: Sequence[str],
+    devices: Sequence[Any] | None = None,
+) -> np.ndarray:
+    """Like ``create_device_array`` with the shape given as per-granule (ICI) x DCN sizes.
+
+    A ``-1`` in ``ici_dims`` takes the rest of a granule's devices; a ``-1`` in ``dcn_dims`` the
+    rest of the granules.
+
+    Example:
+        >>> from types import SimpleNamespace as Dev
+        >>> devs = [Dev(id=i, process_index=i // 2) for i in range(4)]
+        >>> hybrid_device_array((1, 2), (2, 1), ("data", "model"), devs).shape
+        (2, 2)
+    """
+    names = check_axis_names(axis_names)
+    ici = check_dims(ici_dims, names, what="ici_mesh_shape")
+    dcn = check_dims(dcn_dims, names, what="dcn_mesh_shape")
+    devices = select_devices(devices)
+    kind, granules = device_granules(devices)
+    ici = resolve_dims(ici, names, len(granules[0]), what="ici_mesh_shape", unit=f"devices per {kind}")
+    dcn = resolve_dims(dcn, names, len(granules), what="dcn_mesh_shape", unit=f"{_plural(kind)}")
+    return _arrange(granules, ici, dcn, kind)
+
+
+def build_mesh(
+    device_array: np.ndarray, names: Sequence[str], axis_types: AxisTypes = None
+) -> jax.sharding.Mesh:
+    """A ``jax.sharding.Mesh`` over an arranged device array (real devices only)."""
+    types = normalize_axis_types(axis_types, names)
+    fakes = [d for d in device_array.flat if not isinstance(d, jax.Device)]
+    if fakes:
+        raise NamedTypeError(
+            f"A jax.sharding.Mesh needs real jax.Device objects, got {fakes[0]!r}. For stand-in "
+            "devices, use create_device_array(...) or MeshConfig.device_array(...) to inspect "
+            "the layout."
+        )
+    return jax.sharding.Mesh(device_array, tuple(names), axis_types=types)
+
+
+def host_mesh_shape(
+    global_mesh_shape: Sequence[int], devices_per_host: int, num_processes: int
+) -> tuple[int, ...]:
+    """The block of a global mesh that one host owns under the default DCN split."""
+    dims = check_dims(global_mesh_shape, what="global_mesh_shape")
+    for name, value in (("total_devices", devices_per_host), ("num_processes", num_processes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MeshError(f"{name} must be a positive int, got {value!r}.")
+    dims = resolve_dims(
+        dims, None, devices_per_host * num_processes, what="global_mesh_shape",
+        unit=f"devices ({num_processes} processes x {devices_per_host})",
+    )
+    dcn = infer_dcn_dims(dims, None, num_processes, "process")
+    return tuple(g // d for g, d in zip(dims, dcn))

@@ -1,0 +1,240 @@
+"""Multi-process helpers: barriers, and moving NamedArrays between process-local and global form.
+
+These run on JAX's multi-controller runtime (``jax.distributed.initialize``): every process runs the
+same program, owns some devices of one global mesh, and holds its own slice of the data. With one
+process every function here still works (barriers are no-ops), so the same code runs on a laptop
+and on a cluster.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+
+from ._array import NamedArray
+from ._errors import (
+    BarrierTimeoutError,
+    DistributedError,
+    MeshError,
+    NamedTypeError,
+    ShardingError,
+    format_mesh,
+)
+from ._partitioning import current_axis_mapping, resolve
+
+__all__ = [
+    "barrier_sync",
+    "from_process_local",
+    "is_multiprocess",
+    "process_allgather",
+]
+
+# Every process numbers its unnamed barriers the same way, so the n-th call meets the n-th call.
+_BARRIER_COUNTER = itertools.count()
+
+
+def is_multiprocess() -> bool:
+    """Whether this program runs as several JAX processes (``jax.process_count() > 1``).
+
+    Example:
+        >>> is_multiprocess()  # a plain single-process run
+        False
+    """
+    return jax.process_count() > 1
+
+
+def _distributed_client() -> Any:
+    """The coordination-service client of ``jax.distributed``, or ``None`` before initialize.
+
+    JAX has no public handle to it, and its ``wait_at_barrier(name, timeout_in_ms)`` is the only
+    barrier that gives up after a timeout (``multihost_utils.sync_global_devices`` is a collective
+    that hangs forever when a peer is missing). This is the one place that touches ``jax._src``.
+    """
+    from jax._src import distributed as _jax_distributed
+
+    return _jax_distributed.global_state.client
+
+
+def barrier_sync(timeout: float = 200.0, *, name: str | None = None) -> None:
+    """Wait until every process reaches this barrier; a no-op with one process.
+
+    Every process must call ``barrier_sync`` the same number of times in the same order: the n-th
+    unnamed call of one process meets the n-th unnamed call of the others. Pass ``name`` to meet at
+    a fixed point instead (all processes must use the same name).
+
+    Args:
+        timeout: Seconds to wait for the other processes before giving up.
+        name: Optional barrier name shared by all processes; default a per-call counter.
+
+    Raises:
+        BarrierTimeoutError: (a ``TimeoutError``) if some process has not arrived after
+            ``timeout`` seconds; the message names the barrier, the timeout and the process count.
+        DistributedError: if several processes exist but ``jax.distributed`` is not initialized, or
+            the runtime reports another failure.
+
+    Example:
+        >>> barrier_sync()  # every process waits here; returns at once with one process
+        >>> barrier_sync(timeout=600, name="after-checkpoint")
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise NamedTypeError(
+            f"barrier_sync timeout must be a positive number of seconds, got {timeout!r}."
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise NamedTypeError(f"barrier_sync name must be a non-empty str, got {name!r}.")
+    barrier = f"namedaxes_barrier_{next(_BARRIER_COUNTER) if name is None else name}"
+    if not is_multiprocess():
+        return
+    client = _distributed_client()
+    if client is None:
+        raise DistributedError(
+            f"barrier_sync: JAX reports {jax.process_count()} processes but the distributed "
+            "runtime is not initialized. Call jax.distributed.initialize(...) first."
+        )
+    try:
+        client.wait_at_barrier(barrier, math.ceil(timeout * 1000))
+    except jax.errors.JaxRuntimeError as e:
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "DEADLINE_EXCEEDED" in str(e):
+            raise BarrierTimeoutError(
+                f"Barrier {barrier!r} timed out after {timeout:g} s: not all "
+                f"{jax.process_count()} processes reached it (this is process "
+                f"{jax.process_index()}). Check that every process calls barrier_sync the same "
+                f"number of times, in the same order, and that none crashed or is stuck. "
+                f"Runtime said: {detail}"
+            ) from e
+        raise DistributedError(f"Barrier {barrier!r} failed: {detail}") from e
+
+
+def _current_mesh(mesh: Mesh | None) -> Mesh:
+    if mesh is not None:
+        if not isinstance(mesh, Mesh):
+            raise NamedTypeError(
+                f"mesh must be a concrete jax.sharding.Mesh, got {mesh!r} ({type(mesh).__name__})."
+            )
+        return mesh
+    current = jax.sharding.get_mesh()
+    if current.empty:
+        raise MeshError(
+            "No mesh given and none is set. Pass mesh=..., or enter `with jax.set_mesh(mesh):`."
+        )
+    return current
+
+
+def _local_extents(mesh: Mesh) -> dict[str, int]:
+    """How many positions along each mesh axis hold this process's devices.
+
+    A process-local array covers exactly these positions, so resolving it against these sizes
+    makes the same divisibility decisions as resolving the global array against the full mesh.
+    """
+    me = jax.process_index()
+    mine = np.vectorize(lambda d: d.process_index == me, otypes=[bool])(mesh.devices)
+    if not mine.any():
+        raise MeshError(
+            f"Process {me} owns no device of {format_mesh(mesh)}; every process must take part "
+            "in the mesh it builds arrays on."
+        )
+    extents = {
+        name: int(np.any(mine, axis=tuple(j for j in range(mine.ndim) if j != i)).sum())
+        for i, name in enumerate(mesh.axis_names)
+    }
+    if math.prod(extents.values()) != int(mine.sum()):
+        raise MeshError(
+            f"The devices of process {me} do not form one block of {format_mesh(mesh)}, so its "
+            "local data has no rectangular place in the global array. Build the mesh with "
+            "namedaxes.mesh.create_mesh, which gives each process a contiguous block."
+        )
+    return extents
+
+
+def from_process_local(
+    x: NamedArray, mapping: Any = None, mesh: Mesh | None = None
+) -> NamedArray:
+    """Build a global, sharded NamedArray from each process's local piece.
+
+    Every process passes its own ``x``. Along axes that the mapping puts on mesh axes spanning
+    several processes, ``x`` is this process's slice (processes in mesh order); along the other
+    axes every process passes the whole axis (the same data). The result's axes have global sizes.
+    The partition spec comes from ``resolve`` on the process-local view of the mesh, so the
+    divisibility decisions match those for the global array.
+
+    Args:
+        x: This process's local NamedArray (or NumPy-backed NamedArray).
+        mapping: ``{logical_name: mesh_axes}`` or ``AxisRules``; default the ``axis_mapping`` in
+            force. Pass ``{}`` to replicate every axis (all processes then pass equal data).
+        mesh: The global mesh; default the one set with ``jax.set_mesh``.
+
+    Returns:
+        A NamedArray over the global mesh, sharded as the mapping says.
+
+    Raises:
+        ShardingError: if no mapping is given or in force, or the mapping cannot shard ``x``.
+        MeshError: if no mesh is given or set, or this process's devices are not one block.
+
+    Example:
+        >>> # On each of 2 processes (4 devices each), batch=4 locally:
+        >>> mesh = jax.make_mesh((8,), ("data",))
+        >>> local = named(jax.numpy.ones((8 // jax.process_count(), 3)), ("batch", "embed"))
+        >>> x = from_process_local(local, {"batch": "data"}, mesh)
+        >>> x.shape
+        {'batch': 8, 'embed': 3}
+    """
+    if not isinstance(x, NamedArray):
+        raise NamedTypeError(
+            f"from_process_local expects a NamedArray, got {type(x).__name__}. "
+            "Wrap the local data first: named(local_array, ('batch', ...))."
+        )
+    mesh = _current_mesh(mesh)
+    rules = current_axis_mapping() if mapping is None else mapping
+    if rules is None:
+        raise ShardingError(
+            f"from_process_local needs a mapping to know which axes of {x!r} are split across "
+            "processes. Pass mapping={'batch': 'data'} (or {} to replicate all axes), or enter "
+            "`with axis_mapping(...)`."
+        )
+    extents = _local_extents(mesh)
+    try:
+        spec = resolve(x.axes, rules, extents)
+    except ShardingError as e:
+        raise type(e)(
+            f"{e} (from_process_local resolves process {jax.process_index()}'s local axes against "
+            f"its share of each mesh axis: {extents} of {dict(mesh.shape)}.)"
+        ) from e
+    array = jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x.array)
+    return NamedArray(array, x.axis_names)
+
+
+def process_allgather(x: NamedArray) -> NamedArray:
+    """The whole value of a global NamedArray, fully addressable, on every process.
+
+    A no-op for arrays that are already fully addressable (one process, or replicated locally).
+    The result lives on this process's default device. Every process must call it (it runs a
+    collective).
+
+    Args:
+        x: A global NamedArray, e.g. from ``from_process_local`` or a jitted step.
+
+    Returns:
+        A NamedArray with the same axes whose data is the complete array.
+
+    Example:
+        >>> full = process_allgather(x)  # x sharded across processes
+        >>> full.array.is_fully_addressable
+        True
+    """
+    if not isinstance(x, NamedArray):
+        raise NamedTypeError(
+            f"process_allgather expects a NamedArray, got {type(x).__name__}."
+        )
+    array = x.array
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
+        return x
+    gathered = multihost_utils.process_allgather(array, tiled=True)
+    return NamedArray(jnp.asarray(gathered), x.axes)

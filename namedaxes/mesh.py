@@ -1,0 +1,264 @@
+"""Device meshes: creation (single and multi-host), string parsing, CPU helpers, mesh configs.
+
+``create_mesh`` lays devices out so that each slice or host (a *granule*) owns a contiguous block
+of the mesh along the axis that crosses the slow network (DCN); the other axes stay on the fast
+interconnect (ICI) inside one granule. ``MeshConfig`` bundles a mesh shape, axis names and
+per-hardware overrides. See ``docs/mesh.md`` for the guide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+import jax
+
+from ._errors import MeshError, NamedTypeError, format_names
+from ._mesh_config import HybridMeshShape as HybridMeshShape
+from ._mesh_config import MeshConfig as MeshConfig
+from ._mesh_config import MeshShape as MeshShape
+from ._mesh_layout import DEFAULT_AXIS_DIMS, DEFAULT_AXIS_NAMES, build_mesh, check_axis_names
+from ._mesh_layout import AxisTypes as AxisTypes
+from ._mesh_layout import create_device_array as create_device_array
+from ._mesh_layout import check_dims, host_mesh_shape, resolve_dims, select_devices
+
+__all__ = [
+    "AxisTypes",
+    "HybridMeshShape",
+    "MeshConfig",
+    "MeshShape",
+    "calculate_host_mesh_shape",
+    "cpu_context",
+    "create_cpu_mesh",
+    "create_device_array",
+    "create_mesh",
+    "force_cpu",
+    "parse_mesh_from_string",
+]
+
+
+def create_mesh(
+    axis_dims: Sequence[int] = DEFAULT_AXIS_DIMS,
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    *,
+    dcn_mesh_dims: Sequence[int] | None = None,
+    axis_types: AxisTypes = None,
+    devices: Sequence[jax.Device] | None = None,
+    backend: str | None = None,
+) -> jax.sharding.Mesh:
+    """Create a device mesh, split between fast (ICI) and slow (DCN) links on multi-host setups.
+
+    ``axis_dims`` is the global mesh shape. With several processes or slices, devices are grouped
+    into granules (slices when devices have several ``slice_index`` values, else processes), and
+    each granule owns one contiguous block of the mesh along the DCN-split axis.
+
+    Args:
+        axis_dims: Global mesh shape; at most one ``-1``, which takes the remaining devices. The
+            default ``(1, -1, 1, 1, 1)`` puts every device on ``fsdp``.
+        axis_names: One name per axis; default ``("dp", "fsdp", "ep", "tp", "sp")``.
+        dcn_mesh_dims: How many granules each axis spans (product = granule count). When
+            ``None``, the first axis whose size the granule count divides is split.
+        axis_types: An ``AxisType``, ``"auto"`` / ``"explicit"`` / ``"manual"``, or one per axis.
+            Default ``Auto``.
+        devices: The devices to use; default all devices of ``backend``.
+        backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default backend. Not together
+            with ``devices``.
+
+    Returns:
+        A ``jax.sharding.Mesh``.
+
+    Raises:
+        MeshError: on a wrong number of sizes, two ``-1``s, sizes that do not multiply to the
+            device count, an empty device list, or a DCN split that divides no axis.
+
+    Example:
+        >>> mesh = create_mesh((2, -1), ("data", "model"), devices=jax.devices()[:8])
+        >>> dict(mesh.shape)
+        {'data': 2, 'model': 4}
+    """
+    names = check_axis_names(axis_names)
+    device_list = select_devices(devices, backend)
+    array = create_device_array(axis_dims, names, dcn_mesh_dims=dcn_mesh_dims, devices=device_list)
+    return build_mesh(array, names, axis_types)
+
+
+def create_cpu_mesh(
+    axis_dims: Sequence[int] = DEFAULT_AXIS_DIMS,
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    *,
+    axis_types: AxisTypes = None,
+) -> jax.sharding.Mesh:
+    """Create a mesh over all CPU devices (all processes' CPUs in a multi-process run).
+
+    Example:
+        >>> mesh = create_cpu_mesh((1, -1), ("data", "model"))
+        >>> mesh.devices.flat[0].platform
+        'cpu'
+    """
+    return create_mesh(axis_dims, axis_names, axis_types=axis_types, backend="cpu")
+
+
+@contextlib.contextmanager
+def force_cpu() -> Iterator[jax.Device]:
+    """Make this process's first CPU device JAX's default device inside the block.
+
+    Yields:
+        The CPU device. The previous default device is restored on exit.
+
+    Example:
+        >>> with force_cpu() as cpu:
+        ...     x = jax.numpy.ones(3)
+        >>> cpu.platform, x.devices() == {cpu}
+        ('cpu', True)
+    """
+    cpu = jax.local_devices(backend="cpu")[0]
+    with jax.default_device(cpu):
+        yield cpu
+
+
+@contextlib.contextmanager
+def cpu_context(
+    axis_dims: Sequence[int] = DEFAULT_AXIS_DIMS,
+    axis_names: Sequence[str] = DEFAULT_AXIS_NAMES,
+    *,
+    axis_types: AxisTypes = None,
+) -> Iterator[jax.sharding.Mesh]:
+    """CPU as default device and a CPU mesh set with ``jax.set_mesh``, for tests and debugging.
+
+    Yields:
+        The CPU mesh (also ``jax.sharding.get_mesh()`` inside the block).
+
+    Example:
+        >>> with cpu_context((1, -1), ("data", "model")) as mesh:
+        ...     assert jax.sharding.get_mesh() == mesh
+    """
+    with force_cpu():
+        mesh = create_cpu_mesh(axis_dims, axis_names, axis_types=axis_types)
+        with jax.set_mesh(mesh):
+            yield mesh
+
+
+_SIZE = re.compile(r"-?\d+")
+
+
+def _parse_size(text: str, token: str, spec: str) -> int:
+    if not _SIZE.fullmatch(text):
+        raise MeshError(
+            f"Mesh string {spec!r}: {token!r} has size {text!r}, which is not an integer. "
+            "Write sizes as integers, e.g. 'dp:2,tp:4' (or -1 for the remaining devices)."
+        )
+    size = int(text)
+    if size < 1 and size != -1:
+        raise MeshError(
+            f"Mesh string {spec!r}: {token!r} has size {size}; sizes must be >= 1, or -1 for "
+            "the remaining devices."
+        )
+    return size
+
+
+def parse_mesh_from_string(
+    spec: str, names: Sequence[str], *, num_devices: int | None = None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Parse ``"dp:2,tp:4"`` (named) or ``"2,4"`` (positional) into ``create_mesh`` arguments.
+
+    In the named form, axes of ``names`` that the string does not mention get size 1; in the
+    positional form the string gives one size per name. ``-1`` is kept (``create_mesh`` fills it
+    in), but the sizes are checked against the device count.
+
+    Args:
+        spec: The mesh string, e.g. from a command-line flag.
+        names: All mesh axis names, in mesh order.
+        num_devices: Devices the mesh must cover; default ``jax.device_count()``.
+
+    Returns:
+        ``(axis_dims, axis_names)``, ready for ``create_mesh(*parse_mesh_from_string(...))``.
+
+    Raises:
+        MeshError: on unknown or repeated names, malformed or non-positive sizes, a mix of the two
+            forms, a wrong number of positional sizes, or sizes that cannot cover the devices.
+
+    Example:
+        >>> parse_mesh_from_string("dp:2,tp:4", ("dp", "fsdp", "tp"), num_devices=8)
+        ((2, 1, 4), ('dp', 'fsdp', 'tp'))
+        >>> parse_mesh_from_string("2,-1", ("data", "model"), num_devices=8)
+        ((2, -1), ('data', 'model'))
+    """
+    if not isinstance(spec, str):
+        raise NamedTypeError(f"The mesh string must be a str, got {spec!r} ({type(spec).__name__}).")
+    names = check_axis_names(names, what="names")
+    tokens = [t.strip() for t in spec.split(",")]
+    if not spec.strip() or any(not t for t in tokens):
+        raise MeshError(
+            f"Mesh string {spec!r} has an empty entry. Write comma-separated entries such as "
+            "'dp:2,tp:4' or '2,4'."
+        )
+    named_tokens = [":" in t for t in tokens]
+    if all(named_tokens):
+        sizes: dict[str, int] = {}
+        for token in tokens:
+            name, _, size_text = (part.strip() for part in token.partition(":"))
+            if name not in names:
+                raise MeshError(
+                    f"Mesh string {spec!r} names axis {name!r}, which is not a mesh axis. "
+                    f"Available axes: {format_names(names)}."
+                )
+            if name in sizes:
+                raise MeshError(
+                    f"Mesh string {spec!r} gives axis {name!r} twice. Give each axis once."
+                )
+            sizes[name] = _parse_size(size_text, token, spec)
+        dims = tuple(sizes.get(n, 1) for n in names)
+    elif not any(named_tokens):
+        if len(tokens) != len(names):
+            raise MeshError(
+                f"Mesh string {spec!r} gives {len(tokens)} sizes for {len(names)} mesh axes "
+                f"({format_names(names)}). Give one size per axis, or use the named form "
+                "'name:size,...'."
+            )
+        dims = tuple(_parse_size(t, t, spec) for t in tokens)
+    else:
+        raise MeshError(
+            f"Mesh string {spec!r} mixes named ('dp:2') and positional ('2') entries. "
+            "Use one form throughout."
+        )
+    dims = check_dims(dims, names, what=f"Mesh string {spec!r} =")
+    if num_devices is None:
+        num_devices = jax.device_count()
+    resolve_dims(dims, names, num_devices, what=f"Mesh string {spec!r} =")
+    return dims, names
+
+
+def calculate_host_mesh_shape(
+    global_mesh_shape: Sequence[int],
+    total_devices: int | None = None,
+    num_processes: int | None = None,
+) -> tuple[int, ...]:
+    """The block of a global mesh that one host (process) holds.
+
+    Uses the same split as ``create_mesh``: all processes go on the first axis whose size the
+    process count divides; that axis is divided by the process count and the others are whole.
+
+    Args:
+        global_mesh_shape: The global mesh shape; one entry may be ``-1``.
+        total_devices: Devices on *one* host; default ``jax.local_device_count()``.
+        num_processes: Number of processes; default ``jax.process_count()``.
+
+    Returns:
+        The per-host mesh shape (its product is ``total_devices``).
+
+    Raises:
+        MeshError: if the global shape does not cover ``total_devices * num_processes`` devices
+            or no axis size is divisible by the process count.
+
+    Example:
+        >>> calculate_host_mesh_shape((2, 4), total_devices=4, num_processes=2)
+        (1, 4)
+        >>> calculate_host_mesh_shape((1, 8), total_devices=2, num_processes=4)
+        (1, 2)
+    """
+    if total_devices is None:
+        total_devices = jax.local_device_count()
+    if num_processes is None:
+        num_processes = jax.process_count()
+    return host_mesh_shape(global_mesh_shape, total_devices, num_processes)
+
