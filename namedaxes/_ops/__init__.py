@@ -5,3 +5,9 @@ operator and method protocol (the submodules attach dunders such as ``__add__`` 
 from . import hof as hof
 from . import indexing as indexing
 from . import shape as shape
+
+# creation, elementwise (installs operators and astype), reductions (installs methods), contractions
+from . import contract as contract
+from . import creation as creation
+from . import elementwise as elementwise
+from . import reductions as reductions

@@ -1,0 +1,242 @@
+"""Contractions over named axes: ``dot`` (say which axes to sum) and ``einsum`` (an equation of names).
+
+Both compile to one ``jnp.einsum`` call with generated single-letter subscripts, so JAX picks the
+contraction order. Axes are matched by name across operands; their sizes must agree.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from .._array import NamedArray
+from .._axis import Axis, AxisSelector, axis_names, broadcast_axes, check_unique, index_of
+from .._errors import (
+    AxisError,
+    AxisNotFoundError,
+    AxisSizeError,
+    NamedTypeError,
+    format_axes,
+    format_names,
+)
+
+__all__ = ["dot", "einsum"]
+
+_LETTERS = string.ascii_letters
+
+
+def _operands(op: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
+    if not arrays:
+        raise NamedTypeError(f"{op}() needs at least one NamedArray operand.")
+    for i, x in enumerate(arrays):
+        if not isinstance(x, NamedArray):
+            shape = getattr(x, "shape", None)
+            hint = (
+                "multiply by a scalar with `*` instead"
+                if shape is None or len(shape) == 0
+                else "wrap it with named(x, (...)) first"
+            )
+            raise NamedTypeError(
+                f"{op}() operand {i + 1} must be a NamedArray, got {type(x).__name__}"
+                f"{'' if shape is None else f' of shape {tuple(shape)}'}; {hint}."
+            )
+    return tuple(arrays)
+
+
+def _all_axes(op: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
+    """Every axis of the operands in first-appearance order; sizes must agree."""
+    axes: tuple[Axis, ...] = ()
+    for x in arrays:
+        try:
+            axes = broadcast_axes(axes, x.axes)
+        except AxisSizeError as e:
+            raise AxisSizeError(f"{op}(): {e}") from None
+    return axes
+
+
+def _run(
+    op: str,
+    arrays: Sequence[NamedArray],
+    every: tuple[Axis, ...],
+    out: Sequence[str],
+    precision: Any,
+    preferred_element_type: Any,
+) -> NamedArray:
+    if len(every) > len(_LETTERS):
+        raise AxisError(
+            f"{op}() supports at most {len(_LETTERS)} distinct axes across its operands, got "
+            f"{len(every)}. Split the contraction into steps."
+        )
+    letter = {a.name: _LETTERS[i] for i, a in enumerate(every)}
+    inputs = ",".join("".join(letter[a.name] for a in x.axes) for x in arrays)
+    subscripts = f"{inputs}->{''.join(letter[n] for n in out)}"
+    result = jnp.einsum(
+        subscripts,
+        *(x.array for x in arrays),
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+    by_name = {a.name: a for a in every}
+    return NamedArray(result, tuple(by_name[n] for n in out))
+
+
+def dot(
+    *arrays: NamedArray,
+    axis: AxisSelector | Sequence[AxisSelector] | None,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> NamedArray:
+    """Multiply NamedArrays and sum over the named ``axis`` (or axes).
+
+    Axes are matched by name. Every axis that is not contracted is kept once, so an axis shared by
+    several operands and not in ``axis`` acts as a batch axis. ``axis=None`` (or ``()``) contracts
+    nothing: an outer product over distinct axes, elementwise over shared ones. ``axis`` is
+    required, so that no axis is summed by accident. An axis held by only one operand is summed
+    within it.
+
+    Args:
+        *arrays: One or more NamedArrays.
+        axis: The axis or axes to contract: a name, an ``Axis``, a sequence of them, or ``None``.
+        precision: Passed to ``jnp.einsum``.
+        preferred_element_type: Accumulation/result type, passed to ``jnp.einsum``.
+
+    Returns:
+        A NamedArray whose axes are the operands' axes in first-appearance order, minus ``axis``.
+
+    Raises:
+        AxisNotFoundError: if no operand has a contracted axis (the available axes are listed).
+        AxisSizeError: if one axis name has two sizes.
+        NamedTypeError: if an operand is not a NamedArray.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.ones((2, 3)), ("batch", "embed"))
+        >>> w = na.named(jnp.ones((3, 4)), ("embed", "mlp"))
+        >>> na.dot(x, w, axis="embed")
+        NamedArray(float32, batch=2, mlp=4)
+        >>> na.dot(x, w, axis=None)
+        NamedArray(float32, batch=2, embed=3, mlp=4)
+    """
+    arrays = _operands("dot", arrays)
+    every = _all_axes("dot", arrays)
+    contracted = () if axis is None else axis_names(axis)
+    check_unique(contracted)
+    selectors = () if axis is None else ((axis,) if isinstance(axis, (str, Axis)) else tuple(axis))
+    for sel in selectors:
+        i = index_of(every, sel)
+        if i is None:
+            raise AxisNotFoundError(
+                f"dot() cannot contract axis {axis_names(sel)[0]!r}: no operand has it. "
+                f"Available axes: {format_names(a.name for a in every)}."
+            )
+        if isinstance(sel, Axis) and every[i].size != sel.size:
+            raise AxisSizeError(
+                f"dot() was asked to contract Axis({sel.name!r}, {sel.size}), but the operands' "
+                f"{sel.name!r} has size {every[i].size}."
+            )
+    out = [a.name for a in every if a.name not in contracted]
+    return _run("dot", arrays, every, out, precision, preferred_element_type)
+
+
+def _parse_side(spec: str, where: str) -> tuple[list[str], bool]:
+    """Names in one side of an equation and whether it has ``...``."""
+    tokens = spec.split()
+    names = [t for t in tokens if t != "..."]
+    if len(tokens) - len(names) > 1:
+        raise AxisError(f"einsum(): {where} {spec.strip()!r} has more than one '...'.")
+    check_unique(names)
+    return names, len(names) != len(tokens)
+
+
+def einsum(
+    equation: str,
+    *arrays: NamedArray,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> NamedArray:
+    """Einstein summation written with axis names: ``"batch embed, embed mlp -> batch mlp"``.
+
+    Operand specs are separated by commas and list each operand's axes by name (in any order: the
+    names, not positions, identify axes). ``...`` in an operand spec stands for its axes that are
+    not named; ``...`` on the right stands for every axis that no operand spec names (in
+    first-appearance order) and that the right side does not name. The right side gives the
+    result's axis order; every input axis missing from it is summed over (so axes covered by
+    ``...`` are summed when the right side has no ``...``, as in NumPy).
+
+    Args:
+        equation: ``"<names>, <names>, ... -> <names>"`` with names separated by spaces.
+        *arrays: One NamedArray per operand spec.
+        precision: Passed to ``jnp.einsum``.
+        preferred_element_type: Accumulation/result type, passed to ``jnp.einsum``.
+
+    Returns:
+        A NamedArray with the right side's axes.
+
+    Raises:
+        AxisError: if the equation is malformed, the number of specs differs from the number of
+            operands, or an operand has axes its spec neither names nor covers with ``...``.
+        AxisNotFoundError: if a spec names an axis its operand lacks, or the right side names an
+            axis no operand has.
+        AxisSizeError: if one axis name has two sizes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.ones((2, 3)), ("batch", "embed"))
+        >>> w = na.named(jnp.ones((3, 4)), ("embed", "mlp"))
+        >>> na.einsum("batch embed, embed mlp -> mlp batch", x, w)
+        NamedArray(float32, mlp=4, batch=2)
+        >>> na.einsum("... embed, embed mlp -> ... mlp", x, w)
+        NamedArray(float32, batch=2, mlp=4)
+    """
+    if not isinstance(equation, str) or equation.count("->") != 1:
+        raise AxisError(
+            f"einsum() needs an equation with exactly one '->', got {equation!r}; e.g. "
+            "'batch embed, embed mlp -> batch mlp'."
+        )
+    arrays = _operands("einsum", arrays)
+    lhs, rhs = equation.split("->")
+    specs = lhs.split(",")
+    if len(specs) != len(arrays):
+        raise AxisError(
+            f"einsum() equation {equation!r} has {len(specs)} operand spec(s) but "
+            f"{len(arrays)} array(s) were given."
+        )
+    every = _all_axes("einsum", arrays)
+    named_somewhere: set[str] = set()
+    for i, (spec, x) in enumerate(zip(specs, arrays)):
+        names, ellipsis = _parse_side(spec, f"operand {i + 1} spec")
+        for n in names:
+            if not x.has_axis(n):
+                raise AxisNotFoundError(
+                    f"einsum() operand {i + 1} spec {spec.strip()!r} names axis {n!r}, which "
+                    f"NamedArray({format_axes(x.axes)}) does not have. Available axes: "
+                    f"{format_names(x.axis_names)}."
+                )
+        rest = [n for n in x.axis_names if n not in names]
+        if rest and not ellipsis:
+            raise AxisError(
+                f"einsum() operand {i + 1} NamedArray({format_axes(x.axes)}) has axes "
+                f"{format_names(rest)} that its spec {spec.strip()!r} does not name. Name them, "
+                "or add '...' to cover them."
+            )
+        named_somewhere.update(names)
+    # '...' on the right keeps the axes that no spec names, in first-appearance order.
+    covered = [a.name for a in every if a.name not in named_somewhere]
+    out_names, out_ellipsis = _parse_side(rhs, "result spec")
+    for n in out_names:
+        if index_of(every, n) is None:
+            raise AxisNotFoundError(
+                f"einsum() result spec {rhs.strip()!r} names axis {n!r}, which no operand has. "
+                f"Available axes: {format_names(a.name for a in every)}."
+            )
+    if out_ellipsis:
+        kept = [n for n in covered if n not in out_names]
+        tokens = rhs.split()
+        at = tokens.index("...")
+        out_names = out_names[:at] + kept + out_names[at:]
+    return _run("einsum", arrays, every, out_names, precision, preferred_element_type)

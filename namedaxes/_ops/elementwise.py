@@ -1,0 +1,474 @@
+"""Elementwise ops over named axes: one lifting engine, a table of lifted functions, the operators.
+
+Every function here is built by :func:`_lift` from a plain JAX function: operands broadcast **by
+name** (the result has the first operand's axes, then each later operand's axes that are new, in
+order), Python scalars and 0-d arrays broadcast to everything, and a plain array with dimensions is
+refused because it has no names to broadcast by. Importing this module installs NamedArray's
+arithmetic, bitwise and comparison operators and its ``astype`` method.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+import numpy as np
+
+from .._array import NamedArray
+from .._axis import Axis, broadcast_axes
+from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
+from ._align import align_to
+
+__all__ = ["ELEMENTWISE_OPS", "astype", "broadcast_into", "canonical_dtype", "clip", "lift_call"]
+
+_SCALAR_TYPES = (bool, int, float, complex, np.generic)
+
+
+# -- the engine -----------------------------------------------------------------------------------
+
+
+def _check_operand(x: Any, op: str, what: str) -> Any:
+    """``x`` if it can take part in a by-name broadcast; a typed error otherwise."""
+    if isinstance(x, (NamedArray, *_SCALAR_TYPES)):
+        return x
+    shape = None if isinstance(x, type) else getattr(x, "shape", None)
+    if shape is not None:
+        if len(shape) == 0:
+            return x
+        raise NamedTypeError(
+            f"{op}() got a plain array of shape {tuple(shape)} for {what}; plain arrays have no "
+            "axis names to broadcast by. Wrap it first, e.g. "
+            f"named(x, {tuple(f'axis{i}' for i in range(len(shape)))!r})."
+        )
+    raise NamedTypeError(
+        f"{op}() needs a NamedArray or a scalar for {what}, got {x!r} ({type(x).__name__})."
+    )
+
+
+def _is_operand_like(x: Any) -> bool:
+    """Whether an operator should handle ``x`` (otherwise Python tries the reflected operator)."""
+    return isinstance(x, (NamedArray, *_SCALAR_TYPES)) or (
+        not isinstance(x, type) and getattr(x, "shape", None) is not None
+    )
+
+
+def lift_call(
+    op: str,
+    fn: Callable[..., Any],
+    operands: Sequence[Any],
+    names: Sequence[str] | None = None,
+    /,
+    **kwargs: Any,
+) -> NamedArray:
+    """Apply ``fn`` to ``operands`` broadcast by name; the engine behind every elementwise op.
+
+    ``names`` label the operands in error messages. ``None`` operands pass through untouched (for
+    optional bounds such as ``clip``'s); ``kwargs`` go to ``fn`` unchanged.
+
+    Raises:
+        AxisSizeError: if one axis name has two sizes among the operands.
+        NamedTypeError: if an operand is a plain array with dimensions, or not array-like.
+    """
+    labels = names or [f"operand {i + 1}" for i in range(len(operands))]
+    checked = [x if x is None else _check_operand(x, op, w) for x, w in zip(operands, labels)]
+    axes: tuple[Axis, ...] = ()
+    for x in checked:
+        if isinstance(x, NamedArray):
+            try:
+                axes = broadcast_axes(axes, x.axes)
+            except AxisSizeError as e:
+                raise AxisSizeError(f"{op}(): {e}") from None
+    arrays = [align_to(x, axes) if isinstance(x, NamedArray) else x for x in checked]
+    return NamedArray(fn(*arrays, **kwargs), axes)
+
+
+def broadcast_into(value: Any, axes: Sequence[Axis], *, op: str, what: str) -> Any:
+    """``value`` laid out to broadcast positionally against an array with ``axes``.
+
+    Scalars and 0-d arrays pass through; a NamedArray must only have axes from ``axes`` (missing
+    ones become size-1 dimensions). Used for masks (``where=``), fill values and sampler parameters.
+
+    Raises:
+        AxisError: if ``value`` has an axis that ``axes`` lacks.
+        AxisSizeError: if a shared axis has another size.
+        NamedTypeError: if ``value`` is a plain array with dimensions.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, NamedArray):
+        return _check_operand(value, op, what)
+    names = [a.name for a in axes]
+    extra = [a.name for a in value.axes if a.name not in names]
+    if extra:
+        raise AxisError(
+            f"{op}(): {what} NamedArray({format_axes(value.axes)}) has axes {format_names(extra)} "
+            f"that NamedArray({format_axes(axes)}) lacks; it may only use "
+            f"{format_names(names)}. Reduce or index the extra axes first."
+        )
+    for a in value.axes:
+        mine = next(b for b in axes if b.name == a.name)
+        if mine.size != a.size:
+            raise AxisSizeError(
+                f"{op}(): {what} axis {a.name!r} has size {a.size}, but the result's "
+                f"{a.name!r} has size {mine.size}."
+            )
+    return align_to(value, axes)
+
+
+def canonical_dtype(dtype: Any, *, op: str) -> Any:
+    """``dtype`` checked to be a dtype (``None`` passes through).
+
+    Raises:
+        NamedTypeError: if ``dtype`` is not understood by ``jnp.dtype``.
+    """
+    if dtype is None:
+        return None
+    try:
+        jnp.dtype(dtype)
+    except TypeError:
+        raise NamedTypeError(
+            f"{op}(): {dtype!r} is not a dtype. Pass a dtype such as jnp.float32, jnp.int32 "
+            "or 'bfloat16'."
+        ) from None
+    return dtype
+
+
+# -- the table --------------------------------------------------------------------------------
+
+#: Every lifted elementwise op by public name: ``(jax function, arity, example domain)``.
+ELEMENTWISE_OPS: dict[str, tuple[Callable[..., Any], int, str]] = {}
+
+_PARAMS = {1: ("x",), 2: ("x1", "x2"), 3: ("condition", "x", "y")}
+# Example inputs per domain, used in the generated docstrings.
+_EXAMPLE_DATA = {
+    "real": "jnp.ones({shape})",
+    "int": "jnp.ones({shape}, dtype=jnp.int32)",
+    "bool": "jnp.ones({shape}, dtype=bool)",
+}
+
+
+def _source_name(fn: Callable[..., Any]) -> str:
+    module = {"jax.numpy": "jnp", "jax.nn": "jax.nn", "jax.lax": "jax.lax"}
+    mod = getattr(fn, "__module__", "") or ""
+    for prefix, short in module.items():
+        if mod.startswith(prefix):
+            return f"{short}.{fn.__name__}"
+    if fn.__name__ in dir(jsp):
+        return f"jax.scipy.special.{fn.__name__}"
+    return f"{mod}.{fn.__name__}"
+
+
+def _example(name: str, arity: int, domain: str) -> str:
+    def data(shape: str, dom: str) -> str:
+        return _EXAMPLE_DATA[dom].format(shape=shape)
+
+    lines = [">>> import jax.numpy as jnp", ">>> import namedaxes as na"]
+    if arity == 1:
+        lines += [
+            f'>>> x = na.named({data("(2, 3)", domain)}, ("batch", "embed"))',
+            f">>> na.{name}(x).axis_names",
+            "('batch', 'embed')",
+        ]
+    elif arity == 2:
+        lines += [
+            f'>>> x = na.named({data("(2, 3)", domain)}, ("batch", "embed"))',
+            f'>>> y = na.named({data("(4, 3)", domain)}, ("mlp", "embed"))',
+            f">>> na.{name}(x, y).axis_names  # by name: x's axes, then y's new ones",
+            "('batch', 'embed', 'mlp')",
+        ]
+    else:
+        lines += [
+            f'>>> c = na.named({data("(3,)", "bool")}, ("embed",))',
+            f'>>> x = na.named({data("(2, 3)", domain)}, ("batch", "embed"))',
+            f">>> na.{name}(c, x, 0.0).axis_names",
+            "('embed', 'batch')",
+        ]
+    return "\n".join("        " + line for line in lines)
+
+
+def _lift(name: str, fn: Callable[..., Any], arity: int, domain: str = "real") -> Callable[..., NamedArray]:
+    """Build the named version of ``fn`` (``arity`` broadcast operands, keywords passed through)."""
+    params = _PARAMS[arity]
+
+    def op(*operands: Any, **kwargs: Any) -> NamedArray:
+        if len(operands) != arity:
+            raise NamedTypeError(
+                f"{name}() takes {arity} operand(s) ({', '.join(params)}), got {len(operands)}."
+            )
+        return lift_call(name, fn, operands, params, **kwargs)
+
+    source = _source_name(fn)
+    if arity == 1:
+        what = f"``{source}`` applied to each element; the result keeps ``x``'s axes."
+        args = "        x: A NamedArray, a Python scalar or a 0-d array.\n"
+    else:
+        what = (
+            f"``{source}`` elementwise, broadcasting by name: the result has the first operand's "
+            "axes, then each later operand's new axes, in order. Scalars and 0-d arrays broadcast "
+            "to everything."
+        )
+        args = "".join(
+            f"        {p}: A NamedArray, a Python scalar or a 0-d array.\n" for p in params
+        )
+    size_error = (
+        "" if arity == 1 else "        AxisSizeError: if an axis name has two sizes among the operands.\n"
+    )
+    op.__doc__ = (
+        f"Named ``{name}``: {what}\n\n"
+        f"    Args:\n{args}        **kwargs: Passed to ``{source}`` unchanged.\n\n"
+        "    Returns:\n        A NamedArray.\n\n"
+        f"    Raises:\n{size_error}"
+        "        NamedTypeError: if an operand is a plain array with dimensions (wrap it with\n"
+        "            ``named``).\n\n"
+        f"    Example:\n{_example(name, arity, domain)}\n"
+    )
+    op.__name__ = op.__qualname__ = name
+    op.__module__ = "namedaxes"
+    op.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_ONLY) for p in params]
+        + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)],
+        return_annotation=NamedArray,
+    )
+    ELEMENTWISE_OPS[name] = (fn, arity, domain)
+    return op
+
+
+# Unary, real-valued.
+abs = _lift("abs", jnp.abs, 1)  # noqa: A001 - mirrors jnp.abs
+absolute = _lift("absolute", jnp.absolute, 1)
+negative = _lift("negative", jnp.negative, 1)
+positive = _lift("positive", jnp.positive, 1)
+sign = _lift("sign", jnp.sign, 1)
+exp = _lift("exp", jnp.exp, 1)
+exp2 = _lift("exp2", jnp.exp2, 1)
+expm1 = _lift("expm1", jnp.expm1, 1)
+log = _lift("log", jnp.log, 1)
+log1p = _lift("log1p", jnp.log1p, 1)
+log2 = _lift("log2", jnp.log2, 1)
+log10 = _lift("log10", jnp.log10, 1)
+sqrt = _lift("sqrt", jnp.sqrt, 1)
+rsqrt = _lift("rsqrt", jax.lax.rsqrt, 1)
+cbrt = _lift("cbrt", jnp.cbrt, 1)
+square = _lift("square", jnp.square, 1)
+reciprocal = _lift("reciprocal", jnp.reciprocal, 1)
+sin = _lift("sin", jnp.sin, 1)
+cos = _lift("cos", jnp.cos, 1)
+tan = _lift("tan", jnp.tan, 1)
+arcsin = _lift("arcsin", jnp.arcsin, 1)
+arccos = _lift("arccos", jnp.arccos, 1)
+arctan = _lift("arctan", jnp.arctan, 1)
+sinh = _lift("sinh", jnp.sinh, 1)
+cosh = _lift("cosh", jnp.cosh, 1)
+tanh = _lift("tanh", jnp.tanh, 1)
+arcsinh = _lift("arcsinh", jnp.arcsinh, 1)
+arccosh = _lift("arccosh", jnp.arccosh, 1)
+arctanh = _lift("arctanh", jnp.arctanh, 1)
+deg2rad = _lift("deg2rad", jnp.deg2rad, 1)
+rad2deg = _lift("rad2deg", jnp.rad2deg, 1)
+sinc = _lift("sinc", jnp.sinc, 1)
+floor = _lift("floor", jnp.floor, 1)
+ceil = _lift("ceil", jnp.ceil, 1)
+trunc = _lift("trunc", jnp.trunc, 1)
+rint = _lift("rint", jnp.rint, 1)
+round = _lift("round", jnp.round, 1)  # noqa: A001 - mirrors jnp.round (decimals= passes through)
+isnan = _lift("isnan", jnp.isnan, 1)
+isfinite = _lift("isfinite", jnp.isfinite, 1)
+isinf = _lift("isinf", jnp.isinf, 1)
+signbit = _lift("signbit", jnp.signbit, 1)
+nan_to_num = _lift("nan_to_num", jnp.nan_to_num, 1)
+real = _lift("real", jnp.real, 1)
+imag = _lift("imag", jnp.imag, 1)
+conj = _lift("conj", jnp.conj, 1)
+angle = _lift("angle", jnp.angle, 1)
+erf = _lift("erf", jsp.erf, 1)
+erfinv = _lift("erfinv", jsp.erfinv, 1)
+# Unary activations from jax.nn.
+sigmoid = _lift("sigmoid", jax.nn.sigmoid, 1)
+log_sigmoid = _lift("log_sigmoid", jax.nn.log_sigmoid, 1)
+relu = _lift("relu", jax.nn.relu, 1)
+relu6 = _lift("relu6", jax.nn.relu6, 1)
+gelu = _lift("gelu", jax.nn.gelu, 1)
+silu = _lift("silu", jax.nn.silu, 1)
+softplus = _lift("softplus", jax.nn.softplus, 1)
+elu = _lift("elu", jax.nn.elu, 1)
+celu = _lift("celu", jax.nn.celu, 1)
+selu = _lift("selu", jax.nn.selu, 1)
+leaky_relu = _lift("leaky_relu", jax.nn.leaky_relu, 1)
+mish = _lift("mish", jax.nn.mish, 1)
+hard_tanh = _lift("hard_tanh", jax.nn.hard_tanh, 1)
+hard_sigmoid = _lift("hard_sigmoid", jax.nn.hard_sigmoid, 1)
+hard_swish = _lift("hard_swish", jax.nn.hard_swish, 1)
+# Unary, boolean and integer.
+logical_not = _lift("logical_not", jnp.logical_not, 1, "bool")
+bitwise_not = _lift("bitwise_not", jnp.bitwise_not, 1, "int")
+invert = _lift("invert", jnp.invert, 1, "int")
+
+# Binary arithmetic.
+add = _lift("add", jnp.add, 2)
+subtract = _lift("subtract", jnp.subtract, 2)
+multiply = _lift("multiply", jnp.multiply, 2)
+divide = _lift("divide", jnp.divide, 2)
+true_divide = _lift("true_divide", jnp.true_divide, 2)
+floor_divide = _lift("floor_divide", jnp.floor_divide, 2)
+mod = _lift("mod", jnp.mod, 2)
+remainder = _lift("remainder", jnp.remainder, 2)
+power = _lift("power", jnp.power, 2)
+float_power = _lift("float_power", jnp.float_power, 2)
+maximum = _lift("maximum", jnp.maximum, 2)
+minimum = _lift("minimum", jnp.minimum, 2)
+fmax = _lift("fmax", jnp.fmax, 2)
+fmin = _lift("fmin", jnp.fmin, 2)
+arctan2 = _lift("arctan2", jnp.arctan2, 2)
+hypot = _lift("hypot", jnp.hypot, 2)
+logaddexp = _lift("logaddexp", jnp.logaddexp, 2)
+logaddexp2 = _lift("logaddexp2", jnp.logaddexp2, 2)
+copysign = _lift("copysign", jnp.copysign, 2)
+# Binary comparisons.
+equal = _lift("equal", jnp.equal, 2)
+not_equal = _lift("not_equal", jnp.not_equal, 2)
+less = _lift("less", jnp.less, 2)
+less_equal = _lift("less_equal", jnp.less_equal, 2)
+greater = _lift("greater", jnp.greater, 2)
+greater_equal = _lift("greater_equal", jnp.greater_equal, 2)
+isclose = _lift("isclose", jnp.isclose, 2)
+# Binary, boolean and integer.
+logical_and = _lift("logical_and", jnp.logical_and, 2, "bool")
+logical_or = _lift("logical_or", jnp.logical_or, 2, "bool")
+logical_xor = _lift("logical_xor", jnp.logical_xor, 2, "bool")
+bitwise_and = _lift("bitwise_and", jnp.bitwise_and, 2, "int")
+bitwise_or = _lift("bitwise_or", jnp.bitwise_or, 2, "int")
+bitwise_xor = _lift("bitwise_xor", jnp.bitwise_xor, 2, "int")
+left_shift = _lift("left_shift", jnp.left_shift, 2, "int")
+right_shift = _lift("right_shift", jnp.right_shift, 2, "int")
+gcd = _lift("gcd", jnp.gcd, 2, "int")
+lcm = _lift("lcm", jnp.lcm, 2, "int")
+# Ternary.
+where = _lift("where", jnp.where, 3)
+
+
+def clip(x: Any, min: Any = None, max: Any = None) -> NamedArray:  # noqa: A002 - jnp's names
+    """Named ``jnp.clip``: limit ``x`` to ``[min, max]``; either bound may be ``None``.
+
+    ``x``, ``min`` and ``max`` broadcast by name like every elementwise op (the result has ``x``'s
+    axes, then the bounds' new axes).
+
+    Args:
+        x: A NamedArray or scalar.
+        min: Lower bound: a NamedArray, a scalar, or ``None`` for no bound.
+        max: Upper bound: a NamedArray, a scalar, or ``None`` for no bound.
+
+    Returns:
+        A NamedArray.
+
+    Raises:
+        AxisSizeError: if an axis name has different sizes in two operands.
+        NamedTypeError: if an operand is a plain array with dimensions.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([-2.0, 0.5, 3.0]), "embed")
+        >>> na.clip(x, 0.0, 1.0).array
+        Array([0. , 0.5, 1. ], dtype=float32)
+    """
+
+    def _clip(a: Any, lo: Any, hi: Any) -> Any:
+        return jnp.clip(a, min=lo, max=hi)
+
+    return lift_call("clip", _clip, (x, min, max), ("x", "min", "max"))
+
+
+def astype(x: NamedArray, dtype: Any) -> NamedArray:
+    """Cast ``x`` to ``dtype``, keeping its axes (also available as ``x.astype(dtype)``).
+
+    Args:
+        x: A NamedArray.
+        dtype: The new element type.
+
+    Returns:
+        A NamedArray with the same axes.
+
+    Raises:
+        NamedTypeError: if ``x`` is not a NamedArray or ``dtype`` is not a dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> na.named(jnp.ones(3), "embed").astype(jnp.bfloat16)
+        NamedArray(bfloat16, embed=3)
+    """
+    if not isinstance(x, NamedArray):
+        raise NamedTypeError(f"astype() needs a NamedArray, got {type(x).__name__}.")
+    return NamedArray(x.array.astype(canonical_dtype(dtype, op="astype")), x.axes)
+
+
+# -- operators --------------------------------------------------------------------------------
+
+_BINARY_OPERATORS = {
+    "add": add,
+    "sub": subtract,
+    "mul": multiply,
+    "truediv": true_divide,
+    "floordiv": floor_divide,
+    "mod": mod,
+    "pow": power,
+    "and": bitwise_and,
+    "or": bitwise_or,
+    "xor": bitwise_xor,
+    "lshift": left_shift,
+    "rshift": right_shift,
+}
+# Python reflects comparisons itself (`1 < x` calls `x.__gt__(1)`), so these have no __r*__.
+_COMPARISONS = {"eq": equal, "ne": not_equal, "lt": less, "le": less_equal, "gt": greater, "ge": greater_equal}
+_UNARY_OPERATORS = {"neg": negative, "pos": positive, "abs": abs, "invert": invert}
+
+
+def _forward(fn: Callable[..., NamedArray], dunder: str) -> Callable[[NamedArray, Any], Any]:
+    def method(self: NamedArray, other: Any) -> Any:
+        return fn(self, other) if _is_operand_like(other) else NotImplemented
+
+    method.__name__ = method.__qualname__ = dunder
+    method.__doc__ = f"``{dunder}``: named ``{fn.__name__}`` (operands broadcast by name)."
+    return method
+
+
+def _reflected(fn: Callable[..., NamedArray], dunder: str) -> Callable[[NamedArray, Any], Any]:
+    def method(self: NamedArray, other: Any) -> Any:
+        return fn(other, self) if _is_operand_like(other) else NotImplemented
+
+    method.__name__ = method.__qualname__ = dunder
+    method.__doc__ = f"``{dunder}``: named ``{fn.__name__}`` with the operands swapped."
+    return method
+
+
+def _unary_method(fn: Callable[..., NamedArray], dunder: str) -> Callable[[NamedArray], NamedArray]:
+    def method(self: NamedArray) -> NamedArray:
+        return fn(self)
+
+    method.__name__ = method.__qualname__ = dunder
+    method.__doc__ = f"``{dunder}``: named ``{fn.__name__}``."
+    return method
+
+
+def _round_method(self: NamedArray, ndigits: int | None = None) -> NamedArray:
+    """``round(x, ndigits)``: named ``jnp.round``."""
+    return round(self, decimals=ndigits or 0)
+
+
+def _install() -> None:
+    for short, fn in _BINARY_OPERATORS.items():
+        setattr(NamedArray, f"__{short}__", _forward(fn, f"__{short}__"))
+        setattr(NamedArray, f"__r{short}__", _reflected(fn, f"__r{short}__"))
+    for short, fn in _COMPARISONS.items():
+        setattr(NamedArray, f"__{short}__", _forward(fn, f"__{short}__"))
+    for short, fn in _UNARY_OPERATORS.items():
+        setattr(NamedArray, f"__{short}__", _unary_method(fn, f"__{short}__"))
+    NamedArray.__round__ = _round_method  # type: ignore[attr-defined]
+    NamedArray.astype = astype  # type: ignore[attr-defined]
+
+
+_install()

@@ -1,0 +1,364 @@
+"""Reductions over named axes (``sum``, ``mean``, ..., ``logsumexp``), ``softmax`` and cumulative ops.
+
+A reduction takes ``axis`` as one name/``Axis``, a sequence of them, or ``None`` for every axis;
+the result keeps the remaining axes in their order. ``where=`` masks are NamedArrays over some of
+the input's axes (broadcast by name) or scalars. Importing this module installs the reductions as
+NamedArray methods (``x.sum("batch")``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import jax.numpy as jnp
+
+from .._array import NamedArray
+from .._axis import Axis, AxisSelector, axis_names, check_unique, find_axis
+from .._errors import AxisError, NamedTypeError, format_axes, format_names
+from .elementwise import broadcast_into, canonical_dtype
+
+__all__ = [
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "cumprod",
+    "cumsum",
+    "log_softmax",
+    "logsumexp",
+    "max",
+    "mean",
+    "min",
+    "prod",
+    "softmax",
+    "std",
+    "sum",
+    "var",
+]
+
+#: One axis, several, or ``None`` for all of them.
+AxisSelection: TypeAlias = AxisSelector | Sequence[AxisSelector] | None
+
+
+def _need_named(x: Any, op: str) -> NamedArray:
+    if not isinstance(x, NamedArray):
+        raise NamedTypeError(
+            f"{op}() needs a NamedArray, got {type(x).__name__}. Name the array's axes first, "
+            "e.g. named(x, ('batch', 'embed'))."
+        )
+    return x
+
+
+def _positions(x: NamedArray, axis: AxisSelection) -> tuple[int, ...]:
+    """Positions of the selected axes in ``x`` (all of them for ``None``), checked and unique."""
+    if axis is None:
+        return tuple(range(x.ndim))
+    names = axis_names(axis)
+    check_unique(names)
+    return tuple(find_axis(x.axes, a) for a in names)
+
+
+def _reduce(
+    op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any, **kwargs: Any
+) -> NamedArray:
+    x = _need_named(x, op)
+    pos = _positions(x, axis)
+    mask = broadcast_into(where, x.axes, op=op, what="where=")
+    if mask is not None:
+        kwargs["where"] = mask
+    out = fn(x.array, axis=pos, **kwargs)
+    return NamedArray(out, tuple(a for i, a in enumerate(x.axes) if i not in pos))
+
+
+def sum(  # noqa: A001 - mirrors jnp.sum
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None
+) -> NamedArray:
+    """Sum over ``axis`` (one name, several, or ``None`` for all).
+
+    Args:
+        x: A NamedArray.
+        axis: The axis or axes to sum over; ``None`` sums everything.
+        where: Only elements where this mask is true count: a NamedArray over some of ``x``'s
+            axes (broadcast by name) or a scalar.
+        dtype: Accumulation and result type.
+
+    Returns:
+        A NamedArray with the remaining axes, in order.
+
+    Raises:
+        AxisNotFoundError: if an axis is not in ``x`` (the available axes are listed).
+        AxisError: if ``where`` has an axis that ``x`` lacks.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.ones((2, 3)), ("batch", "embed"))
+        >>> na.sum(x, "embed")
+        NamedArray(float32, batch=2)
+        >>> x.sum().item()
+        6.0
+    """
+    return _reduce("sum", jnp.sum, x, axis, where, dtype=canonical_dtype(dtype, op="sum"))
+
+
+def prod(x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None) -> NamedArray:
+    """Product over ``axis``; arguments as for :func:`sum`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> na.prod(na.named(jnp.full((2, 3), 2.0), ("batch", "embed")), "embed").array
+        Array([8., 8.], dtype=float32)
+    """
+    return _reduce("prod", jnp.prod, x, axis, where, dtype=canonical_dtype(dtype, op="prod"))
+
+
+def mean(x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None) -> NamedArray:
+    """Mean over ``axis``; arguments as for :func:`sum` (masked-out elements do not count).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[1.0, 2.0, 3.0]]), ("batch", "embed"))
+        >>> na.mean(x, "embed", where=x > 1.0).array
+        Array([2.5], dtype=float32)
+    """
+    return _reduce("mean", jnp.mean, x, axis, where, dtype=canonical_dtype(dtype, op="mean"))
+
+
+def max(  # noqa: A001 - mirrors jnp.max
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, initial: Any = None
+) -> NamedArray:
+    """Maximum over ``axis``; with ``where=`` an ``initial`` value is required (as in ``jnp.max``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[1.0, 5.0], [4.0, 2.0]]), ("batch", "embed"))
+        >>> x.max("batch").array
+        Array([4., 5.], dtype=float32)
+    """
+    return _reduce("max", jnp.max, x, axis, where, initial=initial)
+
+
+def min(  # noqa: A001 - mirrors jnp.min
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, initial: Any = None
+) -> NamedArray:
+    """Minimum over ``axis``; with ``where=`` an ``initial`` value is required (as in ``jnp.min``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[1.0, 5.0], [4.0, 2.0]]), ("batch", "embed"))
+        >>> x.min("embed").array
+        Array([1., 2.], dtype=float32)
+    """
+    return _reduce("min", jnp.min, x, axis, where, initial=initial)
+
+
+def var(
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, ddof: int = 0, dtype: Any = None
+) -> NamedArray:
+    """Variance over ``axis``, dividing by ``N - ddof``; other arguments as for :func:`sum`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([1.0, 2.0, 3.0, 4.0]), "embed")
+        >>> na.var(x, "embed", ddof=1).item()
+        1.6666666...
+    """
+    return _reduce("var", jnp.var, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="var"))
+
+
+def std(
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, ddof: int = 0, dtype: Any = None
+) -> NamedArray:
+    """Standard deviation over ``axis``, dividing by ``N - ddof``; as for :func:`var`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[1.0, 3.0]]), ("batch", "embed"))
+        >>> x.std("embed").array
+        Array([1.], dtype=float32)
+    """
+    return _reduce("std", jnp.std, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="std"))
+
+
+def any(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -> NamedArray:  # noqa: A001
+    """Whether any element along ``axis`` is true; arguments as for :func:`sum`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[True, False], [False, False]]), ("batch", "embed"))
+        >>> na.any(x, "embed").array
+        Array([ True, False], dtype=bool)
+    """
+    return _reduce("any", jnp.any, x, axis, where)
+
+
+def all(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -> NamedArray:  # noqa: A001
+    """Whether every element along ``axis`` is true; arguments as for :func:`sum`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[True, True], [True, False]]), ("batch", "embed"))
+        >>> na.all(x, "embed").array
+        Array([ True, False], dtype=bool)
+    """
+    return _reduce("all", jnp.all, x, axis, where)
+
+
+def logsumexp(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -> NamedArray:
+    """``log(sum(exp(x)))`` over ``axis``, computed stably; arguments as for :func:`sum`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.zeros((2, 4)), ("batch", "vocab"))
+        >>> na.logsumexp(x, "vocab").array
+        Array([1.3862944, 1.3862944], dtype=float32)
+    """
+    return _reduce("logsumexp", jax.nn.logsumexp, x, axis, where)
+
+
+def _arg_reduce(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector | None) -> NamedArray:
+    x = _need_named(x, op)
+    if axis is None:
+        if x.ndim != 1:
+            raise AxisError(
+                f"{op}() needs one axis for NamedArray({format_axes(x.axes)}); axis=None only works "
+                f"on a 1-axis array. Pass one of {format_names(x.axis_names)}, e.g. "
+                f"{op}(x, {x.axis_names[0] if x.axes else 'name'!r})."
+            )
+        axis = x.axes[0]
+    if not isinstance(axis, (str, Axis)):
+        raise NamedTypeError(
+            f"{op}() reduces exactly one axis; got {axis!r}. Flatten the axes first to take the "
+            f"{op} over several."
+        )
+    i = find_axis(x.axes, axis)
+    return NamedArray(fn(x.array, axis=i), x.axes[:i] + x.axes[i + 1 :])
+
+
+def argmax(x: NamedArray, axis: AxisSelector | None = None) -> NamedArray:
+    """Index of the largest element along one axis; the axis is dropped.
+
+    Args:
+        x: A NamedArray.
+        axis: One axis; may be omitted only when ``x`` has exactly one axis.
+
+    Raises:
+        AxisError: if ``axis`` is ``None`` and ``x`` has more than one axis.
+        AxisNotFoundError: if the axis is not in ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> x = na.named(jnp.array([[1.0, 5.0, 2.0]]), ("batch", "vocab"))
+        >>> na.argmax(x, "vocab").array
+        Array([1], dtype=int32)
+    """
+    return _arg_reduce("argmax", jnp.argmax, x, axis)
+
+
+def argmin(x: NamedArray, axis: AxisSelector | None = None) -> NamedArray:
+    """Index of the smallest element along one axis; as for :func:`argmax`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> na.argmin(na.named(jnp.array([3.0, 1.0, 2.0]), "vocab")).item()
+        1
+    """
+    return _arg_reduce("argmin", jnp.argmin, x, axis)
+
+
+def _along(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any) -> NamedArray:
+    """Apply an axis-preserving op (softmax family) over the selected axes."""
+    x = _need_named(x, op)
+    if axis is None:
+        raise NamedTypeError(f"{op}() needs the axis to normalize over, e.g. {op}(x, 'vocab').")
+    pos = _positions(x, axis)
+    mask = broadcast_into(where, x.axes, op=op, what="where=")
+    return NamedArray(fn(x.array, axis=pos, where=mask), x.axes)
+
+
+def softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> NamedArray:
+    """Softmax over ``axis`` (one or several); the result keeps ``x``'s axes.
+
+    Args:
+        x: A NamedArray of logits.
+        axis: The axis or axes that the probabilities sum to 1 over.
+        where: Mask of elements to include (a NamedArray over some of ``x``'s axes, or a scalar);
+            masked-out elements get probability 0.
+
+    Raises:
+        AxisNotFoundError: if an axis is not in ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> logits = na.named(jnp.zeros((2, 4)), ("batch", "vocab"))
+        >>> na.softmax(logits, "vocab").array[0]
+        Array([0.25, 0.25, 0.25, 0.25], dtype=float32)
+    """
+    return _along("softmax", jax.nn.softmax, x, axis, where)
+
+
+def log_softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> NamedArray:
+    """Log of :func:`softmax` over ``axis``, computed stably; the result keeps ``x``'s axes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> logits = na.named(jnp.zeros((2, 2)), ("batch", "vocab"))
+        >>> na.log_softmax(logits, "vocab").array[0]
+        Array([-0.6931472, -0.6931472], dtype=float32)
+    """
+    return _along("log_softmax", jax.nn.log_softmax, x, axis, where)
+
+
+def _cumulative(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any) -> NamedArray:
+    x = _need_named(x, op)
+    i = find_axis(x.axes, axis)
+    return NamedArray(fn(x.array, axis=i, dtype=canonical_dtype(dtype, op=op)), x.axes)
+
+
+def cumsum(x: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+    """Running sum along one axis; the result keeps ``x``'s axes.
+
+    Raises:
+        AxisNotFoundError: if the axis is not in ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> na.cumsum(na.named(jnp.array([1, 2, 3]), "time"), "time").array
+        Array([1, 3, 6], dtype=int32)
+    """
+    return _cumulative("cumsum", jnp.cumsum, x, axis, dtype)
+
+
+def cumprod(x: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
+    """Running product along one axis; the result keeps ``x``'s axes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> na.cumprod(na.named(jnp.array([1, 2, 3]), "time"), "time").array
+        Array([1, 2, 6], dtype=int32)
+    """
+    return _cumulative("cumprod", jnp.cumprod, x, axis, dtype)
+
+
+# Reductions double as methods, like jax.Array's (`x.sum("batch")`).
+_METHODS = (sum, prod, mean, max, min, var, std, any, all, argmax, argmin, cumsum, cumprod)
+for _fn in _METHODS:
+    setattr(NamedArray, _fn.__name__, _fn)
+del _fn

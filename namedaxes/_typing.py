@@ -1,0 +1,223 @@
+"""Axis-aware annotations: ``NamedArray["batch embed"]`` and the ``check_axes`` decorator.
+
+``NamedArray["batch embed"]`` is a class whose ``isinstance`` check passes for NamedArrays with
+exactly the axes ``batch`` and ``embed``, in any order (named ops never depend on axis order, so
+the annotation does not either). ``...`` allows further axes: ``NamedArray["batch ..."]``. An
+optional second item constrains the dtype with ``jnp.issubdtype``, so both exact types and
+categories work: ``NamedArray["batch embed", jnp.floating]``. Because the check is a plain
+``isinstance``, runtime checkers that use ``isinstance`` (beartype, typeguard) understand it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._array import NamedArray
+from ._errors import AxisSizeError, NamedTypeError, format_axes, format_names
+
+__all__ = ["check_axes"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _AxesMeta(type):
+    """Metaclass of the annotation classes: ``isinstance`` checks axis names (and dtype)."""
+
+    _names: frozenset[str]
+    _extra_ok: bool
+    _dtype: Any
+    _spec: str
+
+    def __instancecheck__(cls, x: Any) -> bool:
+        return _mismatch(cls, x) is None
+
+    def __repr__(cls) -> str:
+        dtype = "" if cls._dtype is None else f", {_dtype_name(cls._dtype)}"
+        return f"NamedArray[{cls._spec!r}{dtype}]"
+
+
+def _dtype_name(dtype: Any) -> str:
+    return getattr(dtype, "__name__", None) or str(np.dtype(dtype))
+
+
+def _mismatch(ann: _AxesMeta, x: Any) -> str | None:
+    """Why ``x`` does not match ``ann``, or ``None`` when it does."""
+    if not isinstance(x, NamedArray):
+        return f"got {type(x).__name__}, not a NamedArray"
+    have = set(x.axis_names)
+    problems = []
+    missing = [n for n in sorted(ann._names) if n not in have]
+    if missing:
+        problems.append(f"missing axes {format_names(missing)}")
+    if not ann._extra_ok:
+        extra = [n for n in x.axis_names if n not in ann._names]
+        if extra:
+            problems.append(f"unexpected axes {format_names(extra)} (add '...' to allow extra axes)")
+    if ann._dtype is not None:
+        dtype = getattr(x.array, "dtype", None)
+        if dtype is not None and not jnp.issubdtype(dtype, ann._dtype):
+            problems.append(f"dtype {np.dtype(dtype)} is not {_dtype_name(ann._dtype)}")
+    return "; ".join(problems) or None
+
+
+@functools.lru_cache(maxsize=None)
+def _annotation(spec: str, dtype: Any) -> _AxesMeta:
+    tokens = spec.split()
+    names = [t for t in tokens if t != "..."]
+    if len(tokens) - len(names) > 1:
+        raise NamedTypeError(f"NamedArray[{spec!r}] has more than one '...'; use it at most once.")
+    if len(set(names)) != len(names):
+        dups = sorted({n for n in names if names.count(n) > 1})
+        raise NamedTypeError(f"NamedArray[{spec!r}] names {format_names(dups)} more than once.")
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        raise NamedTypeError(
+            f"{cls!r} is an annotation; create arrays with NamedArray(array, axes) or named()."
+        )
+
+    namespace = {
+        "__slots__": (),
+        "__new__": __new__,
+        "__module__": "namedaxes",
+        "_names": frozenset(names),
+        "_extra_ok": len(names) != len(tokens),
+        "_dtype": dtype,
+        "_spec": " ".join(tokens),
+    }
+    return _AxesMeta(f"NamedArray[{spec!r}]", (NamedArray,), namespace)
+
+
+def _class_getitem(cls: type, item: Any) -> _AxesMeta:
+    """``NamedArray["batch embed"]`` or ``NamedArray["batch embed", dtype]``."""
+    if cls is not NamedArray:
+        raise NamedTypeError(f"{cls!r} already names its axes; subscript NamedArray itself.")
+    spec, dtype = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+    if not isinstance(spec, str):
+        raise NamedTypeError(
+            f"NamedArray[...] takes a string of axis names, optionally with a dtype, e.g. "
+            f"NamedArray['batch embed'] or NamedArray['batch embed', jnp.float32]; got {item!r}."
+        )
+    if dtype is not None:
+        try:
+            jnp.issubdtype(jnp.float32, dtype)
+        except TypeError:
+            raise NamedTypeError(
+                f"NamedArray[{spec!r}, {dtype!r}]: {dtype!r} is not a dtype or dtype category "
+                "(e.g. jnp.float32, jnp.floating, jnp.integer)."
+            ) from None
+    return _annotation(spec, dtype)
+
+
+NamedArray.__class_getitem__ = classmethod(_class_getitem)  # type: ignore[attr-defined]
+
+
+def _ours(ann: Any) -> list[_AxesMeta]:
+    """Annotation classes in ``ann`` itself or in its ``Union``/``Optional`` members."""
+    if isinstance(ann, _AxesMeta):
+        return [ann]
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(ann) if isinstance(a, _AxesMeta)]
+    return []
+
+
+def _matches(member: Any, value: Any) -> bool:
+    if member is type(None):
+        return value is None
+    try:
+        return isinstance(value, member)
+    except TypeError:  # a parametrized generic: not ours to judge
+        return True
+
+
+def _verify(fn_name: str, ann: Any, value: Any, what: str, sizes: dict[str, tuple[int, str]]) -> None:
+    ours = _ours(ann)
+    if not ours:
+        return
+    members = typing.get_args(ann) if not isinstance(ann, _AxesMeta) else (ann,)
+    matched = next((m for m in members if _matches(m, value)), None)
+    if matched is None:
+        got = f"NamedArray({format_axes(value.axes)})" if isinstance(value, NamedArray) else repr(value)
+        reasons = "; or ".join(f"{a!r}: {_mismatch(a, value)}" for a in ours)
+        raise NamedTypeError(f"{fn_name}() {what} is {got}, which does not match {reasons}.")
+    if isinstance(matched, _AxesMeta):
+        for a in value.axes:
+            if a.name not in matched._names:
+                continue
+            seen = sizes.setdefault(a.name, (a.size, what))
+            if seen[0] != a.size:
+                raise AxisSizeError(
+                    f"{fn_name}() axis {a.name!r} has size {a.size} in {what} but size {seen[0]} "
+                    f"in {seen[1]}. Axes with one name must have one size within a call."
+                )
+
+
+def check_axes(fn: F) -> F:
+    """Check at call time that arguments and the result match their ``NamedArray[...]`` annotations.
+
+    Parameters (and the return value) annotated with ``NamedArray["..."]`` — directly or inside an
+    ``Optional``/``Union`` — are checked with ``isinstance``; other annotations are ignored. Within
+    one call, an axis named in several annotations must have one size everywhere. Checks run when
+    the function runs, so under ``jax.jit`` they cost nothing after tracing.
+
+    Args:
+        fn: The function to wrap.
+
+    Returns:
+        The wrapped function.
+
+    Raises:
+        NamedTypeError: (when called) if an argument or the result has the wrong axes or dtype.
+        AxisSizeError: (when called) if one axis name has two sizes across the checked values.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> @na.check_axes
+        ... def project(x: na.NamedArray["batch embed"], w: na.NamedArray["embed mlp"]
+        ...             ) -> na.NamedArray["batch mlp"]:
+        ...     return na.dot(x, w, axis="embed")
+        >>> x = na.named(jnp.ones((2, 3)), ("batch", "embed"))
+        >>> project(x, na.named(jnp.ones((3, 4)), ("embed", "mlp")))
+        NamedArray(float32, batch=2, mlp=4)
+        >>> project(x, na.named(jnp.ones((3, 4)), ("embed", "hidden")))
+        Traceback (most recent call last):
+        ...
+        namedaxes._errors.NamedTypeError: project() argument 'w' is NamedArray(embed=3, hidden=4), which does not match NamedArray['embed mlp']: missing axes 'mlp'; unexpected axes 'hidden' (add '...' to allow extra axes).
+    """
+    sig = inspect.signature(fn)
+    name = getattr(fn, "__name__", "function")
+    hints: dict[str, Any] | None = None
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hints
+        if hints is None:  # resolved on first call so forward references can be defined later
+            hints = typing.get_type_hints(fn)
+        bound = sig.bind(*args, **kwargs)
+        sizes: dict[str, tuple[int, str]] = {}
+        for pname, value in bound.arguments.items():
+            if pname not in hints:
+                continue
+            kind = sig.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                for i, v in enumerate(value):
+                    _verify(name, hints[pname], v, f"argument *{pname}[{i}]", sizes)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                for k, v in value.items():
+                    _verify(name, hints[pname], v, f"argument {k!r}", sizes)
+            else:
+                _verify(name, hints[pname], value, f"argument {pname!r}", sizes)
+        out = fn(*args, **kwargs)
+        if "return" in hints:
+            _verify(name, hints["return"], out, "result", sizes)
+        return out
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,281 @@
+"""Random samplers that produce NamedArrays.
+
+Each sampler mirrors its ``jax.random`` namesake with the key first and the shape given as axes
+(a ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``). Parameters such as ``minval``
+or ``p`` may be scalars or NamedArrays over some of those axes; they broadcast by name.
+
+Example:
+    >>> import jax
+    >>> import namedaxes as na
+    >>> key = jax.random.key(0)
+    >>> na.random.normal(key, {"batch": 2, "embed": 3})
+    NamedArray(float32, batch=2, embed=3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from ._array import NamedArray
+from ._axis import Axis, AxisSelector, AxisSpec, find_axis, to_axes
+from ._errors import AxisError, NamedTypeError, format_axes, format_names
+from ._ops.creation import single_axis
+from ._ops.elementwise import broadcast_into, canonical_dtype
+
+__all__ = [
+    "bernoulli",
+    "categorical",
+    "normal",
+    "permutation",
+    "randint",
+    "truncated_normal",
+    "uniform",
+]
+
+
+def _shape(axes: tuple[Axis, ...]) -> tuple[int, ...]:
+    return tuple(a.size for a in axes)
+
+
+def normal(key: jax.Array, axes: AxisSpec, dtype: Any = None) -> NamedArray:
+    """Standard normal samples with the given axes.
+
+    Args:
+        key: A PRNG key (``jax.random.key`` or ``jax.random.PRNGKey``).
+        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
+        dtype: A float type; JAX's default float type when ``None``.
+
+    Returns:
+        A NamedArray with exactly ``axes``.
+
+    Raises:
+        NamedTypeError: if ``axes`` has no sizes or ``dtype`` is not a dtype.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> na.random.normal(jax.random.key(0), {"batch": 2, "embed": 3})
+        NamedArray(float32, batch=2, embed=3)
+    """
+    ax = to_axes(axes)
+    return NamedArray(jax.random.normal(key, _shape(ax), canonical_dtype(dtype, op="normal")), ax)
+
+
+def uniform(
+    key: jax.Array, axes: AxisSpec, dtype: Any = None, minval: Any = 0.0, maxval: Any = 1.0
+) -> NamedArray:
+    """Uniform samples in ``[minval, maxval)`` with the given axes.
+
+    Args:
+        key: A PRNG key.
+        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
+        dtype: A float type; JAX's default float type when ``None``.
+        minval: Lower bound: a scalar or a NamedArray over some of ``axes``.
+        maxval: Upper bound: a scalar or a NamedArray over some of ``axes``.
+
+    Returns:
+        A NamedArray with exactly ``axes``.
+
+    Raises:
+        AxisError: if a bound has an axis that ``axes`` lacks.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> hi = na.named(jnp.array([1.0, 10.0]), "embed")
+        >>> x = na.random.uniform(jax.random.key(0), {"batch": 3, "embed": 2}, maxval=hi)
+        >>> bool((x.array[:, 0] < 1.0).all())
+        True
+    """
+    ax = to_axes(axes)
+    lo = broadcast_into(minval, ax, op="uniform", what="minval")
+    hi = broadcast_into(maxval, ax, op="uniform", what="maxval")
+    dtype = canonical_dtype(dtype, op="uniform")
+    return NamedArray(jax.random.uniform(key, _shape(ax), dtype, minval=lo, maxval=hi), ax)
+
+
+def bernoulli(key: jax.Array, axes: AxisSpec, p: Any = 0.5) -> NamedArray:
+    """Boolean samples that are true with probability ``p``.
+
+    Args:
+        key: A PRNG key.
+        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
+        p: The probability of ``True``: a scalar or a NamedArray over some of ``axes``.
+
+    Returns:
+        A boolean NamedArray with exactly ``axes``.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> na.random.bernoulli(jax.random.key(0), {"batch": 4}, p=0.9)
+        NamedArray(bool, batch=4)
+    """
+    ax = to_axes(axes)
+    prob = broadcast_into(p, ax, op="bernoulli", what="p")
+    return NamedArray(jax.random.bernoulli(key, prob, _shape(ax)), ax)
+
+
+def randint(
+    key: jax.Array, axes: AxisSpec, minval: Any, maxval: Any, dtype: Any = None
+) -> NamedArray:
+    """Integers drawn uniformly from ``[minval, maxval)``.
+
+    Args:
+        key: A PRNG key.
+        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
+        minval: Lower bound (inclusive): an int or a NamedArray over some of ``axes``.
+        maxval: Upper bound (exclusive): an int or a NamedArray over some of ``axes``.
+        dtype: An integer type; JAX's default int type when ``None``.
+
+    Returns:
+        An integer NamedArray with exactly ``axes``.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> tokens = na.random.randint(jax.random.key(0), {"batch": 2, "position": 5}, 0, 100)
+        >>> tokens
+        NamedArray(int32, batch=2, position=5)
+    """
+    ax = to_axes(axes)
+    lo = broadcast_into(minval, ax, op="randint", what="minval")
+    hi = broadcast_into(maxval, ax, op="randint", what="maxval")
+    dtype = canonical_dtype(dtype, op="randint")
+    return NamedArray(jax.random.randint(key, _shape(ax), lo, hi, dtype), ax)
+
+
+def truncated_normal(
+    key: jax.Array, axes: AxisSpec, lower: Any, upper: Any, dtype: Any = None
+) -> NamedArray:
+    """Standard normal samples truncated to ``(lower, upper)``.
+
+    Args:
+        key: A PRNG key.
+        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
+        lower: Lower bound: a scalar or a NamedArray over some of ``axes``.
+        upper: Upper bound: a scalar or a NamedArray over some of ``axes``.
+        dtype: A float type; JAX's default float type when ``None``.
+
+    Returns:
+        A NamedArray with exactly ``axes``.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> w = na.random.truncated_normal(jax.random.key(0), {"embed": 8, "mlp": 4}, -2.0, 2.0)
+        >>> bool((abs(w) <= 2.0).all().item())
+        True
+    """
+    ax = to_axes(axes)
+    lo = broadcast_into(lower, ax, op="truncated_normal", what="lower")
+    hi = broadcast_into(upper, ax, op="truncated_normal", what="upper")
+    dtype = canonical_dtype(dtype, op="truncated_normal")
+    return NamedArray(jax.random.truncated_normal(key, lo, hi, _shape(ax), dtype), ax)
+
+
+def categorical(
+    key: jax.Array, logits: NamedArray, axis: AxisSelector, *, axes: AxisSpec | None = None
+) -> NamedArray:
+    """Sample indices along ``axis`` with probabilities ``softmax(logits)`` over that axis.
+
+    Args:
+        key: A PRNG key.
+        logits: Unnormalized log-probabilities, a NamedArray that has ``axis``.
+        axis: The axis to sample an index from; it is dropped from the result.
+        axes: The result's axes, to draw several samples per distribution; they must include
+            every axis of ``logits`` except ``axis``. Defaults to exactly those axes.
+
+    Returns:
+        An integer NamedArray of indices into ``axis``.
+
+    Raises:
+        AxisNotFoundError: if ``logits`` has no ``axis``.
+        AxisError: if ``axes`` misses an axis of ``logits`` or contains ``axis``.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> logits = na.named(jnp.array([[0.0, 50.0], [50.0, 0.0]]), ("batch", "vocab"))
+        >>> na.random.categorical(jax.random.key(0), logits, "vocab").array
+        Array([1, 0], dtype=int32)
+        >>> na.random.categorical(jax.random.key(0), logits, "vocab", axes={"sample": 3, "batch": 2})
+        NamedArray(int32, sample=3, batch=2)
+    """
+    if not isinstance(logits, NamedArray):
+        raise NamedTypeError(
+            f"categorical() needs logits as a NamedArray, got {type(logits).__name__}."
+        )
+    i = find_axis(logits.axes, axis)
+    sampled = logits.axes[i]
+    rest = logits.axes[:i] + logits.axes[i + 1 :]
+    target = rest if axes is None else to_axes(axes)
+    if any(a.name == sampled.name for a in target):
+        raise AxisError(
+            f"categorical() samples over {sampled.name!r}, so the result axes "
+            f"({format_axes(target)}) cannot contain it. Leave it out of axes=."
+        )
+    missing = [a.name for a in rest if a.name not in {t.name for t in target}]
+    if missing:
+        raise AxisError(
+            f"categorical() result axes ({format_axes(target)}) miss the logits' axes "
+            f"{format_names(missing)}; include every logits axis except {sampled.name!r}."
+        )
+    aligned = broadcast_into(logits, target + (sampled,), op="categorical", what="logits")
+    out = jax.random.categorical(key, aligned, axis=-1, shape=_shape(target))
+    return NamedArray(out, target)
+
+
+def permutation(
+    key: jax.Array, x: NamedArray | Axis | Mapping[str, int], axis: AxisSelector | None = None
+) -> NamedArray:
+    """A random permutation: of ``0..n-1`` over an axis, or of a NamedArray along one axis.
+
+    Args:
+        key: A PRNG key.
+        x: An ``Axis`` or one-entry ``{name: size}`` dict (returns a shuffled ``arange`` over it),
+            or a NamedArray to shuffle.
+        axis: For a NamedArray, the axis to shuffle along; may be omitted when it has one axis.
+            Slices along the other axes move together.
+
+    Returns:
+        A NamedArray with the same axes as the input (or the single given axis).
+
+    Raises:
+        AxisError: if ``axis`` is missing for a NamedArray with several axes, or given with an
+            ``Axis``.
+        AxisNotFoundError: if the NamedArray has no ``axis``.
+
+    Example:
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> perm = na.random.permutation(jax.random.key(0), {"batch": 4})
+        >>> sorted(perm.array.tolist())
+        [0, 1, 2, 3]
+        >>> x = na.named(jnp.arange(6).reshape(3, 2), ("batch", "embed"))
+        >>> na.random.permutation(jax.random.key(0), x, "batch")
+        NamedArray(int32, batch=3, embed=2)
+    """
+    if not isinstance(x, NamedArray):
+        ax = single_axis(x, "permutation")
+        if axis is not None:
+            raise AxisError(
+                f"permutation() of Axis({ax.name!r}, {ax.size}) takes no axis= argument; "
+                "axis= picks the axis to shuffle a NamedArray along."
+            )
+        return NamedArray(jax.random.permutation(key, ax.size), (ax,))
+    if axis is None:
+        if x.ndim != 1:
+            raise AxisError(
+                f"permutation() needs axis= to shuffle NamedArray({format_axes(x.axes)}); pass "
+                f"one of {format_names(x.axis_names)}."
+            )
+        axis = x.axes[0]
+    i = find_axis(x.axes, axis)
+    return NamedArray(jax.random.permutation(key, x.array, axis=i), x.axes)
