@@ -1,0 +1,454 @@
+"""Rules that choose specs from shapes alone: ``AutoShardingRule``, ``MemoryConstrainedShardingRule``
+and ``MeshPartitionHelper``.
+
+All of them iterate mesh axes and dimensions in a fixed order (sizes, then position), never over a
+``set``, so the chosen specs do not depend on ``PYTHONHASHSEED``. Each spec is built so that every mesh
+axis appears at most once and every sharded dimension is divisible by its mesh axes.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._array import NamedArray
+
+from ._errors import NamedTypeError, ShardingError, ShardingWarning, format_names
+from ._rules_base import (
+    Leaf,
+    MeshLike,
+    ShardingRule,
+    concrete_mesh,
+    flatten_leaves,
+    format_bytes,
+    map_array_leaves,
+    mesh_axis_sizes,
+    ordered_mesh_axes,
+    place,
+    replicated,
+    resolve_mesh,
+)
+
+__all__ = [
+    "AutoShardingRule",
+    "MemoryBudgetWarning",
+    "MemoryConstrainedShardingRule",
+    "MeshPartitionHelper",
+]
+
+
+class MemoryBudgetWarning(ShardingWarning):
+    """A leaf cannot be sharded to fit ``max_memory_per_device`` (``on_unfit="warn"``)."""
+
+
+def _check_min_size(value: Any, owner: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ShardingError(
+            f"{owner}: min_shard_size must be a non-negative int (number of elements) or None, got "
+            f"{value!r}."
+        )
+    return value
+
+
+class AutoShardingRule(ShardingRule):
+    """Shard the largest dimensions of each array over the largest mesh axes that divide them.
+
+    Dimensions are visited by size, largest first (smallest first with ``reverse``; ties by
+    position). Each takes the first mesh axis, not yet used by that array, whose size divides it.
+    Mesh axes are tried in the order of ``axis_names`` (default: largest first, ties in mesh order);
+    size-1 axes are skipped. Arrays with fewer than ``min_shard_size`` elements, and empty arrays,
+    stay replicated. Specs have one entry per dimension.
+
+    Args:
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict; ``None`` uses the context mesh
+            (``jax.set_mesh``) when the rule is applied.
+        axis_names: The mesh axes to use, in the order to try them.
+        min_shard_size: Arrays with fewer elements stay replicated (``None``: shard everything).
+        reverse: Visit the smallest dimensions first.
+
+    Raises:
+        ShardingError: (on ``apply``) if ``axis_names`` names a mesh axis the mesh lacks.
+
+    Example:
+        >>> rule = AutoShardingRule({"data": 2, "model": 4})
+        >>> rule.apply({"w": jax.ShapeDtypeStruct((6, 8), "float32")})
+        {'w': P('data', 'model')}
+    """
+
+    def __init__(
+        self,
+        mesh: MeshLike | None = None,
+        axis_names: Sequence[str] | None = None,
+        min_shard_size: int | None = None,
+        reverse: bool = False,
+    ) -> None:
+        self.mesh = mesh
+        self.axis_names = None if axis_names is None else tuple(
+            (axis_names,) if isinstance(axis_names, str) else axis_names
+        )
+        self.min_shard_size = _check_min_size(min_shard_size, "AutoShardingRule")
+        self.reverse = bool(reverse)
+
+    def __repr__(self) -> str:
+        return (
+            f"AutoShardingRule(mesh={self.mesh!r}, axis_names={self.axis_names!r}, "
+            f"min_shard_size={self.min_shard_size!r}, reverse={self.reverse!r})"
+        )
+
+    def apply(self, tree: Any) -> Any:
+        """Return a spec per array leaf of ``tree`` (see the class docstring for the algorithm)."""
+        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+        axes = ordered_mesh_axes(sizes, self.axis_names, owner="AutoShardingRule")
+        cache: dict[tuple[int, ...], PartitionSpec] = {}
+
+        def spec_for(leaf: Leaf) -> PartitionSpec:
+            shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]  # arrays only
+            spec = cache.get(shape)
+            if spec is None:
+                spec = cache[shape] = self._spec(shape, axes, sizes)
+            return spec
+
+        return map_array_leaves(tree, spec_for)
+
+    def _spec(
+        self, shape: tuple[int, ...], axes: tuple[str, ...], sizes: Mapping[str, int]
+    ) -> PartitionSpec:
+        n = math.prod(shape)
+        if n == 0 or (self.min_shard_size is not None and n < self.min_shard_size):
+            return replicated(len(shape))
+        sign = 1 if self.reverse else -1
+        order = sorted(range(len(shape)), key=lambda d: (sign * shape[d], d))
+        free = list(axes)
+        entries: list[Any] = [None] * len(shape)
+        for d in order:
+            for a in free:
+                if shape[d] % sizes[a] == 0:
+                    entries[d] = a
+                    free.remove(a)
+                    break
+        return PartitionSpec(*entries)
+
+
+def _entries(assign: list[list[str]]) -> PartitionSpec:
+    return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else tuple(a) for a in assign])
+
+
+class MemoryConstrainedShardingRule(ShardingRule):
+    """Shard each array just enough to fit a per-device memory budget.
+
+    An array that fits ``max_memory_per_device`` unsharded stays replicated. Otherwise mesh axes
+    are taken largest first (ties in mesh order, size-1 axes skipped); each goes to the dimension
+    with the largest remaining per-device extent that it divides (several mesh axes may share a
+    dimension, giving tuple entries), until the array fits. If that greedy pass does not fit, every
+    valid spec is searched for the one with the fewest bytes per device. When even that does not
+    fit, ``on_unfit`` decides: ``"error"`` raises, ``"warn"`` emits a ``MemoryBudgetWarning`` and
+    uses the best spec.
+
+    Args:
+        max_memory_per_device: The budget in bytes for each array's per-device shard.
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: context mesh).
+        axis_names: The mesh axes to use, in the order to try them (default: largest first).
+        on_unfit: ``"error"`` (default) or ``"warn"``.
+
+    Raises:
+        ShardingError: if the budget is negative or ``on_unfit`` unknown; on ``apply``, if a leaf
+            cannot fit (under ``"error"``), naming the leaf, its bytes and the best achievable.
+
+    Example:
+        >>> rule = MemoryConstrainedShardingRule(1024, {"data": 2, "model": 4})
+        >>> rule.apply({"small": jax.ShapeDtypeStruct((16,), "float32"),
+        ...             "big": jax.ShapeDtypeStruct((64, 16), "float32")})
+        {'big': P('model', None), 'small': P(None,)}
+    """
+
+    def __init__(
+        self,
+        max_memory_per_device: int,
+        mesh: MeshLike | None = None,
+        axis_names: Sequence[str] | None = None,
+        on_unfit: Literal["error", "warn"] = "error",
+    ) -> None:
+        budget = max_memory_per_device
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise NamedTypeError(
+                f"max_memory_per_device must be a number of bytes, got {budget!r} "
+                f"({type(budget).__name__})."
+            )
+        if budget < 0:
+            raise ShardingError(
+                f"max_memory_per_device must be >= 0 bytes, got {budget}. Give the per-device "
+                "budget in bytes, e.g. 16 * 2**30 for 16 GiB."
+            )
+        if on_unfit not in ("error", "warn"):
+            raise ShardingError(f"on_unfit must be 'error' or 'warn', got {on_unfit!r}.")
+        self.max_memory_per_device = budget
+        self.mesh = mesh
+        self.axis_names = None if axis_names is None else tuple(
+            (axis_names,) if isinstance(axis_names, str) else axis_names
+        )
+        self.on_unfit = on_unfit
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryConstrainedShardingRule({self.max_memory_per_device!r}, mesh={self.mesh!r}, "
+            f"axis_names={self.axis_names!r}, on_unfit={self.on_unfit!r})"
+        )
+
+    def apply(self, tree: Any) -> Any:
+        """Return a spec per array leaf that fits the budget (see the class docstring)."""
+        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+        axes = ordered_mesh_axes(sizes, self.axis_names, owner="MemoryConstrainedShardingRule")
+        cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
+
+        def spec_for(leaf: Leaf) -> PartitionSpec:
+            shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]  # arrays only
+            key = (shape, leaf.dtype.itemsize)
+            if key not in cache:
+                cache[key] = self._spec(shape, leaf.dtype.itemsize, axes, sizes)
+            spec, per_device = cache[key]
+            if per_device > self.max_memory_per_device:
+                self._unfit(leaf, spec, per_device, sizes)
+            return spec
+
+        return map_array_leaves(tree, spec_for)
+
+    def _spec(
+        self, shape: tuple[int, ...], itemsize: int, axes: tuple[str, ...], sizes: Mapping[str, int]
+    ) -> tuple[PartitionSpec, int]:
+        budget = self.max_memory_per_device
+        if math.prod(shape) * itemsize <= budget:
+            return replicated(len(shape)), math.prod(shape) * itemsize
+        extents = list(shape)
+        assign: list[list[str]] = [[] for _ in shape]
+        for a in axes:
+            dims = [d for d in range(len(shape)) if extents[d] % sizes[a] == 0 and extents[d] > 0]
+            if not dims:
+                continue
+            d = min(dims, key=lambda d: (-extents[d], d))
+            extents[d] //= sizes[a]
+            assign[d].append(a)
+            if math.prod(extents) * itemsize <= budget:
+                return _entries(assign), math.prod(extents) * itemsize
+        return _best_spec(shape, itemsize, axes, sizes)
+
+    def _unfit(self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]) -> None:
+        mesh = "Mesh(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+        msg = (
+            f"MemoryConstrainedShardingRule: leaf {leaf.path!r} (shape {leaf.shape}, {leaf.dtype}) "
+            f"holds {leaf.nbytes} bytes ({format_bytes(leaf.nbytes)}); the best valid spec on "
+            f"{mesh}, {spec}, still leaves {per_device} bytes ({format_bytes(per_device)}) per "
+            f"device, over the budget of {self.max_memory_per_device} bytes. Raise "
+            "max_memory_per_device, use a mesh whose axes divide the shape, or pass "
+            "on_unfit='warn' to accept the best spec."
+        )
+        if self.on_unfit == "error":
+            raise ShardingError(msg)
+        warnings.warn(msg, MemoryBudgetWarning, stacklevel=4)
+
+
+def _best_spec(
+    shape: tuple[int, ...], itemsize: int, axes: tuple[str, ...], sizes: Mapping[str, int]
+) -> tuple[PartitionSpec, int]:
+    """The valid spec with the fewest bytes per device (exhaustive; only used when greedy fails).
+
+    Bytes per device are ``nbytes / product of used axis sizes`` for a valid spec, so this maximizes
+    that product. The first best found (axes in order, dimensions by position) wins: deterministic.
+    """
+    best_product = 0
+    best: list[list[str]] = []
+    remaining = [math.prod(sizes[a] for a in axes[i:]) for i in range(len(axes) + 1)]
+    assign: list[list[str]] = [[] for _ in shape]
+    extents = list(shape)
+
+    def search(i: int, product: int) -> None:
+        nonlocal best_product, best
+        if product * remaining[i] <= best_product:
+            return
+        if i == len(axes):
+            best_product, best = product, [list(a) for a in assign]
+            return
+        a = axes[i]
+        k = sizes[a]
+        for d in range(len(shape)):
+            if extents[d] > 0 and extents[d] % k == 0:
+                extents[d] //= k
+                assign[d].append(a)
+                search(i + 1, product * k)
+                assign[d].pop()
+                extents[d] *= k
+        search(i + 1, product)
+
+    search(0, 1)
+    return _entries(best or [[] for _ in shape]), math.prod(shape) * itemsize // max(best_product, 1)
+
+
+# Conventional mesh-axis roles, best first, for MeshPartitionHelper's suggestions: weight sharding
+# (fsdp) saves the most parameter memory, then tensor, sequence, data and expert parallelism.
+_ROLE_ORDER = ("fsdp", "tp", "sp", "dp", "ep")
+
+
+class MeshPartitionHelper(ShardingRule):
+    """Suggest and apply specs from array shapes and the mesh's axes.
+
+    For each distinct shape, :meth:`analyze_pytree` suggests groups of mesh axes ("methods"), best
+    first; :meth:`create_partition_spec` turns the methods into a spec. A method is a tuple of mesh
+    axes that together split one dimension. Suggestions only contain mesh axes of size > 1 that
+    divide some dimension of the shape. The order is: ``('fsdp', 'sp')`` together when the mesh has
+    both and a dimension is divisible by their product; then single axes by conventional role
+    (``fsdp``, ``tp``, ``sp``, ``dp``, ``ep``), then other axes largest first (ties in mesh order).
+
+    Args:
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: context mesh).
+        min_shard_size: Arrays with fewer elements stay replicated (used by :meth:`apply`).
+
+    Example:
+        >>> helper = MeshPartitionHelper({"fsdp": 4, "tp": 2})
+        >>> helper.analyze_pytree({"w": jax.ShapeDtypeStruct((1024, 4096), "float32")})
+        {(1024, 4096): [('fsdp',), ('tp',)]}
+        >>> helper.create_partition_spec((1024, 4096), [("fsdp",), ("tp",)])
+        P('tp', 'fsdp')
+    """
+
+    def __init__(self, mesh: MeshLike | None = None, min_shard_size: int = 1024) -> None:
+        self.mesh = mesh
+        checked = _check_min_size(min_shard_size, "MeshPartitionHelper")
+        self.min_shard_size = 0 if checked is None else checked
+
+    def __repr__(self) -> str:
+        return f"MeshPartitionHelper({self.mesh!r}, min_shard_size={self.min_shard_size!r})"
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        """``{mesh_axis: size}`` of the helper's mesh (or the context mesh)."""
+        return mesh_axis_sizes(resolve_mesh(self.mesh))
+
+    def suggest_methods(self, shape: Sequence[int]) -> list[tuple[str, ...]]:
+        """Mesh-axis groups that could shard an array of ``shape``, best first.
+
+        Example:
+            >>> MeshPartitionHelper({"data": 2, "model": 4}).suggest_methods((6, 8))
+            [('model',), ('data',)]
+        """
+        sizes = self.axis_sizes
+        shape = tuple(int(d) for d in shape)
+
+        def divides_some(k: int) -> bool:
+            return any(d > 0 and d % k == 0 for d in shape)
+
+        methods: list[tuple[str, ...]] = []
+        if sizes.get("fsdp", 1) > 1 and sizes.get("sp", 1) > 1 and divides_some(sizes["fsdp"] * sizes["sp"]):
+            methods.append(("fsdp", "sp"))
+        roles = [n for n in _ROLE_ORDER if n in sizes]
+        others = sorted((n for n in sizes if n not in _ROLE_ORDER), key=lambda n: -sizes[n])
+        for name in roles + others:
+            if sizes[name] > 1 and divides_some(sizes[name]):
+                methods.append((name,))
+        return methods
+
+    def analyze_pytree(self, tree: Any) -> dict[tuple[int, ...], list[tuple[str, ...]]]:
+        """``{shape: suggested methods}`` for every distinct array shape in ``tree``.
+
+        Shapes appear in the order of their first leaf. NamedArrays count by their array's shape.
+
+        Example:
+            >>> MeshPartitionHelper({"data": 8}).analyze_pytree([jnp.zeros(16), jnp.zeros(3)])
+            {(16,): [('data',)], (3,): []}
+        """
+        leaves, _ = flatten_leaves(tree)
+        out: dict[tuple[int, ...], list[tuple[str, ...]]] = {}
+        for leaf in leaves:
+            if leaf.shape is not None and leaf.shape not in out:
+                out[leaf.shape] = self.suggest_methods(leaf.shape)
+        return out
+
+    def create_partition_spec(
+        self,
+        shape: Sequence[int],
+        methods: Sequence[tuple[str, ...] | str],
+        min_shard_size: int = 1024,
+    ) -> PartitionSpec:
+        """A valid spec for ``shape`` that applies ``methods`` in order.
+
+        Each method goes to the largest not-yet-sharded dimension divisible by the product of its
+        mesh axes (ties: the first such dimension); methods reusing an already-used mesh axis, or
+        dividing no free dimension, are skipped. Arrays with fewer than ``min_shard_size``
+        elements stay replicated. The spec has one entry per dimension.
+
+        Raises:
+            ShardingError: if a method names a mesh axis the mesh lacks.
+
+        Example:
+            >>> MeshPartitionHelper({"data": 2, "model": 4}).create_partition_spec(
+            ...     (4096, 1024), [("model",), ("data",)])
+            P('model', 'data')
+        """
+        sizes = self.axis_sizes
+        shape = tuple(int(d) for d in shape)
+        groups = [(m,) if isinstance(m, str) else tuple(m) for m in methods]
+        unknown = [a for g in groups for a in g if a not in sizes]
+        if unknown:
+            raise ShardingError(
+                f"create_partition_spec was given methods naming mesh axis "
+                f"{format_names(dict.fromkeys(unknown))}, which the mesh "
+                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}) lacks. Available mesh "
+                f"axes: {format_names(sizes)}."
+            )
+        n = math.prod(shape)
+        if n == 0 or n < _check_min_size(min_shard_size, "create_partition_spec"):  # type: ignore[operator]
+            return replicated(len(shape))
+        used: set[str] = set()  # membership only; never iterated
+        entries: list[Any] = [None] * len(shape)
+        for g in groups:
+            k = math.prod(sizes[a] for a in g)
+            if k == 1 or len(set(g)) != len(g) or any(a in used for a in g):
+                continue
+            free = [d for d in range(len(shape)) if entries[d] is None and shape[d] % k == 0]
+            if not free:
+                continue
+            d = min(free, key=lambda d: (-shape[d], d))
+            entries[d] = g[0] if len(g) == 1 else g
+            used.update(g)
+        return PartitionSpec(*entries)
+
+    def apply(self, tree: Any) -> Any:
+        """A spec per array leaf: its suggested methods through :meth:`create_partition_spec`."""
+        suggestions = self.analyze_pytree(tree)
+        cache: dict[tuple[int, ...], PartitionSpec] = {}
+
+        def spec_for(leaf: Leaf) -> PartitionSpec:
+            shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]  # arrays only
+            if shape not in cache:
+                cache[shape] = self.create_partition_spec(shape, suggestions[shape], self.min_shard_size)
+            return cache[shape]
+
+        return map_array_leaves(tree, spec_for)
+
+    def shard_array(self, array: Any, spec: PartitionSpec) -> Any:
+        """Place one array (or NamedArray) with ``spec`` on the helper's mesh.
+
+        Example:
+            >>> mesh = jax.make_mesh((8,), ("data",))
+            >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
+            P('data',)
+        """
+        sharding = NamedSharding(concrete_mesh(self.mesh, what="shard_array"), spec)
+        if isinstance(array, NamedArray):
+            return NamedArray._tree_unflatten(array.axes, (place(array.array, sharding),))
+        return place(array, sharding)
+
+    def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:
+        """Place every array leaf of ``tree`` with the spec :meth:`apply` gives it.
+
+        Example:
+            >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
+            >>> out = MeshPartitionHelper(mesh).auto_shard_pytree({"w": jnp.zeros((64, 64))})
+            >>> out["w"].sharding.spec
+            P('model', 'data')
+        """
+        return MeshPartitionHelper(self.mesh, min_shard_size).shard(tree)

@@ -1,0 +1,398 @@
+"""What every sharding rule and the memory analysis share: meshes, leaves, spec checks, the base class.
+
+A rule sees a pytree whose leaves are ``NamedArray``s, plain arrays or ``ShapeDtypeStruct``s and
+returns the same structure with a ``PartitionSpec`` per array leaf (``None`` elsewhere). This module
+turns a tree into a flat list of ``Leaf`` records once, so the rules only think about shapes.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+from ._array import NamedArray, is_named_array
+from ._axis import Axis
+from ._errors import (
+    MeshError,
+    NamedTypeError,
+    ShardingError,
+    format_mesh,
+    format_names,
+    format_path,
+)
+
+__all__ = [
+    "Leaf",
+    "MeshLike",
+    "ShardingRule",
+    "check_spec",
+    "entry_axes",
+    "flatten_leaves",
+    "mesh_axis_sizes",
+    "resolve_mesh",
+    "spec_problems",
+]
+
+#: A mesh given as a concrete ``Mesh``, an ``AbstractMesh`` or a ``{axis: size}`` mapping.
+MeshLike: TypeAlias = Mesh | AbstractMesh | Mapping[str, int]
+
+
+# -- meshes ------------------------------------------------------------------------------------
+
+
+def resolve_mesh(mesh: MeshLike | None) -> MeshLike:
+    """``mesh`` itself, or the context mesh (``jax.set_mesh``) when ``None``.
+
+    Raises:
+        MeshError: if ``mesh`` is ``None`` and no mesh is set, or the mesh has no devices.
+    """
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            raise MeshError(
+                "No mesh was given and none is set in the context. Pass mesh=... (a Mesh, an "
+                "AbstractMesh or a {axis: size} dict) or enter `with jax.set_mesh(mesh):`."
+            )
+    mesh_axis_sizes(mesh)  # validates
+    return mesh
+
+
+def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
+    """The ``{axis: size}`` of a mesh, in mesh order.
+
+    Raises:
+        NamedTypeError: if ``mesh`` is not a mesh or a mapping of ints.
+        MeshError: if the mesh has no devices (no axes, or an axis of size 0).
+    """
+    if isinstance(mesh, (Mesh, AbstractMesh)):
+        sizes = dict(mesh.shape)
+    elif isinstance(mesh, Mapping):
+        sizes = {}
+        for name, size in mesh.items():
+            if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+                raise NamedTypeError(
+                    f"A mesh given as a mapping must map axis names (str) to sizes (int), got "
+                    f"{name!r}: {size!r} in {dict(mesh)!r}. Example: {{'data': 2, 'model': 4}}."
+                )
+            sizes[name] = size
+    else:
+        raise NamedTypeError(
+            f"Expected a jax.sharding.Mesh, an AbstractMesh or a {{axis: size}} dict as mesh, got "
+            f"{mesh!r} ({type(mesh).__name__})."
+        )
+    if not sizes or any(s <= 0 for s in sizes.values()):
+        raise MeshError(
+            f"The mesh {format_mesh(mesh) if sizes else repr(mesh)} has no devices. Give every mesh "
+            "axis a size of at least 1, e.g. jax.make_mesh((2, 4), ('data', 'model'))."
+        )
+    return sizes
+
+
+def concrete_mesh(mesh: MeshLike | None, *, what: str) -> Mesh | AbstractMesh:
+    """A ``Mesh``/``AbstractMesh`` to build ``NamedSharding``s on (a dict cannot hold devices)."""
+    if mesh is None:
+        ctx = jax.sharding.get_mesh()
+        mesh = ctx if not ctx.empty else resolve_mesh(None)
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise MeshError(
+            f"{what} needs a jax.sharding.Mesh (or AbstractMesh), but the mesh is {mesh!r}. A "
+            "{axis: size} dict can plan specs but cannot place arrays; pass mesh=jax.make_mesh(...)."
+        )
+    mesh_axis_sizes(mesh)
+    return mesh
+
+
+# -- leaves ------------------------------------------------------------------------------------
+
+
+class Leaf:
+    """One leaf of a tree as the rules see it: path, shape, dtype and (for NamedArrays) axes."""
+
+    __slots__ = ("keys", "value", "shape", "dtype", "axes", "_path")
+
+    def __init__(self, keys: tuple[Any, ...], value: Any):
+        self.keys = keys
+        self.value = value
+        self._path: str | None = None
+        self.axes: tuple[Axis, ...] | None = None
+        array = value.array if isinstance(value, NamedArray) else value
+        shape = getattr(array, "shape", None)
+        dtype = getattr(array, "dtype", None)
+        if shape is None or dtype is None or isinstance(array, type):
+            self.shape: tuple[int, ...] | None = None
+            self.dtype = None
+            return
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        if isinstance(value, NamedArray):
+            self.axes = value.axes
+
+    @property
+    def is_array(self) -> bool:
+        """Whether the leaf holds an array (or an abstract one); other leaves get ``None`` specs."""
+        return self.shape is not None
+
+    @property
+    def path(self) -> str:
+        """The leaf's pytree path as ``a/b/0/c`` (``<root>`` for a bare leaf)."""
+        if self._path is None:
+            self._path = format_path(self.keys)
+        return self._path
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole (unsharded) array."""
+        return math.prod(self.shape) * self.dtype.itemsize if self.shape is not None else 0
+
+
+def flatten_leaves(tree: Any, *, keep_none: bool = False) -> tuple[list[Leaf], Any]:
+    """Flatten ``tree`` with NamedArrays as leaves. Returns the leaves and the treedef.
+
+    With ``keep_none`` a ``None`` in the tree is a leaf too (so a spec tree can put ``None`` there).
+    """
+    if keep_none:
+        is_leaf: Callable[[Any], bool] = lambda x: x is None or is_named_array(x)  # noqa: E731
+    else:
+        is_leaf = is_named_array
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return [Leaf(tuple(keys), value) for keys, value in flat], treedef
+
+
+# -- specs -------------------------------------------------------------------------------------
+
+
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one ``PartitionSpec`` entry (``None``/unconstrained give ``()``)."""
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    if isinstance(entry, (tuple, list)):
+        return tuple(entry)
+    return (entry,)  # not a name: spec_problems reports it
+
+
+def spec_problems(
+    shape: Sequence[int], spec: Any, sizes: Mapping[str, int], *, divisible: bool = True
+) -> list[str]:
+    """Everything wrong with ``spec`` for an array of ``shape`` on a mesh of ``sizes``.
+
+    Messages do not name the leaf; callers prefix its path. Returns ``[]`` for a valid spec.
+    """
+    if not isinstance(spec, PartitionSpec):
+        return [
+            f"expected a PartitionSpec (or None for a replicated array), got {spec!r} "
+            f"({type(spec).__name__})"
+        ]
+    problems = []
+    if len(spec) > len(shape):
+        problems.append(
+            f"spec {spec} has {len(spec)} entries but the array has rank {len(shape)} (shape "
+            f"{tuple(shape)}); give at most one entry per dimension"
+        )
+    seen: set[str] = set()
+    for dim, entry in enumerate(spec):
+        names = entry_axes(entry)
+        bad = [n for n in names if not isinstance(n, str) or n not in sizes]
+        if bad:
+            problems.append(
+                f"spec {spec} names mesh axis {format_names(bad)}, which is not in the mesh "
+                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}). Available mesh axes: "
+                f"{format_names(sizes)}"
+            )
+            continue
+        dups = [n for n in names if n in seen or names.count(n) > 1]
+        if dups:
+            problems.append(
+                f"spec {spec} uses mesh axis {format_names(dict.fromkeys(dups))} more than once; "
+                "each mesh axis may shard at most one dimension of an array"
+            )
+        seen.update(names)
+        if divisible and dim < len(shape) and names:
+            k = math.prod(sizes[n] for n in names)
+            if shape[dim] % k:
+                factors = " x ".join(f"{n}={sizes[n]}" for n in names)
+                problems.append(
+                    f"dimension {dim} of shape {tuple(shape)} has size {shape[dim]}, which is not "
+                    f"divisible by {k} ({factors}) in spec {spec}; pick mesh axes whose product "
+                    "divides it, or pad the dimension"
+                )
+    return problems
+
+
+def check_spec(leaf: Leaf, spec: PartitionSpec, sizes: Mapping[str, int], *, source: str) -> None:
+    """Raise ``ShardingError`` if ``spec`` (produced by ``source``) is invalid for ``leaf``."""
+    problems = spec_problems(leaf.shape or (), spec, sizes)
+    if problems:
+        raise ShardingError(
+            f"{source} gives leaf {leaf.path!r} (shape {leaf.shape}) an invalid spec: "
+            + "; ".join(problems)
+            + "."
+        )
+
+
+def shards_anything(spec: PartitionSpec | None, sizes: Mapping[str, int]) -> bool:
+    """Whether ``spec`` splits some dimension over more than one device."""
+    if spec is None:
+        return False
+    return any(
+        math.prod(sizes.get(n, 1) for n in entry_axes(e) if isinstance(n, str)) > 1 for e in spec
+    )
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+def place(x: Any, sharding: NamedSharding) -> Any:
+    """Put one array (or ShapeDtypeStruct) on ``sharding``, inside or outside ``jit``.
+
+    Outside ``jit`` this is ``device_put``; inside, ``reshard`` when the spec uses Explicit mesh
+    axes (their sharding is part of the type) and ``with_sharding_constraint`` otherwise. A
+    ``ShapeDtypeStruct`` gets the sharding attached, so abstract trees can be planned and lowered.
+    """
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    if isinstance(x, jax.core.Tracer):
+        mesh = sharding.mesh
+        types = dict(zip(mesh.axis_names, mesh.axis_types))
+        used = {n for e in sharding.spec for n in entry_axes(e)}
+        if any(types[n] == jax.sharding.AxisType.Explicit for n in used) or any(
+            t == jax.sharding.AxisType.Explicit for t in types.values()
+        ):
+            return jax.sharding.reshard(x, sharding.spec)
+        return jax.lax.with_sharding_constraint(x, sharding)
+    return jax.device_put(x, sharding)
+
+
+# -- the base class ----------------------------------------------------------------------------
+
+
+class ShardingRule(abc.ABC):
+    """A strategy that gives every array leaf of a pytree a ``PartitionSpec``.
+
+    Subclasses implement :meth:`apply`. Leaves may be ``NamedArray``s, plain arrays,
+    ``ShapeDtypeStruct``s, or NamedArrays holding ``ShapeDtypeStruct``s; the result has the same
+    structure with a ``PartitionSpec`` where each array leaf (a NamedArray counts as one leaf) was
+    and ``None`` where a non-array leaf was.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jax.sharding import PartitionSpec as P
+        >>> class ShardFirstDim(ShardingRule):
+        ...     def apply(self, tree):
+        ...         return jax.tree.map(lambda x: P("data"), tree)
+        >>> ShardFirstDim().apply({"w": jnp.zeros(8)})
+        {'w': P('data',)}
+    """
+
+    #: The mesh the rule plans for (``None``: the context mesh at call time).
+    mesh: MeshLike | None = None
+
+    @abc.abstractmethod
+    def apply(self, tree: Any) -> Any:
+        """Return a tree of ``PartitionSpec`` (``None`` for non-array leaves) shaped like ``tree``."""
+
+    def to_shardings(self, tree: Any, mesh: Mesh | AbstractMesh | None = None) -> Any:
+        """Like :meth:`apply`, but with a ``NamedSharding`` per array leaf.
+
+        Args:
+            tree: The pytree to plan.
+            mesh: The mesh of the shardings; defaults to the rule's mesh, then the context mesh.
+
+        Returns:
+            A tree of ``NamedSharding`` (``None`` for non-array leaves); usable as ``in_shardings``
+            of ``jax.jit`` or as the target of ``jax.device_put``.
+
+        Example:
+            >>> import jax, jax.numpy as jnp
+            >>> mesh = jax.make_mesh((8,), ("data",))
+            >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
+            P('data',)
+        """
+        target = concrete_mesh(mesh if mesh is not None else self.mesh, what="to_shardings")
+        specs = self.apply(tree)
+        leaves, treedef = flatten_leaves(specs, keep_none=True)
+        return treedef.unflatten(
+            [None if lf.value is None else NamedSharding(target, lf.value) for lf in leaves]
+        )
+
+    def shard(self, tree: Any, mesh: Mesh | AbstractMesh | None = None) -> Any:
+        """Place every array leaf of ``tree`` with the spec this rule gives it.
+
+        Outside ``jit`` arrays are moved with ``jax.device_put``; inside ``jit`` they are
+        constrained (``with_sharding_constraint`` on Auto meshes, ``reshard`` on Explicit ones);
+        ``ShapeDtypeStruct`` leaves come back carrying the sharding. NamedArrays keep their axes.
+
+        Example:
+            >>> import jax, jax.numpy as jnp
+            >>> mesh = jax.make_mesh((8,), ("data",))
+            >>> AutoShardingRule(mesh).shard({"w": jnp.zeros(16)})["w"].sharding.spec
+            P('data',)
+        """
+        shardings = self.to_shardings(tree, mesh)
+        leaves, treedef = flatten_leaves(tree)
+        placed_specs = treedef.flatten_up_to(shardings)
+        out = []
+        for leaf, sharding in zip(leaves, placed_specs):
+            if sharding is None:
+                out.append(leaf.value)
+            elif isinstance(leaf.value, NamedArray):
+                out.append(NamedArray._tree_unflatten(leaf.value.axes, (place(leaf.value.array, sharding),)))
+            else:
+                out.append(place(leaf.value, sharding))
+        return treedef.unflatten(out)
+
+
+def map_array_leaves(tree: Any, fn: Callable[[Leaf], PartitionSpec]) -> Any:
+    """Call ``fn`` on every array leaf; ``None`` for the rest. Same structure as ``tree``."""
+    leaves, treedef = flatten_leaves(tree)
+    return treedef.unflatten([fn(lf) if lf.is_array else None for lf in leaves])
+
+
+def replicated(rank: int) -> PartitionSpec:
+    """The fully replicated spec with one ``None`` entry per dimension."""
+    return PartitionSpec(*([None] * rank))
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes: ``1.50 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+def ordered_mesh_axes(
+    sizes: Mapping[str, int], axis_names: Sequence[str] | None, *, owner: str
+) -> tuple[str, ...]:
+    """Mesh axes a shape-driven rule may use, in the order it tries them; size-1 axes dropped.
+
+    ``axis_names`` keeps its given order; by default the largest axes come first (ties in mesh
+    order), which is deterministic whatever ``PYTHONHASHSEED`` is.
+    """
+    if axis_names is None:
+        names = sorted(sizes, key=lambda n: -sizes[n])  # stable: ties keep mesh order
+    else:
+        if isinstance(axis_names, str):
+            axis_names = (axis_names,)
+        names = list(axis_names)
+        unknown = [n for n in names if n not in sizes]
+        if unknown:
+            raise ShardingError(
+                f"{owner} was given axis_names {format_names(unknown)}, which the mesh "
+                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}) lacks. Available mesh "
+                f"axes: {format_names(sizes)}."
+            )
+        if len(set(names)) != len(names):
+            raise ShardingError(
+                f"{owner} was given axis_names {format_names(names)}, which repeat a mesh axis. "
+                "List each mesh axis once."
+            )
+    return tuple(n for n in names if sizes[n] > 1)

@@ -1,0 +1,340 @@
+"""Rules driven by what the user wrote: logical-axis rules, shape patterns, path regexes, and their
+composition.
+
+``LogicalAxisRule`` (and ``PathRegexRule`` given a ``{axis: mesh_axes}`` mapping) turn named axes into
+specs through ``resolve`` only; explicit ``PartitionSpec``s are checked against the mesh before they
+are returned, so every spec a rule produces is valid for the mesh.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from ._errors import NamedTypeError, ShardingError
+from ._partitioning import current_axis_mapping, resolve
+from ._rules_base import (
+    Leaf,
+    MeshLike,
+    ShardingRule,
+    check_spec,
+    entry_axes,
+    flatten_leaves,
+    map_array_leaves,
+    mesh_axis_sizes,
+    replicated,
+    resolve_mesh,
+)
+
+__all__ = ["CompositeShardingRule", "LogicalAxisRule", "PathRegexRule", "ShapeBasedShardingRule"]
+
+
+def _resolve_leaf(leaf: Leaf, rules: Any, mesh: MeshLike, unsatisfied: Any) -> PartitionSpec:
+    """``resolve`` for one NamedArray leaf; errors gain the leaf's path (same error type)."""
+    try:
+        return resolve(leaf.axes, rules, mesh, unsatisfied=unsatisfied)
+    except ShardingError as e:
+        raise type(e)(f"At leaf {leaf.path!r}: {e}") from e
+
+
+class LogicalAxisRule(ShardingRule):
+    """Specs for NamedArrays from logical-axis rules, through ``resolve``.
+
+    Each NamedArray leaf gets ``resolve(x.axes, rules, mesh)``: one entry per axis. Plain-array
+    leaves (no names to go by) are replicated: ``P(None, ...)`` with one ``None`` per dimension.
+    Combine with another rule in a ``CompositeShardingRule`` to shard them too.
+
+    Args:
+        rules: ``AxisRules`` or a ``{logical_name: mesh_axes}`` mapping; ``None`` uses the context
+            mapping (``axis_mapping``) when the rule is applied.
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: context mesh).
+        unsatisfied: ``"error"`` or ``"replicate"``, overriding the rules' own policy.
+
+    Raises:
+        ShardingError: (on ``apply``) if the rules name mesh axes the mesh lacks, or an axis cannot
+            be sharded under the ``"error"`` policy; the message starts with the leaf's path.
+
+    Example:
+        >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
+        >>> LogicalAxisRule({"batch": "data"}, {"data": 2, "model": 4}).apply({"x": x})
+        {'x': P('data', None)}
+    """
+
+    def __init__(
+        self, rules: Any = None, mesh: MeshLike | None = None, *, unsatisfied: Any = None
+    ) -> None:
+        self.rules = rules
+        self.mesh = mesh
+        self.unsatisfied = unsatisfied
+
+    def __repr__(self) -> str:
+        return f"LogicalAxisRule({self.rules!r}, mesh={self.mesh!r})"
+
+    def apply(self, tree: Any) -> Any:
+        """Return a spec per array leaf: resolved names for NamedArrays, replicated otherwise."""
+        mesh = resolve_mesh(self.mesh)
+        rules = self.rules if self.rules is not None else current_axis_mapping()
+
+        def spec_for(leaf: Leaf) -> PartitionSpec:
+            if leaf.axes is None:
+                return replicated(len(leaf.shape or ()))
+            return _resolve_leaf(leaf, rules, mesh, self.unsatisfied)
+
+        return map_array_leaves(tree, spec_for)
+
+
+def _check_spec_value(spec: Any, where: str, *, allow_mapping: bool) -> Any:
+    if spec is None or isinstance(spec, PartitionSpec):
+        return spec
+    if allow_mapping and isinstance(spec, Mapping):
+        return dict(spec)
+    allowed = "a PartitionSpec, None (replicated)" + (
+        " or a {axis_name: mesh_axes} mapping for NamedArrays" if allow_mapping else ""
+    )
+    raise NamedTypeError(f"{where} has spec {spec!r} ({type(spec).__name__}); expected {allowed}.")
+
+
+class ShapeBasedShardingRule(ShardingRule):
+    """Specs from shape patterns: the first pattern matching an array's shape gives its spec.
+
+    A pattern is a tuple of sizes in which ``None`` matches any size; it matches arrays of the same
+    rank only. Patterns are tried in order (a sequence of pairs, or a dict's insertion order).
+    Arrays that match nothing are replicated (one ``None`` per dimension). A matched spec is
+    returned as written after checking it against the mesh.
+
+    Args:
+        shape_patterns: ``{pattern: spec}`` or ``[(pattern, spec), ...]``; a spec of ``None``
+            means replicated.
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict to check specs against
+            (``None``: the context mesh).
+
+    Raises:
+        ShardingError: if a spec is longer than its pattern; on ``apply``, if a matched spec is
+            invalid for the array on the mesh (unknown or repeated mesh axes, indivisible size).
+
+    Example:
+        >>> rule = ShapeBasedShardingRule([((None, 1024), P("model", None))], mesh={"model": 4})
+        >>> rule.apply({"emb": jax.ShapeDtypeStruct((32000, 1024), "float32")})
+        {'emb': P('model', None)}
+    """
+
+    def __init__(
+        self,
+        shape_patterns: Mapping[tuple[int | None, ...], PartitionSpec | None]
+        | Sequence[tuple[tuple[int | None, ...], PartitionSpec | None]],
+        mesh: MeshLike | None = None,
+    ) -> None:
+        items = shape_patterns.items() if isinstance(shape_patterns, Mapping) else shape_patterns
+        patterns = []
+        for item in items:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise NamedTypeError(
+                    f"ShapeBasedShardingRule expects (pattern, spec) pairs, got {item!r}. "
+                    "Use e.g. [((None, 1024), P('model', None))]."
+                )
+            pattern, spec = item
+            if not isinstance(pattern, tuple) or any(
+                p is not None and (isinstance(p, bool) or not isinstance(p, int)) for p in pattern
+            ):
+                raise NamedTypeError(
+                    f"A shape pattern must be a tuple of ints and None wildcards, got {pattern!r}."
+                )
+            spec = _check_spec_value(spec, f"Shape pattern {pattern}", allow_mapping=False)
+            if spec is not None and len(spec) > len(pattern):
+                raise ShardingError(
+                    f"Shape pattern {pattern} (rank {len(pattern)}) has spec {spec} with "
+                    f"{len(spec)} entries; give at most one entry per dimension."
+                )
+            patterns.append((pattern, spec))
+        self.shape_patterns: tuple[tuple[tuple[int | None, ...], PartitionSpec | None], ...] = tuple(
+            patterns
+        )
+        self.mesh = mesh
+
+    def __repr__(self) -> str:
+        return f"ShapeBasedShardingRule({list(self.shape_patterns)!r}, mesh={self.mesh!r})"
+
+    def match(self, shape: Sequence[int]) -> PartitionSpec | None:
+        """The spec of the first pattern matching ``shape`` (``None`` when nothing matches).
+
+        Example:
+            >>> ShapeBasedShardingRule({(None, 4): P("data")}).match((7, 4))
+            P('data',)
+        """
+        for pattern, spec in self.shape_patterns:
+            if len(pattern) == len(shape) and all(p is None or p == s for p, s in zip(pattern, shape)):
+                return spec if spec is not None else PartitionSpec()
+        return None
+
+    def apply(self, tree: Any) -> Any:
+        """Return a spec per array leaf: its first matching pattern's, else replicated."""
+        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+
+        def spec_for(leaf: Leaf) -> PartitionSpec:
+            shape = leaf.shape or ()
+            spec = self.match(shape)
+            if spec is None:
+                return replicated(len(shape))
+            check_spec(leaf, spec, sizes, source="ShapeBasedShardingRule")
+            return spec
+
+        return map_array_leaves(tree, spec_for)
+
+
+class PathRegexRule(ShardingRule):
+    """Specs from regular expressions on each leaf's pytree path.
+
+    Paths are rendered as ``a/b/0/c`` (a NamedArray is one leaf: its own ``array`` field is not
+    part of the path) and matched with ``re.search``; the first matching pattern wins. A spec is a
+    ``PartitionSpec`` (positional, checked against the mesh), ``None`` (replicated), or, for
+    NamedArrays, a ``{axis_name: mesh_axes}`` mapping resolved through ``resolve``.
+
+    Args:
+        rules: ``[(regex, spec), ...]`` (or a dict in insertion order).
+        strict: Raise when array leaves match no pattern (else they are replicated).
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: context mesh).
+
+    Raises:
+        ShardingError: if a regex does not compile; on ``apply``, if ``strict`` and leaves are
+            unmatched (all listed), or a spec is invalid for its leaf.
+
+    Example:
+        >>> rule = PathRegexRule([(r"attn/.*/kernel", P(None, "model")), (r".*", P())],
+        ...                      mesh={"model": 4})
+        >>> rule.apply({"attn": {"q": {"kernel": jnp.zeros((8, 8))}}, "bias": jnp.zeros(8)})
+        {'attn': {'q': {'kernel': P(None, 'model')}}, 'bias': P()}
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[tuple[str, Any]] | Mapping[str, Any],
+        strict: bool = True,
+        mesh: MeshLike | None = None,
+    ) -> None:
+        items = rules.items() if isinstance(rules, Mapping) else rules
+        compiled = []
+        for item in items:
+            if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
+                raise NamedTypeError(
+                    f"PathRegexRule expects (regex, spec) pairs, got {item!r}. "
+                    "Use e.g. [(r'.*/kernel', P(None, 'model'))]."
+                )
+            pattern, spec = item
+            try:
+                regex = re.compile(pattern)
+            except re.error as e:
+                raise ShardingError(f"PathRegexRule pattern {pattern!r} is not a valid regex: {e}.") from e
+            compiled.append((regex, _check_spec_value(spec, f"Pattern {pattern!r}", allow_mapping=True)))
+        self.rules: tuple[tuple[re.Pattern[str], Any], ...] = tuple(compiled)
+        self.strict = bool(strict)
+        self.mesh = mesh
+
+    def __repr__(self) -> str:
+        shown = [(r.pattern, s) for r, s in self.rules]
+        return f"PathRegexRule({shown!r}, strict={self.strict!r}, mesh={self.mesh!r})"
+
+    def apply(self, tree: Any) -> Any:
+        """Return a spec per array leaf from the first pattern its path matches."""
+        mesh = resolve_mesh(self.mesh)
+        sizes = mesh_axis_sizes(mesh)
+        leaves, treedef = flatten_leaves(tree)
+        out: list[Any] = []
+        unmatched: list[str] = []
+        for leaf in leaves:
+            if not leaf.is_array:
+                out.append(None)
+                continue
+            path = leaf.path
+            for regex, spec in self.rules:
+                if regex.search(path):
+                    out.append(self._spec(leaf, regex.pattern, spec, mesh, sizes))
+                    break
+            else:
+                unmatched.append(path)
+                out.append(replicated(len(leaf.shape or ())))
+        if unmatched and self.strict:
+            shown = ", ".join(repr(p) for p in unmatched[:20])
+            more = f" (and {len(unmatched) - 20} more)" if len(unmatched) > 20 else ""
+            raise ShardingError(
+                f"PathRegexRule matched no pattern for {len(unmatched)} leaf path(s): {shown}{more}. "
+                f"Patterns: {', '.join(repr(r.pattern) for r, _ in self.rules) or '(none)'}. Add a "
+                "pattern for them, end with a catch-all (r'.*', P()), or pass strict=False."
+            )
+        return treedef.unflatten(out)
+
+    @staticmethod
+    def _spec(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike, sizes: Mapping[str, int]) -> PartitionSpec:
+        if isinstance(spec, dict):
+            if leaf.axes is None:
+                raise ShardingError(
+                    f"PathRegexRule pattern {pattern!r} gives leaf {leaf.path!r} the axis mapping "
+                    f"{spec!r}, but the leaf is a plain array of shape {leaf.shape} with no axis "
+                    "names. Give a PartitionSpec for plain arrays, or wrap the array with named()."
+                )
+            return _resolve_leaf(leaf, spec, mesh, None)
+        spec = spec if spec is not None else PartitionSpec()
+        check_spec(leaf, spec, sizes, source=f"PathRegexRule pattern {pattern!r}")
+        return spec
+
+
+def _names_mesh_axis(spec: Any) -> bool:
+    return isinstance(spec, PartitionSpec) and any(entry_axes(e) for e in spec)
+
+
+class CompositeShardingRule(ShardingRule):
+    """Combine rules by priority: for each leaf, the first rule whose spec shards anything wins.
+
+    "Shards anything" means the spec names at least one mesh axis. When no rule shards a leaf, the
+    first rule's spec is used. Each rule is applied to the whole tree once; errors propagate (use
+    ``PathRegexRule(..., strict=False)`` inside a composite so unmatched leaves fall through).
+
+    Args:
+        *rules: ``ShardingRule`` instances, highest priority first.
+
+    Raises:
+        NamedTypeError: if no rules are given or one is not a ``ShardingRule``.
+
+    Example:
+        >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
+        >>> mesh = {"data": 2, "model": 4}
+        >>> rule = CompositeShardingRule(LogicalAxisRule({"batch": "data"}, mesh),
+        ...                              AutoShardingRule(mesh))
+        >>> rule.apply({"x": x, "w": jnp.zeros((16, 4))})
+        {'w': P('data', 'model'), 'x': P('data', None)}
+    """
+
+    def __init__(self, *rules: ShardingRule) -> None:
+        if not rules:
+            raise NamedTypeError(
+                "CompositeShardingRule needs at least one rule, e.g. "
+                "CompositeShardingRule(LogicalAxisRule(rules), AutoShardingRule())."
+            )
+        for i, r in enumerate(rules):
+            if not isinstance(r, ShardingRule):
+                raise NamedTypeError(
+                    f"CompositeShardingRule argument {i} is {r!r} ({type(r).__name__}); every "
+                    "argument must be a ShardingRule."
+                )
+        self.rules = tuple(rules)
+        meshes = [r.mesh for r in rules if r.mesh is not None]
+        self.mesh = meshes[0] if meshes else None
+
+    def __repr__(self) -> str:
+        return f"CompositeShardingRule({', '.join(map(repr, self.rules))})"
+
+    def apply(self, tree: Any) -> Any:
+        """Return, per array leaf, the first sub-rule's spec that names a mesh axis."""
+        leaves, treedef = flatten_leaves(tree)
+        per_rule = [treedef.flatten_up_to(r.apply(tree)) for r in self.rules]
+        out = []
+        for i, leaf in enumerate(leaves):
+            if not leaf.is_array:
+                out.append(None)
+                continue
+            chosen = next((specs[i] for specs in per_rule if _names_mesh_axis(specs[i])), None)
+            out.append(chosen if chosen is not None else per_rule[0][i])
+        return treedef.unflatten(out)
+
