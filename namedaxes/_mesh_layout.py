@@ -293,16 +293,13 @@ def infer_dcn_dims(
         if d % num_granules == 0:
             dcn[i] = num_granules
             return tuple(dcn)
+    # The product is a multiple of num_granules here, so a multi-axis split always exists.
     hint = _suggest_dcn(axis_dims, num_granules)
-    fix = (
-        f"Pass dcn_mesh_dims={hint} to spread the {_plural(kind)} over several axes, or make"
-        if hint is not None
-        else "Make"
-    )
     raise MeshError(
-        f"Cannot split mesh {format_dims(axis_dims, names)} across {num_granules} {_plural(kind)}: no "
-        f"axis size is divisible by {num_granules}. {fix} one axis size a multiple of "
-        f"{num_granules}."
+        f"Cannot split mesh {format_dims(axis_dims, names)} across {num_granules} "
+        f"{_plural(kind)}: no axis size is divisible by {num_granules}. Pass "
+        f"dcn_mesh_dims={hint} to spread the {_plural(kind)} over several axes, or make one axis "
+        f"size a multiple of {num_granules}."
     )
 
 
