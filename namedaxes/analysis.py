@@ -1,0 +1,339 @@
+"""Memory and sharding analysis: validate specs, count bytes per device, ask XLA, monitor calls.
+
+* ``ShardingAnalyzer``: spec validation and an exact per-device byte count, on concrete or abstract
+  trees and on real, abstract or ``{axis: size}`` meshes.
+* ``memory_report``: the same count driven by named axes (through ``resolve``), broken down by
+  logical axis, largest leaves and what stays replicated.
+* ``compiled_memory``: XLA's own per-device figures for a jitted function, without running it.
+* ``create_monitored_function``: time a function and check/estimate its first argument's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._analysis_memory import ShardingAnalyzer as ShardingAnalyzer
+from ._analysis_memory import pair_specs
+from ._errors import (
+    MemoryAnalysisUnavailableError,
+    NamedTypeError,
+    ShardingWarning,
+    SpecMismatchError,
+    format_axes,
+)
+from ._partitioning import current_axis_mapping
+from ._rules_base import MeshLike, entry_axes, format_bytes, mesh_axis_sizes, resolve_mesh
+from ._rules_pattern import LogicalAxisRule
+
+__all__ = [
+    "MemoryReport",
+    "ShardingAnalyzer",
+    "SpecValidationWarning",
+    "compiled_memory",
+    "create_monitored_function",
+    "memory_report",
+]
+
+
+class SpecValidationWarning(ShardingWarning):
+    """A monitored function's first argument does not fit its partition specs."""
+
+
+# -- memory_report ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Per-device memory of a tree under a logical-axis mapping (see :func:`memory_report`).
+
+    Attributes:
+        mesh: ``{mesh_axis: size}``.
+        total_bytes: Bytes of the whole, unsharded tree.
+        bytes_per_device: Bytes on the busiest device.
+        per_device: Bytes per device, in ``mesh.devices.flat`` order.
+        replicated_bytes: Bytes of leaves that no mesh axis splits (held in full by every device).
+        replicated_leaves: Paths of those leaves.
+        axes: Per logical axis: the mesh axes it was given (``mesh_axes``), the number of leaves
+            that have it (``leaves``), and ``saved_bytes``: how many bytes per device its sharding
+            saves, summed over leaves (0 for an axis that stays replicated everywhere).
+        largest: The largest leaves, each with ``path``, ``axes``, ``spec``, ``total_bytes`` and
+            ``bytes_per_device``.
+    """
+
+    mesh: dict[str, int]
+    total_bytes: int
+    bytes_per_device: int
+    per_device: list[int]
+    replicated_bytes: int
+    replicated_leaves: list[str]
+    axes: dict[str, dict[str, Any]]
+    largest: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain-dict copy (specs rendered as strings), e.g. for JSON logging."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        mesh = "Mesh(" + ", ".join(f"{k}={v}" for k, v in self.mesh.items()) + ")"
+        lines = [
+            f"Memory report on {mesh}",
+            f"  total (unsharded)   {self.total_bytes:>16,d} B  {format_bytes(self.total_bytes)}",
+            f"  busiest device      {self.bytes_per_device:>16,d} B  {format_bytes(self.bytes_per_device)}",
+            f"  replicated          {self.replicated_bytes:>16,d} B  "
+            f"{format_bytes(self.replicated_bytes)} in {len(self.replicated_leaves)} leaves",
+            "",
+            f"  {'logical axis':<20} {'mesh axes':<24} {'leaves':>7} {'saved per device':>20}",
+        ]
+        for name, info in self.axes.items():
+            mesh_axes = ", ".join(info["mesh_axes"]) or "-"
+            lines.append(
+                f"  {name:<20} {mesh_axes:<24} {info['leaves']:>7} {info['saved_bytes']:>18,d} B"
+            )
+        lines += ["", f"  {'largest leaves':<32} {'spec':<28} {'total':>12} {'per device':>12}"]
+        for leaf in self.largest:
+            lines.append(
+                f"  {leaf['path']:<32} {leaf['spec']:<28} {format_bytes(leaf['total_bytes']):>12} "
+                f"{format_bytes(leaf['bytes_per_device']):>12}"
+            )
+        if self.replicated_leaves:
+            shown = ", ".join(self.replicated_leaves[:8])
+            more = f" (+{len(self.replicated_leaves) - 8} more)" if len(self.replicated_leaves) > 8 else ""
+            lines += ["", f"  replicated leaves: {shown}{more}"]
+        return "\n".join(lines)
+
+
+def _busiest_bytes(shape: tuple[int, ...], itemsize: int, ks: list[int]) -> int:
+    # Device 0 holds the full ceil(n / k) block on every dimension: the busiest shard.
+    return itemsize * math.prod(-(-n // k) for n, k in zip(shape, ks))
+
+
+def memory_report(
+    tree: Any, mapping_or_rules: Any = None, mesh: MeshLike | None = None, *, top: int = 10
+) -> MemoryReport:
+    """Per-device memory of ``tree`` when its NamedArrays are sharded by a logical-axis mapping.
+
+    Specs come from ``resolve`` (via ``LogicalAxisRule``); plain arrays are replicated. Works on
+    abstract trees (``eqx.filter_eval_shape``) and abstract meshes, so a model far larger than this
+    machine can be planned here.
+
+    Args:
+        tree: A pytree of NamedArrays (concrete or holding ``ShapeDtypeStruct``s) and arrays.
+        mapping_or_rules: ``AxisRules`` or ``{logical_name: mesh_axes}``; ``None`` uses the
+            context mapping (``axis_mapping``).
+        mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: context mesh).
+        top: How many of the largest leaves to list.
+
+    Returns:
+        A :class:`MemoryReport`; ``print`` it for a table, ``.to_dict()`` for a dict.
+
+    Raises:
+        ShardingError: if the mapping names mesh axes the mesh lacks, or an axis cannot be sharded
+            under the ``"error"`` policy.
+
+    Example:
+        >>> params = {"w": named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))}
+        >>> report = memory_report(params, {"mlp": "model"}, {"data": 2, "model": 4})
+        >>> report.bytes_per_device, report.axes["mlp"]["saved_bytes"]
+        (524288, 1572864)
+    """
+    mesh = resolve_mesh(mesh)
+    sizes = mesh_axis_sizes(mesh)
+    rules = mapping_or_rules if mapping_or_rules is not None else current_axis_mapping()
+    specs = LogicalAxisRule(rules, mesh).apply(tree)
+    usage = ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)
+    axes: dict[str, dict[str, Any]] = {}
+    largest = []
+    replicated_leaves = []
+    for leaf, spec in pair_specs(tree, specs):
+        if not leaf.is_array:
+            continue
+        shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
+        itemsize = leaf.dtype.itemsize  # type: ignore[union-attr]
+        entries = [entry_axes(e) for e in spec] + [()] * (len(shape) - len(spec))
+        ks = [math.prod(sizes[a] for a in e) for e in entries]
+        info = usage["leaves"][leaf.path]
+        if all(k == 1 for k in ks):
+            replicated_leaves.append(leaf.path)
+        largest.append(
+            {
+                "path": leaf.path,
+                "axes": format_axes(leaf.axes) if leaf.axes is not None else str(shape),
+                "spec": str(spec),
+                "total_bytes": info["total_bytes"],
+                "bytes_per_device": info["bytes_per_device"],
+            }
+        )
+        for d, axis in enumerate(leaf.axes or ()):
+            slot = axes.setdefault(axis.name, {"mesh_axes": [], "leaves": 0, "saved_bytes": 0})
+            slot["leaves"] += 1
+            if ks[d] > 1:
+                for a in entries[d]:
+                    if a not in slot["mesh_axes"]:
+                        slot["mesh_axes"].append(a)
+                unsharded = ks[:d] + [1] + ks[d + 1 :]
+                slot["saved_bytes"] += _busiest_bytes(shape, itemsize, unsharded) - info["bytes_per_device"]
+    largest.sort(key=lambda x: (-x["total_bytes"], x["path"]))
+    return MemoryReport(
+        mesh=dict(sizes),
+        total_bytes=usage["total_size"],
+        bytes_per_device=usage["size_per_device"],
+        per_device=usage["per_device"],
+        replicated_bytes=usage["replicated_bytes"],
+        replicated_leaves=replicated_leaves,
+        axes=axes,
+        largest=largest[:top],
+    )
+
+
+# -- compiled_memory -------------------------------------------------------------------------
+
+
+def _abstract(x: Any) -> Any:
+    """A ``ShapeDtypeStruct`` (keeping the sharding) for array leaves; other leaves as they are."""
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    if isinstance(x, np.ndarray):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return x
+
+
+def compiled_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, int]:
+    """XLA's per-device memory figures for ``fn(*args, **kwargs)``, compiled but not run.
+
+    ``fn`` is a ``named_jit``/``jax.jit`` function (anything with ``.lower``) or a plain function
+    (jitted here). Concrete array arguments are replaced by ``ShapeDtypeStruct``s with their
+    shardings, so nothing is executed; pass ``ShapeDtypeStruct``s with ``sharding=`` to plan.
+
+    Returns:
+        ``{"argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "generated_code_bytes"}``
+        from ``compiled.memory_analysis()``, and ``"total_bytes"`` = argument + output + temp -
+        alias (XLA's usual peak estimate). All are per device.
+
+    Raises:
+        MemoryAnalysisUnavailableError: if the backend does not report memory figures.
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("data",))
+        >>> x = jax.ShapeDtypeStruct((1024,), "float32", sharding=NamedSharding(mesh, P("data")))
+        >>> compiled_memory(jax.jit(lambda x: x * 2), x)["argument_bytes"]
+        512
+    """
+    args, kwargs = jax.tree.map(_abstract, (args, kwargs))
+    lower = getattr(fn, "lower", None)
+    if lower is None:
+        lower = jax.jit(fn).lower
+    compiled = lower(*args, **kwargs).compile()
+    backend = jax.default_backend()
+    try:
+        stats = compiled.memory_analysis()
+    except Exception as e:  # backends signal "unsupported" with various exception types
+        raise MemoryAnalysisUnavailableError(
+            f"XLA cannot report memory figures on the {backend!r} backend: memory_analysis() "
+            f"raised {type(e).__name__}: {e}. Use ShardingAnalyzer.estimate_memory_usage for an "
+            "analytic estimate instead."
+        ) from e
+    if stats is None:
+        raise MemoryAnalysisUnavailableError(
+            f"XLA cannot report memory figures on the {backend!r} backend: memory_analysis() "
+            "returned None. Use ShardingAnalyzer.estimate_memory_usage for an analytic estimate "
+            "instead."
+        )
+    out = {
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "alias_bytes": int(stats.alias_size_in_bytes),
+        "generated_code_bytes": int(getattr(stats, "generated_code_size_in_bytes", 0)),
+    }
+    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    return out
+
+
+# -- create_monitored_function ---------------------------------------------------------------
+
+
+def _signature(tree: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
+
+
+def create_monitored_function(
+    fn: Callable[..., Any], partition_specs: Any, analyzer: ShardingAnalyzer
+) -> Callable[..., tuple[Any, dict[str, Any]]]:
+    """Wrap ``fn`` to return ``(result, metrics)``, checking its first argument's layout.
+
+    ``partition_specs`` describes ``fn``'s first argument (typically the parameters). Each call
+    validates it against the specs and estimates its memory (both cached per argument structure
+    and shapes), runs ``fn``, waits for the result and times it. Problems are reported with a
+    ``SpecValidationWarning`` and the function still runs.
+
+    Returns:
+        A function returning ``(result, metrics)`` with ``execution_time`` (seconds, including
+        waiting for the result), ``memory_usage`` (``estimate_memory_usage``'s dict, or ``None``
+        when the specs cannot be applied) and ``validation_issues`` (a list of messages).
+
+    Example:
+        >>> analyzer = ShardingAnalyzer({"data": 8})
+        >>> step = create_monitored_function(lambda p: p["w"].sum(), {"w": P("data")}, analyzer)
+        >>> result, metrics = step({"w": jnp.ones(16)})
+        >>> float(result), metrics["validation_issues"]
+        (16.0, [])
+    """
+    cache: dict[Any, tuple[list[str], dict[str, Any] | None]] = {}
+
+    def check(first: Any) -> tuple[list[str], dict[str, Any] | None]:
+        try:
+            key = _signature(first)
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in cache:
+            return cache[key]
+        try:
+            issues = analyzer.validate_partition_specs(first, partition_specs)
+        except SpecMismatchError as e:
+            issues, memory = [str(e)], None
+        else:
+            try:
+                memory = analyzer.estimate_memory_usage(first, partition_specs)
+            except ValueError:  # already described by the issues
+                memory = None
+        if key is not None:
+            cache[key] = (issues, memory)
+        return issues, memory
+
+    @functools.wraps(fn)
+    def monitored(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if not args:
+            raise NamedTypeError(
+                f"{getattr(fn, '__name__', 'fn')} was called without positional arguments, but "
+                "its partition specs describe the first positional argument."
+            )
+        issues, memory = check(args[0])
+        if issues:
+            shown = "; ".join(issues[:5]) + (f" (and {len(issues) - 5} more)" if len(issues) > 5 else "")
+            warnings.warn(
+                f"{getattr(fn, '__name__', 'fn')}: {len(issues)} partition spec issue(s): {shown}",
+                SpecValidationWarning,
+                stacklevel=2,
+            )
+        start = time.perf_counter()
+        result = jax.block_until_ready(fn(*args, **kwargs))
+        elapsed = time.perf_counter() - start
+        return result, {
+            "execution_time": elapsed,
+            "memory_usage": memory,
+            "validation_issues": list(issues),
+        }
+
+    return monitored
+
