@@ -1,0 +1,133 @@
+"""One process of a 2-process JAX run on loopback, driven by tests/test_distributed.py.
+
+Not a test module (pytest does not collect it). Usage:
+
+    python tests/multiprocess_worker.py PROCESS_ID PORT
+
+Each process gets 4 CPU devices and joins a 2-process runtime through ``jax.distributed``, runs
+every check, and prints one line ``RESULT {json}`` that the test compares across processes and
+against a single-process NumPy oracle. Checks are combined in one launch to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 4)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+import numpy as np  # noqa: E402
+
+NUM_PROCESSES = 2
+BARRIER_TIMEOUT = 1.0  # the one barrier that process 1 skips
+
+
+def global_data() -> np.ndarray:
+    """The array the processes build together; each holds half of the batch rows."""
+    return np.arange(64, dtype=np.float32).reshape(8, 8) / 8
+
+
+def grid(mesh: jax.sharding.Mesh, attr: str) -> list:
+    return np.vectorize(lambda d: getattr(d, attr), otypes=[int])(mesh.devices).tolist()
+
+
+def check_meshes(out: dict) -> None:
+    import namedaxes as na
+
+    mesh = na.create_mesh((2, 4), ("data", "model"))
+    out["mesh_2x4_processes"] = grid(mesh, "process_index")
+    default = na.create_mesh()  # all 8 devices on fsdp, split across the 2 processes
+    out["mesh_default_shape"] = dict(default.shape)
+    out["mesh_default_processes"] = np.asarray(grid(default, "process_index")).ravel().tolist()
+    out["host_mesh_shape"] = list(na.calculate_host_mesh_shape((2, 4)))
+
+
+def check_arrays(out: dict, axis_type: str) -> None:
+    import namedaxes as na
+
+    pid = jax.process_index()
+    mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
+    rows = slice(pid * 4, (pid + 1) * 4)
+    local = na.named(np.asarray(global_data()[rows]), ("batch", "embed"))
+    x = na.from_process_local(local, {"batch": "data", "embed": "model"}, mesh)
+
+    @jax.jit
+    def reduce(x):
+        # a per-feature sum over the process-spanning batch axis, and a global sum of squares
+        return na.NamedArray(x.array.sum(axis=0), ("embed",)), (x.array**2).sum()
+
+    col_sum, sq_sum = reduce(x)
+    gathered = na.process_allgather(x)
+    out[axis_type] = {
+        "global_shape": x.shape,
+        "spec": [str(e) for e in x.sharding.spec],
+        "shard_shapes": sorted({tuple(s.data.shape) for s in x.array.addressable_shards}),
+        "fully_addressable": x.array.is_fully_addressable,
+        "col_sum": np.asarray(na.process_allgather(col_sum).array).tolist(),
+        "sq_sum": float(np.asarray(sq_sum.addressable_data(0))),
+        "gathered": np.asarray(gathered.array).tolist(),
+        "gathered_fully_addressable": gathered.array.is_fully_addressable,
+    }
+
+
+def check_barriers(out: dict) -> None:
+    import namedaxes as na
+
+    t = time.monotonic()
+    na.barrier_sync(timeout=30)
+    out["barrier_ok_seconds"] = time.monotonic() - t
+    if jax.process_index() == 0:
+        t = time.monotonic()
+        try:
+            na.barrier_sync(timeout=BARRIER_TIMEOUT)
+            out["timeout_error"] = None
+        except na.BarrierTimeoutError as e:
+            out["timeout_error"] = {
+                "type": type(e).__name__,
+                "is_timeout_error": isinstance(e, TimeoutError),
+                "message": str(e),
+            }
+        out["timeout_seconds"] = time.monotonic() - t
+    # process 1 never calls that barrier; both meet again here before exiting
+    na.barrier_sync(timeout=30, name="worker-done")
+    out["rejoined"] = True
+
+
+def main() -> None:
+    process_id, port = int(sys.argv[1]), int(sys.argv[2])
+    jax.distributed.initialize(
+        f"127.0.0.1:{port}",
+        num_processes=NUM_PROCESSES,
+        process_id=process_id,
+        initialization_timeout=30,
+    )
+    import namedaxes as na
+
+    out: dict = {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "device_count": jax.device_count(),
+        "is_multiprocess": na.is_multiprocess(),
+    }
+    try:
+        check_meshes(out)
+        for axis_type in ("auto", "explicit"):
+            check_arrays(out, axis_type)
+        check_barriers(out)
+    except Exception:  # report, so the test shows the failure of this process
+        out["error"] = traceback.format_exc()
+    print("RESULT " + json.dumps(out), flush=True)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""namedaxes.distributed: single-process behaviour here, and a real 2-process run on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import namedaxes as na
+from namedaxes import (
+    BarrierTimeoutError,
+    DistributedError,
+    MeshError,
+    NamedAxesError,
+    NamedTypeError,
+    ShardingError,
+    axis_mapping,
+    named,
+)
+from namedaxes.distributed import barrier_sync, from_process_local, is_multiprocess, process_allgather
+
+WORKER = Path(__file__).with_name("multiprocess_worker.py")
+RUN_TIMEOUT = 60  # seconds for both processes together; a hang fails the test instead of CI
+
+
+# -- one process -------------------------------------------------------------------------------
+
+
+def test_single_process_basics():
+    assert not is_multiprocess()
+    assert barrier_sync() is None  # a no-op that returns at once
+    assert barrier_sync(timeout=0.001, name="x") is None
+    assert issubclass(BarrierTimeoutError, TimeoutError)
+    assert issubclass(BarrierTimeoutError, DistributedError)
+    assert issubclass(BarrierTimeoutError, NamedAxesError)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "10", True])
+def test_barrier_rejects_bad_timeout(bad):
+    with pytest.raises(NamedTypeError, match=r"timeout must be a positive number of seconds, got"):
+        barrier_sync(timeout=bad)
+
+
+def test_barrier_rejects_bad_name():
+    with pytest.raises(NamedTypeError, match=r"barrier_sync name must be a non-empty str, got ''"):
+        barrier_sync(name="")
+
+
+def test_from_process_local_shards_as_mapped(mesh_2x4):
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    x = from_process_local(named(data, ("batch", "embed")), {"batch": "data", "embed": "model"}, mesh_2x4)
+    assert x.axis_names == ("batch", "embed")
+    assert x.shape == {"batch": 8, "embed": 8}
+    assert x.sharding.spec == P("data", "model")
+    assert {s.data.shape for s in x.array.addressable_shards} == {(4, 2)}
+    np.testing.assert_array_equal(np.asarray(x.array), data)
+
+
+def test_from_process_local_uses_the_context_mapping_and_mesh(mesh_2x4):
+    data = jnp.ones((4, 3))
+    with jax.set_mesh(mesh_2x4), axis_mapping({"batch": "data"}):
+        x = from_process_local(named(data, ("batch", "embed")))
+    assert x.sharding.spec == P("data", None)
+    assert x.sharding.mesh == mesh_2x4
+    assert {s.data.shape for s in x.array.addressable_shards} == {(2, 3)}
+
+
+def test_from_process_local_empty_mapping_replicates(mesh_2x4):
+    x = from_process_local(named(jnp.ones((4, 3)), ("batch", "embed")), {}, mesh_2x4)
+    assert x.sharding.spec == P(None, None)
+    assert {s.data.shape for s in x.array.addressable_shards} == {(4, 3)}
+
+
+def test_from_process_local_errors(mesh_2x4):
+    local = named(jnp.ones((4, 3)), ("batch", "embed"))
+    with pytest.raises(ShardingError, match=r"from_process_local needs a mapping to know which axes of NamedArray\(float32, batch=4, embed=3\)"):
+        from_process_local(local, mesh=mesh_2x4)
+    with pytest.raises(MeshError, match=r"No mesh given and none is set\. Pass mesh=\.\.\., or enter `with jax.set_mesh"):
+        from_process_local(local, {"batch": "data"})
+    with pytest.raises(NamedTypeError, match=r"from_process_local expects a NamedArray, got ndarray"):
+        from_process_local(np.ones((4, 3)), {"batch": "data"}, mesh_2x4)
+    with pytest.raises(
+        ShardingError,
+        match=r"Cannot shard axis 'embed' \(size 3\).*\(from_process_local resolves process 0's local axes "
+        r"against its share of each mesh axis: \{'data': 2, 'model': 4\} of \{'data': 2, 'model': 4\}\.\)",
+    ):
+        from_process_local(local, {"embed": "model"}, mesh_2x4)
+
+
+def test_process_allgather_is_identity_when_fully_addressable(mesh_2x4):
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    x = from_process_local(named(data, ("batch", "embed")), {"batch": "data"}, mesh_2x4)
+    y = process_allgather(x)
+    assert y is x
+    assert y.array.is_fully_addressable
+    with pytest.raises(NamedTypeError, match=r"process_allgather expects a NamedArray, got ndarray"):
+        process_allgather(data)
+
+
+# -- two processes on loopback -----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_workers() -> list[dict]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=RUN_TIMEOUT))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.communicate()
+        pytest.fail(f"multi-process workers did not finish within {RUN_TIMEOUT} s (killed)")
+    results = []
+    for i, (p, (stdout, stderr)) in enumerate(zip(procs, outputs)):
+        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+        assert p.returncode == 0 and lines, f"worker {i} failed (rc={p.returncode}):\n{stdout}\n{stderr[-3000:]}"
+        result = json.loads(lines[-1][len("RESULT "):])
+        assert "error" not in result, f"worker {i} raised:\n{result['error']}"
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_processes():
+    """Both workers, launched once for all the checks below."""
+    return _run_workers()
+
+
+def test_runtime_has_two_processes_of_four_devices(two_processes):
+    assert [r["process_index"] for r in two_processes] == [0, 1]
+    for r in two_processes:
+        assert (r["process_count"], r["device_count"], r["is_multiprocess"]) == (2, 8, True)
+
+
+def test_create_mesh_puts_dcn_axis_across_processes(two_processes):
+    for r in two_processes:
+        # (data=2, model=4): each process owns one row; model (ICI) stays inside a process
+        assert r["mesh_2x4_processes"] == [[0, 0, 0, 0], [1, 1, 1, 1]]
+        # default (1, -1, 1, 1, 1): fsdp=8 split into two contiguous blocks of 4
+        assert r["mesh_default_shape"] == {"dp": 1, "fsdp": 8, "ep": 1, "tp": 1, "sp": 1}
+        assert r["mesh_default_processes"] == [0, 0, 0, 0, 1, 1, 1, 1]
+        assert r["host_mesh_shape"] == [1, 4]
+
+
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_process_local_arrays_reduce_like_one_process(two_processes, axis_type):
+    data = np.arange(64, dtype=np.float32).reshape(8, 8) / 8  # the worker's global_data()
+    for r in two_processes:
+        got = r[axis_type]
+        assert got["global_shape"] == {"batch": 8, "embed": 8}
+        assert got["spec"] == ["data", "model"]
+        assert got["shard_shapes"] == [[4, 2]]
+        assert got["fully_addressable"] is False
+        np.testing.assert_allclose(got["col_sum"], data.sum(axis=0), rtol=1e-6)
+        np.testing.assert_allclose(got["sq_sum"], (data**2).sum(), rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
+        assert got["gathered_fully_addressable"] is True
+    assert two_processes[0][axis_type] == two_processes[1][axis_type]
+
+
+def test_barrier_passes_and_times_out_when_a_process_never_arrives(two_processes):
+    first, second = two_processes
+    assert first["barrier_ok_seconds"] < 10 and second["barrier_ok_seconds"] < 10
+    err = first["timeout_error"]
+    assert err is not None, "barrier_sync returned although process 1 never called it"
+    assert err["type"] == "BarrierTimeoutError" and err["is_timeout_error"]
+    assert err["message"].startswith(
+        "Barrier 'namedaxes_barrier_1' timed out after 1 s: not all 2 processes reached it "
+        "(this is process 0)."
+    )
+    assert 0.9 < first["timeout_seconds"] < 10  # gave up near its 1 s timeout instead of hanging
+    assert "timeout_error" not in second
+    assert first["rejoined"] and second["rejoined"]
