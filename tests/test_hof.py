@@ -1,0 +1,227 @@
+"""vmap / scan / fold over named axes, checked against jax.vmap and jax.lax.scan."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import (
+    Axis,
+    AxisNotFoundError,
+    AxisSizeError,
+    DuplicateAxisError,
+    NamedTypeError,
+    named,
+)
+
+A = jnp.arange(24.0).reshape(2, 3, 4) / 10
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+# -- vmap -------------------------------------------------------------------------------------
+
+
+def test_vmap_maps_named_axis_wherever_it_is():
+    x = named(A, ("seq", "batch", "embed"))  # batch in the middle
+    w = named(jnp.arange(4.0), ("embed",))  # no batch axis: broadcast
+    seen = []
+
+    def f(x, w, scale, plain):
+        seen.append((x.axis_names, w.axis_names))
+        return named(jnp.sum(x.array * w.array[None], axis=-1) * scale + plain, ("seq",))
+
+    out = na.vmap(f, "batch")(x, w, 2.0, jnp.ones(2))
+    expected = jax.vmap(
+        lambda a: jnp.sum(a * jnp.arange(4.0)[None], axis=-1) * 2.0 + jnp.ones(2), in_axes=1
+    )(A)
+    assert seen[0] == (("seq", "embed"), ("embed",))
+    assert out.axis_names == ("batch", "seq")
+    close(out.array, expected)
+
+
+def test_vmap_pytrees_kwargs_and_plain_outputs():
+    x = named(A, ("batch", "seq", "embed"))
+    y = named(jnp.transpose(A, (2, 0, 1)), ("embed", "batch", "seq"))
+
+    def f(tree, *, bias):
+        a, b = tree["a"], tree["b"]
+        assert b.axis_names == ("embed", "seq")
+        total = a.array + b.array.T + bias.array
+        return {"named": named(total, ("seq", "embed")), "plain": total.sum(), "none": None}
+
+    bias = named(jnp.ones((3, 4)), ("seq", "embed"))
+    out = na.vmap(f, Axis("batch", 2))({"a": x, "b": y}, bias=bias)
+    assert out["named"].axis_names == ("batch", "seq", "embed")
+    close(out["named"].array, 2 * A + 1)
+    assert out["plain"].shape == (2,)  # plain outputs get the axis as dimension 0
+    close(out["plain"], (2 * A + 1).sum(axis=(1, 2)))
+    assert out["none"] is None
+
+
+def test_vmap_axis_object_without_inputs():
+    out = na.vmap(lambda c: named(jnp.full((3,), c), ("k",)), Axis("rep", 2))(1.5)
+    assert out.shape == {"rep": 2, "k": 3}
+    close(out.array, jnp.full((2, 3), 1.5))
+
+
+def test_vmap_under_jit_and_grad():
+    x = named(A, ("batch", "seq", "embed"))
+
+    def loss(a):
+        y = na.vmap(lambda r: named(jnp.tanh(r.array).sum(axis=0), ("embed",)), "batch")(
+            named(a, x.axes)
+        )
+        return (y.array**2).sum()
+
+    def ref(a):
+        return (jax.vmap(lambda r: jnp.tanh(r).sum(axis=0))(a) ** 2).sum()
+
+    close(jax.jit(loss)(A), ref(A))
+    close(jax.jit(jax.grad(loss))(A), jax.grad(ref)(A))
+
+
+def test_vmap_errors():
+    x = named(A, ("batch", "seq", "embed"))
+    z = named(jnp.zeros((3, 4)), ("batch", "embed"))
+    with pytest.raises(AxisNotFoundError, match=r"vmap\(\) over axis 'time': no NamedArray in the arguments has that axis \(0/0: \(batch=2, seq=3, embed=4\)\)"):
+        na.vmap(lambda x: x, "time")(x)
+    with pytest.raises(AxisSizeError, match=r"vmap\(\) over axis 'batch': the axis has different sizes in the arguments \(0/0: 2, 0/1: 3\)"):
+        na.vmap(lambda x, z: x, "batch")(x, z)
+    with pytest.raises(AxisSizeError, match=r"0/0: 2, requested Axis: 5"):
+        na.vmap(lambda x: x, Axis("batch", 5))(x)
+    with pytest.raises(DuplicateAxisError, match=r"vmap\(\) over axis 'batch': output <root> already has an axis 'batch'"):
+        na.vmap(lambda x: named(x.array, ("batch", "embed")), "batch")(x)
+    with pytest.raises(NamedTypeError, match=r"vmap\(\) needs a callable"):
+        na.vmap("f", "batch")
+
+
+# -- scan / fold ------------------------------------------------------------------------------
+
+
+def step(carry, x):
+    """carry (embed,) ; x (seq, embed) -> new carry, y (seq,)."""
+    c = named(jnp.tanh(carry.array + x.array.sum(axis=0)), ("embed",))
+    y = named(x.array @ c.array, ("seq",))
+    return c, {"y": y, "plain": c.array.sum()}
+
+
+def ref_step(c, a):  # a: (seq, embed)
+    c = jnp.tanh(c + a.sum(axis=0))
+    return c, {"y": a @ c, "plain": c.sum()}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_matches_lax_scan(reverse):
+    xs = named(A, ("seq", "time", "embed"))  # scanned axis in the middle
+    init = named(jnp.zeros(4), ("embed",))
+    carry, ys = na.scan(step, "time", reverse=reverse, unroll=2)(init, xs)
+    ref_c, ref_ys = jax.lax.scan(ref_step, jnp.zeros(4), jnp.moveaxis(A, 1, 0), reverse=reverse)
+    assert carry.axis_names == ("embed",)
+    close(carry.array, ref_c)
+    assert ys["y"].axis_names == ("time", "seq")
+    close(ys["y"].array, ref_ys["y"])
+    close(ys["plain"], ref_ys["plain"])
+
+
+def test_scan_broadcasts_leaves_without_the_axis():
+    xs = {"a": named(A, ("time", "seq", "embed")), "w": named(jnp.arange(4.0), ("embed",)), "k": 3.0}
+
+    def f(c, x):
+        assert x["w"].axis_names == ("embed",)
+        return named(c.array + x["a"].array @ x["w"].array * x["k"], ("seq",)), None
+
+    carry, ys = na.scan(f, "time")(named(jnp.zeros(3), ("seq",)), xs)
+    close(carry.array, (A @ jnp.arange(4.0)).sum(axis=0) * 3.0)
+    assert ys is None
+
+
+def test_scan_and_fold_under_jit_and_grad():
+    def loss(a):
+        xs = named(a, ("time", "seq", "embed"))
+        c = na.fold(lambda c, x: step(c, x)[0], "time")(named(jnp.ones(4), ("embed",)), xs)
+        return c.array.sum()
+
+    def ref(a):
+        return jax.lax.scan(lambda c, x: (ref_step(c, x)[0], None), jnp.ones(4), a)[0].sum()
+
+    close(jax.jit(loss)(A), ref(A))
+    close(jax.jit(jax.grad(loss))(A), jax.grad(ref)(A))
+
+
+def test_scan_errors():
+    xs = named(A, ("time", "seq", "embed"))
+    init = named(jnp.zeros(4), ("embed",))
+    with pytest.raises(AxisNotFoundError, match=r"scan\(\) over axis 'layer': no NamedArray in xs has that axis \(<root>: \(time=2, seq=3, embed=4\)\)"):
+        na.scan(step, "layer")(init, xs)
+    with pytest.raises(AxisNotFoundError, match=r"fold\(\) over axis 'layer': no NamedArray in xs has that axis \(no NamedArrays at all\)"):
+        na.fold(lambda c, x: c, "layer")(init, {"a": A})
+    bad = {"a": xs, "b": named(jnp.zeros((3, 4)), ("time", "embed"))}
+    with pytest.raises(AxisSizeError, match=r"scan\(\) over axis 'time': the axis has different sizes in xs \(a: 2, b: 3\)"):
+        na.scan(step, "time")(init, bad)
+    with pytest.raises(NamedTypeError, match=r"scan\(\) over axis 'time': fn must return a \(carry, y\) pair, got NamedArray"):
+        na.scan(lambda c, x: c, "time")(init, xs)
+    with pytest.raises(NamedTypeError, match=r"fold\(\) over axis 'time': fn must return a carry with the same structure and axes as init. At <root>: init is NamedArray\(embed=4\), fn returned NamedArray\(seq=3\)"):
+        na.fold(lambda c, x: named(x.array.sum(axis=1), ("seq",)), "time")(init, xs)
+    with pytest.raises(NamedTypeError, match=r"init has structure PyTreeDef"):
+        na.fold(lambda c, x: (c, c), "time")(init, xs)
+    with pytest.raises(DuplicateAxisError, match=r"scan\(\) over axis 'time': y <root> already has an axis 'time'"):
+        na.scan(lambda c, x: (c, named(jnp.zeros(1), ("time",))), "time")(init, xs)
+
+
+# -- stacked layers (the use scan/fold exist for) ----------------------------------------------
+
+
+class Layer(eqx.Module):
+    w1: na.NamedArray  # (embed, hidden)
+    w2: na.NamedArray  # (hidden, embed)
+    act: callable = eqx.field(static=True)
+
+    def __call__(self, h):
+        a = self.act(h.array @ self.w1.array)
+        return named(h.array + a @ self.w2.array, h.axes)
+
+
+def make_stack(n_layers):
+    rng = np.random.default_rng(0)
+    w1 = jnp.asarray(rng.normal(size=(n_layers, 4, 5)) * 0.3, jnp.float32)
+    w2 = jnp.asarray(rng.normal(size=(n_layers, 5, 4)) * 0.3, jnp.float32)
+    # Stored with the layer axis *not* first, to check it is found by name.
+    return Layer(
+        w1=named(jnp.moveaxis(w1, 0, 1), ("embed", "layer", "hidden")),
+        w2=named(w2, ("layer", "hidden", "embed")),
+        act=jax.nn.relu,
+    ), (w1, w2)
+
+
+def test_fold_over_stacked_layers_matches_python_loop():
+    stack, (w1, w2) = make_stack(3)
+    h0 = named(jnp.linspace(-1, 1, 8).reshape(2, 4), ("batch", "embed"))
+
+    def apply(stack, h):
+        return na.fold(lambda h, layer: layer(h), "layer")(h, stack)
+
+    def ref(w1, w2, h):
+        for i in range(3):
+            h = h + jax.nn.relu(h @ w1[i]) @ w2[i]
+        return h
+
+    out = eqx.filter_jit(apply)(stack, h0)
+    assert out.axis_names == ("batch", "embed")
+    close(out.array, ref(w1, w2, h0.array))
+
+    # Gradients w.r.t. the stacked weights come back with the stacked axes.
+    grads = eqx.filter_jit(eqx.filter_grad(lambda s, h: apply(s, h).array.sum()))(stack, h0)
+    rw1, rw2 = jax.jit(jax.grad(lambda a, b: ref(a, b, h0.array).sum(), argnums=(0, 1)))(w1, w2)
+    assert grads.w1.axis_names == ("embed", "layer", "hidden")
+    close(grads.w1.array, jnp.moveaxis(rw1, 0, 1))
+    close(grads.w2.array, rw2)
+
+    # scan collects per-layer activations with the layer axis first.
+    _, hs = eqx.filter_jit(na.scan(lambda h, layer: (layer(h), layer(h)), "layer"))(h0, stack)
+    assert hs.shape == {"layer": 3, "batch": 2, "embed": 4}
+    close(hs.array[-1], out.array)

@@ -1,0 +1,239 @@
+"""Indexing by name, checked against positional jax.numpy indexing on the same data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import (
+    Axis,
+    AxisNotFoundError,
+    AxisSizeError,
+    DuplicateAxisError,
+    NamedTypeError,
+    named,
+)
+
+A = jnp.arange(24.0).reshape(2, 3, 4)
+
+
+@pytest.fixture
+def x():
+    return named(A, ("batch", "seq", "embed"))
+
+
+def same(named_array, expected, axes):
+    assert named_array.axis_names == tuple(axes)
+    np.testing.assert_array_equal(np.asarray(named_array.array), np.asarray(expected))
+
+
+# -- basic indexing ---------------------------------------------------------------------------
+
+
+def test_int_and_slice_forms(x):
+    same(x["seq", 1], A[:, 1], ("batch", "embed"))
+    same(x["batch", -1, "embed", 1:4:2], A[-1, :, 1:4:2], ("seq", "embed"))
+    same(x[{"seq": slice(0, 2), "embed": 3}], A[:, 0:2, 3], ("batch", "seq"))
+    same(x[{Axis("embed", 4): slice(None, None, -1)}], A[:, :, ::-1], ("batch", "seq", "embed"))
+    assert x["seq", 0:2].shape == {"batch": 2, "seq": 2, "embed": 4}
+    assert x["batch", 0, "seq", 1, "embed", 2].item() == A[0, 1, 2]
+    same(x[{}], A, ("batch", "seq", "embed"))
+
+
+def test_traced_int_index(x):
+    f = jax.jit(lambda x, i: x["seq", i])
+    same(f(x, 2), A[:, 2], ("batch", "embed"))
+    same(f(x, jnp.int32(1)), A[:, 1], ("batch", "embed"))
+
+
+def test_indexing_errors(x):
+    with pytest.raises(AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=2, seq=3, embed=4\). Available axes: 'batch', 'seq', 'embed'"):
+        x["sq", 0]
+    with pytest.raises(NamedTypeError, match=r"cannot be indexed by position \(0\).*x\['batch', 3\]"):
+        x[0]
+    with pytest.raises(NamedTypeError, match=r"cannot be indexed by position"):
+        x[0, 1]
+    with pytest.raises(NamedTypeError, match=r"Missing index for axis 'seq'"):
+        x["batch", 0, "seq"]
+    with pytest.raises(DuplicateAxisError, match=r"Axis 'seq' is indexed twice"):
+        x["seq", 0, Axis("seq", 3), 1]
+    with pytest.raises(AxisSizeError, match=r"Index 3 is out of range for axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Valid indices are -3..2"):
+        x["seq", 3]
+    with pytest.raises(NamedTypeError, match=r"Slice slice\(.*\) for axis 'seq' must have static integer bounds.*namedaxes.slice\(x, 'seq', start, length\)"):
+        jax.jit(lambda x, i: x["seq", i : i + 2])(x, 0)
+    with pytest.raises(NamedTypeError, match=r"Index for axis 'seq' must be integers, got an array of shape \(2,\) of dtype float32"):
+        x["seq", jnp.array([0.0, 1.0])]
+    with pytest.raises(NamedTypeError, match=r"dtype bool. Boolean masks give data-dependent shapes"):
+        x["seq", named(jnp.array([True, False, True]), ("seq",))]
+    with pytest.raises(NamedTypeError, match=r"Index for axis 'seq' is a plain array of shape \(2, 2\); its dimensions need names.*named\(idx, \('axis0', 'axis1'\)\)"):
+        x["seq", jnp.zeros((2, 2), jnp.int32)]
+
+
+# -- gathers by name --------------------------------------------------------------------------
+
+
+def test_gather_replaces_axis_in_place(x):
+    idx = jnp.array([[2, 0], [1, 1], [0, 2]])  # (k=3, m=2)
+    ids = named(idx, ("k", "m"))
+    same(x["seq", ids], A[:, idx], ("batch", "k", "m", "embed"))
+    same(x["embed", ids], A[:, :, idx], ("batch", "seq", "k", "m"))
+    same(x["batch", named(jnp.array([1, 0]), ("k",))], A[jnp.array([1, 0])], ("k", "seq", "embed"))
+
+
+def test_gather_plain_1d_keeps_name(x):
+    same(x["seq", jnp.array([2, 0])], A[:, jnp.array([2, 0])], ("batch", "seq", "embed"))
+    same(x["embed", [3, 3, 1]], A[:, :, jnp.array([3, 3, 1])], ("batch", "seq", "embed"))
+    assert x["embed", [3, 3, 1]].axis_size("embed") == 3
+
+
+def test_gather_shared_axis_is_pointwise(x):
+    # ids has the batch axis too: batch is matched pointwise, like take_along_axis.
+    idx = jnp.array([[0, 2, 2, 1], [1, 1, 0, 0]])  # (batch=2, k=4)
+    out = x["seq", named(idx, ("batch", "k"))]
+    expected = jnp.take_along_axis(A, idx[:, :, None], axis=1)  # (batch, k, embed)
+    same(out, expected, ("batch", "k", "embed"))
+    # Index axes in another order give the same result.
+    out2 = x["seq", named(idx.T, ("k", "batch"))]
+    same(out2, expected, ("batch", "k", "embed"))
+    # Shared axis after the gathered one, and a sliced batch axis.
+    idx_e = jnp.array([[3, 0], [1, 1], [2, 0]])  # (seq=3, k=2)
+    out3 = x[{"batch": slice(1, 2), "embed": named(idx_e, ("seq", "k"))}]
+    expected3 = jnp.take_along_axis(A[1:2], idx_e[None], axis=2)
+    same(out3, expected3, ("batch", "seq", "k"))
+
+
+def test_gather_two_index_arrays_and_int(x):
+    i = jnp.array([1, 0, 1])
+    j = jnp.array([3, 2, 0])
+    # Non-adjacent advanced indices (NumPy puts them first); we keep them at batch's place.
+    out = x[{"batch": named(i, ("k",)), "embed": named(j, ("k",))}]
+    same(out, A[i, :, j], ("k", "seq"))
+    assert A[i, :, j].shape == (3, 3)
+    # An int next to a gather, and a separated one.
+    same(x["batch", 1, "seq", named(i, ("k",))], A[1, i], ("k", "embed"))
+    same(x["batch", 1, "embed", named(j, ("k",))], A[1, :, j].T, ("seq", "k"))
+
+
+def test_gather_errors(x):
+    with pytest.raises(AxisSizeError, match=r"Index arrays share axis 'batch' \(size 3\) with the indexed array, where it has size 2"):
+        x["seq", named(jnp.zeros((3,), jnp.int32), ("batch",))]
+    with pytest.raises(AxisSizeError, match=r"Cannot broadcast axis 'k'"):
+        x["seq", named(jnp.zeros(2, jnp.int32), ("k",)), "embed", named(jnp.zeros(3, jnp.int32), ("k",))]
+
+
+def test_gather_grad(x):
+    ids = named(jnp.array([0, 0, 2]), ("k",))
+    g = jax.grad(lambda a: x.__class__(a, x.axes)["seq", ids].array.sum())(A)
+    expected = jax.grad(lambda a: a[:, jnp.array([0, 0, 2])].sum())(A)
+    np.testing.assert_array_equal(g, expected)
+
+
+# -- take -------------------------------------------------------------------------------------
+
+
+def test_take_matches_jnp_take(x):
+    idx = jnp.array([[1, 2], [0, 0]])
+    same(na.take(x, "seq", named(idx, ("k", "m"))), jnp.take(A, idx, axis=1), ("batch", "k", "m", "embed"))
+    same(na.take(x, "embed", 2), jnp.take(A, 2, axis=2), ("batch", "seq"))
+    same(x.take("embed", jnp.array([3, 1])), jnp.take(A, jnp.array([3, 1]), axis=2), ("batch", "seq", "embed"))
+
+
+def test_take_embedding_lookup():
+    emb = jnp.arange(50.0).reshape(10, 5)
+    ids = jnp.array([[1, 9, 3], [0, 0, 4]])
+    out = na.take(named(emb, ("vocab", "embed")), "vocab", named(ids, ("batch", "seq")))
+    same(out, emb[ids], ("batch", "seq", "embed"))
+
+
+def test_take_errors(x):
+    with pytest.raises(NamedTypeError, match=r"take\(\) needs integer indices for axis 'seq', got slice\(0, 2, None\)"):
+        na.take(x, "seq", slice(0, 2))
+    with pytest.raises(AxisNotFoundError, match="Axis 'vocab' not found"):
+        na.take(x, "vocab", 0)
+    with pytest.raises(NamedTypeError, match=r"take\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)"):
+        na.take(A, "seq", 0)
+
+
+# -- dynamic slice ----------------------------------------------------------------------------
+
+
+def test_slice_matches_dynamic_slice(x):
+    same(na.slice(x, "embed", 1, 2), jax.lax.dynamic_slice_in_dim(A, 1, 2, axis=2), ("batch", "seq", "embed"))
+    f = jax.jit(lambda x, s: na.slice(x, "seq", s, 2))
+    for s in (0, 1):
+        out = f(x, s)
+        same(out, jax.lax.dynamic_slice(A, (0, s, 0), (2, 2, 4)), ("batch", "seq", "embed"))
+        assert out.shape == {"batch": 2, "seq": 2, "embed": 4}
+    # A traced start past the end is clamped, as in JAX.
+    same(f(x, 5), A[:, 1:3], ("batch", "seq", "embed"))
+
+
+def test_slice_grad(x):
+    g = jax.grad(lambda a, s: na.slice(named(a, x.axes), "seq", s, 2).array.sum())(A, 1)
+    np.testing.assert_array_equal(g, jnp.zeros_like(A).at[:, 1:3].set(1.0))
+
+
+def test_slice_errors(x):
+    with pytest.raises(AxisSizeError, match=r"slice\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1"):
+        na.slice(x, "seq", 2, 2)
+    with pytest.raises(AxisSizeError, match=r"length 5 does not fit axis 'embed' of size 4"):
+        jax.jit(lambda s: na.slice(x, "embed", s, 5))(0)
+    with pytest.raises(AxisSizeError, match="start -1 with length 1 runs outside"):
+        na.slice(x, "seq", -1, 1)
+    with pytest.raises(NamedTypeError, match="length must be a static int"):
+        jax.jit(lambda n: na.slice(x, "seq", 0, n))(2)
+    with pytest.raises(AxisNotFoundError, match="Axis 'time' not found"):
+        na.slice(x, "time", 0, 1)
+
+
+# -- .at[...] ---------------------------------------------------------------------------------
+
+
+def test_at_set_scalar_and_named(x):
+    same(x.at["seq", 0].set(-1.0), A.at[:, 0].set(-1.0), ("batch", "seq", "embed"))
+    v = named(jnp.arange(4.0) * 10, ("embed",))  # broadcast over batch
+    same(x.at["seq", 1].set(v), A.at[:, 1].set(jnp.arange(4.0) * 10), ("batch", "seq", "embed"))
+    # Values in another axis order are aligned by name.
+    w = jnp.arange(8.0).reshape(4, 2)
+    same(x.at[{"seq": 2}].add(named(w, ("embed", "batch"))), A.at[:, 2].add(w.T), ("batch", "seq", "embed"))
+    same(x.at["embed", 1:3].multiply(2.0), A.at[:, :, 1:3].multiply(2.0), ("batch", "seq", "embed"))
+    same(x.at["batch", 0].min(5.0), A.at[0].min(5.0), ("batch", "seq", "embed"))
+    same(x.at["batch", 0].max(5.0), A.at[0].max(5.0), ("batch", "seq", "embed"))
+    same(x.at["seq", 0:2].get(), A[:, 0:2], ("batch", "seq", "embed"))
+
+
+def test_at_with_gather_indices(x):
+    i = jnp.array([2, 0])
+    ids = named(i, ("k",))
+    vals = jnp.arange(16.0).reshape(2, 2, 4)  # (batch, k, embed) in A[:, i] layout
+    same(x.at["seq", ids].set(named(vals, ("batch", "k", "embed"))), A.at[:, i].set(vals), ("batch", "seq", "embed"))
+    # Non-adjacent: NumPy layout is (k, seq); values are given by name in any order.
+    j = jnp.array([3, 1])
+    k = named(jnp.array([1, 0]), ("k",))
+    v2 = jnp.arange(6.0).reshape(3, 2)  # (seq, k)
+    out = x.at[{"batch": k, "embed": named(j, ("k",))}].add(named(v2, ("seq", "k")))
+    same(out, A.at[jnp.array([1, 0]), :, j].add(v2.T), ("batch", "seq", "embed"))
+    # Pointwise batch axis: scatter-add per batch row.
+    pb = named(jnp.array([[0, 0], [2, 1]]), ("batch", "k"))
+    out = x.at["seq", pb].add(1.0)
+    expected = A.at[jnp.array([[0], [1]]), jnp.array([[0, 0], [2, 1]])].add(1.0)
+    same(out, expected, ("batch", "seq", "embed"))
+
+
+def test_at_under_jit_and_grad(x):
+    f = jax.jit(lambda x, v: x.at["seq", 0].set(v))
+    same(f(x, named(jnp.ones(2), ("batch",))), A.at[:, 0].set(1.0), ("batch", "seq", "embed"))
+    g = jax.grad(lambda v: x.at["seq", 0].multiply(v).array.sum())(2.0)
+    np.testing.assert_allclose(g, A[:, 0].sum())
+
+
+def test_at_errors(x):
+    with pytest.raises(AxisSizeError, match=r"x.at\[...\].set\(\): values NamedArray\(seq=3\) has axes \(seq=3\) that the selected region \(batch=2, embed=4\) does not have.*available axes: 'batch', 'embed'"):
+        x.at["seq", 0].set(named(jnp.ones(3), ("seq",)))
+    with pytest.raises(AxisSizeError, match=r"has axes \(embed=3\)"):
+        x.at["seq", 0].set(named(jnp.ones(3), ("embed",)))
+    with pytest.raises(NamedTypeError, match=r"x.at\[...\].add\(\) got a plain array of shape \(2, 4\); the selected region has axes \(batch=2, embed=4\). Pass a scalar or a NamedArray, e.g. named\(v, \('batch', 'embed'\)\)"):
+        x.at["seq", 0].add(jnp.ones((2, 4)))
+    with pytest.raises(AxisNotFoundError, match="Axis 'sq' not found"):
+        x.at["sq", 0]
