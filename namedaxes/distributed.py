@@ -180,6 +180,7 @@ def from_process_local(
 
     Example:
         >>> # On each of 2 processes (4 devices each), batch=4 locally:
+        >>> from namedaxes import named
         >>> mesh = jax.make_mesh((8,), ("data",))
         >>> local = named(jax.numpy.ones((8 // jax.process_count(), 3)), ("batch", "embed"))
         >>> x = from_process_local(local, {"batch": "data"}, mesh)
@@ -225,9 +226,12 @@ def process_allgather(x: NamedArray) -> NamedArray:
         A NamedArray with the same axes whose data is the complete array.
 
     Example:
-        >>> full = process_allgather(x)  # x sharded across processes
-        >>> full.array.is_fully_addressable
-        True
+        >>> from namedaxes import named
+        >>> local = named(jax.numpy.ones((8 // jax.process_count(), 3)), ("batch", "embed"))
+        >>> x = from_process_local(local, {"batch": "data"}, jax.make_mesh((8,), ("data",)))
+        >>> full = process_allgather(x)  # on every process: batch=8, fully addressable
+        >>> full.shape, full.array.is_fully_addressable
+        ({'batch': 8, 'embed': 3}, True)
     """
     if not isinstance(x, NamedArray):
         raise NamedTypeError(

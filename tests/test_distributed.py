@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import namedaxes as na
 from namedaxes import (
     BarrierTimeoutError,
     DistributedError,
