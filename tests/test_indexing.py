@@ -237,3 +237,19 @@ def test_at_errors(x):
         x.at["seq", 0].add(jnp.ones((2, 4)))
     with pytest.raises(AxisNotFoundError, match="Axis 'sq' not found"):
         x.at["sq", 0]
+
+
+def test_gather_separated_indices_after_a_sliced_axis():
+    # 4-d: gathers on 'b' and 'd' are separated by 'c', and 'a' comes first; NumPy puts the gathered
+    # dims in front of 'a', we keep them at b's place.
+    B = jnp.arange(2 * 3 * 4 * 5.0).reshape(2, 3, 4, 5)
+    y = named(B, ("a", "b", "c", "d"))
+    i, j = jnp.array([2, 0, 1]), jnp.array([4, 4, 0])
+    sel = {"b": named(i, ("k",)), "d": named(j, ("k",))}
+    assert B[:, i, :, j].shape == (3, 2, 4)
+    same(y[sel], jnp.transpose(B[:, i, :, j], (1, 0, 2)), ("a", "k", "c"))
+    v = jnp.arange(24.0).reshape(2, 3, 4)  # (a, k, c)
+    same(y.at[sel].set(named(v, ("a", "k", "c"))), B.at[:, i, :, j].set(jnp.transpose(v, (1, 0, 2))), ("a", "b", "c", "d"))
+    # Adjacent gathers after 'a' stay in place in NumPy too.
+    sel2 = {"b": named(i, ("k",)), "c": named(j - 1, ("k",))}
+    same(y[sel2], B[:, i, j - 1], ("a", "k", "d"))
