@@ -152,14 +152,12 @@ _EXAMPLE_DATA = {
 
 
 def _source_name(fn: Callable[..., Any]) -> str:
-    module = {"jax.numpy": "jnp", "jax.nn": "jax.nn", "jax.lax": "jax.lax"}
-    mod = getattr(fn, "__module__", "") or ""
-    for prefix, short in module.items():
-        if mod.startswith(prefix):
-            return f"{short}.{fn.__name__}"
-    if fn.__name__ in dir(jsp):
-        return f"jax.scipy.special.{fn.__name__}"
-    return f"{mod}.{fn.__name__}"
+    """Where ``fn`` lives in JAX's public API, for the generated docstring."""
+    name = getattr(fn, "__name__", repr(fn))
+    for label, namespace in (("jnp", jnp), ("jax.nn", jax.nn), ("jax.lax", jax.lax), ("jax.scipy.special", jsp)):
+        if getattr(namespace, name, None) is fn:
+            return f"{label}.{name}"
+    return name
 
 
 def _example(name: str, arity: int, domain: str) -> str:
