@@ -1,0 +1,146 @@
+"""Creation ops: zeros/ones/full (and *_like), arange, linspace against jax.numpy; bad specs."""
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import Axis
+
+AXES_FORMS = {
+    "dict": {"batch": 2, "embed": 3},
+    "tuple": (Axis("batch", 2), Axis("embed", 3)),
+    "list": [Axis("batch", 2), Axis("embed", 3)],
+}
+
+
+@pytest.mark.parametrize("form", list(AXES_FORMS))
+def test_zeros_ones_full_match_jnp(form):
+    axes = AXES_FORMS[form]
+    for got, want in [
+        (na.zeros(axes), jnp.zeros((2, 3))),
+        (na.ones(axes, dtype=jnp.int32), jnp.ones((2, 3), jnp.int32)),
+        (na.full(axes, 7.5), jnp.full((2, 3), 7.5)),
+        (na.full(axes, 3, dtype=jnp.bfloat16), jnp.full((2, 3), 3, jnp.bfloat16)),
+    ]:
+        assert got.axes == (Axis("batch", 2), Axis("embed", 3))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.array, want)
+
+
+def test_single_axis_and_no_axes():
+    assert na.zeros(Axis("embed", 4)).shape == {"embed": 4}
+    scalar = na.full({}, 2.0)
+    assert scalar.axes == () and scalar.item() == 2.0
+
+
+def test_full_broadcasts_a_named_fill_value_by_name():
+    bias = na.named(jnp.array([1.0, 2.0, 3.0]), "embed")
+    out = na.full({"embed": 3, "batch": 2}, bias)
+    assert out.axis_names == ("embed", "batch")
+    np.testing.assert_array_equal(out.array, jnp.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]))
+    like = na.full_like(na.zeros({"batch": 2, "embed": 3}), bias)
+    np.testing.assert_array_equal(like.array, jnp.broadcast_to(bias.array, (2, 3)))
+
+
+def test_like_functions_copy_axes_and_dtype():
+    x = na.named(jnp.arange(6, dtype=jnp.int32).reshape(3, 2), ("embed", "batch"))
+    for got, want in [
+        (na.zeros_like(x), jnp.zeros_like(x.array)),
+        (na.ones_like(x), jnp.ones_like(x.array)),
+        (na.full_like(x, 9), jnp.full_like(x.array, 9)),
+        (na.ones_like(x, dtype=jnp.float16), jnp.ones_like(x.array, jnp.float16)),
+        (na.full_like(x, 0.5, dtype=jnp.float32), jnp.full_like(x.array, 0.5, jnp.float32)),
+    ]:
+        assert got.axes == x.axes
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.array, want)
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        ({}, np.arange(5)),
+        ({"start": 3}, np.arange(3, 8)),
+        ({"start": 10, "step": -2}, np.arange(10, 0, -2)),
+        ({"start": 0.5, "step": 0.1}, 0.5 + 0.1 * np.arange(5)),
+        ({"dtype": jnp.float32}, np.arange(5, dtype=np.float32)),
+    ],
+)
+def test_arange_is_start_plus_step_times_position(kwargs, expected):
+    out = na.arange({"position": 5}, **kwargs)
+    assert out.axes == (Axis("position", 5),)
+    np.testing.assert_allclose(out.array, expected, rtol=1e-6)
+    if "dtype" in kwargs:
+        assert out.dtype == kwargs["dtype"]
+    elif isinstance(kwargs.get("step", 1), int) and isinstance(kwargs.get("start", 0), int):
+        assert jnp.issubdtype(out.dtype, jnp.integer)
+
+
+def test_linspace_matches_jnp():
+    for endpoint in (True, False):
+        out = na.linspace(Axis("t", 7), -1.0, 2.0, endpoint=endpoint)
+        np.testing.assert_allclose(out.array, jnp.linspace(-1.0, 2.0, 7, endpoint=endpoint))
+        assert out.axis_names == ("t",)
+    assert na.linspace({"t": 3}, 0, 1, dtype=jnp.bfloat16).dtype == jnp.bfloat16
+
+
+def test_creation_under_jit():
+    @jax.jit
+    def f(scale):
+        return na.arange({"position": 4}, dtype=jnp.float32) * scale + na.ones({"batch": 2})
+
+    out = f(2.0)
+    assert out.axis_names == ("position", "batch")
+    np.testing.assert_allclose(out.array, np.arange(4)[:, None] * 2.0 + np.ones((1, 2)))
+
+
+def test_bad_axes_spec():
+    with pytest.raises(na.NamedTypeError, match=r"axes must be Axis objects or a \{name: size\} dict, got 'batch'"):
+        na.zeros(("batch", "embed"))
+    with pytest.raises(na.NamedTypeError, match=r"axes must be a sequence of Axis or a \{name: size\} dict, got 5"):
+        na.ones(5)
+    with pytest.raises(na.AxisError, match=r"Axis 'batch' size must be >= 0, got -1"):
+        na.zeros({"batch": -1})
+    with pytest.raises(na.AxisError, match=r"Axis 'batch' size must be an int, got 2.5"):
+        na.full({"batch": 2.5}, 0.0)
+    with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'batch'"):
+        na.zeros([Axis("batch", 2), Axis("batch", 3)])
+
+
+def test_bad_dtype():
+    with pytest.raises(na.NamedTypeError, match=r"zeros\(\): 'flot32' is not a dtype\. Pass a dtype such as jnp\.float32"):
+        na.zeros({"batch": 2}, dtype="flot32")
+    with pytest.raises(na.NamedTypeError, match=r"full_like\(\): 3 is not a dtype"):
+        na.full_like(na.zeros({"batch": 2}), 1.0, dtype=3)
+    with pytest.raises(na.NamedTypeError, match=r"arange\(\): 'nope' is not a dtype"):
+        na.arange({"p": 2}, dtype="nope")
+
+
+def test_bad_single_axis_for_arange_and_linspace():
+    with pytest.raises(na.AxisError, match=r"arange\(\) makes a 1-axis array, so its axis must be one Axis or a one-entry \{name: size\} dict; got 2 entries \(a=2, b=3\)"):
+        na.arange({"a": 2, "b": 3})
+    with pytest.raises(na.NamedTypeError, match=r"linspace\(\) needs an Axis or a one-entry \{name: size\} dict, got 'position' \(str\)\. Give the size too"):
+        na.linspace("position", 0.0, 1.0)
+
+
+def test_bad_fill_values():
+    with pytest.raises(na.NamedTypeError, match=r"full\(\) got a plain array of shape \(3,\) for fill_value"):
+        na.full({"embed": 3}, jnp.ones(3))
+    bias = na.named(jnp.ones(4), "mlp")
+    with pytest.raises(na.AxisError, match=r"full\(\): fill_value NamedArray\(mlp=4\) has axes 'mlp' that NamedArray\(embed=3\) lacks; it may only use 'embed'"):
+        na.full({"embed": 3}, bias)
+    with pytest.raises(na.AxisSizeError, match=r"full\(\): fill_value axis 'embed' has size 4, but the result's 'embed' has size 3"):
+        na.full({"embed": 3}, na.named(jnp.ones(4), "embed"))
+    with pytest.raises(na.NamedTypeError, match=r"zeros_like\(\) needs a NamedArray to copy axes from, got ArrayImpl\. For a plain array use zeros\(axes\)"):
+        na.zeros_like(jnp.ones(3))
+
+
+def test_docstring_examples_run():
+    from namedaxes._ops import creation
+
+    result = doctest.testmod(creation, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
