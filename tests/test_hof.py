@@ -88,13 +88,13 @@ def test_vmap_under_jit_and_grad():
 def test_vmap_errors():
     x = named(A, ("batch", "seq", "embed"))
     z = named(jnp.zeros((3, 4)), ("batch", "embed"))
-    with pytest.raises(AxisNotFoundError, match=r"vmap\(\) over axis 'time': no NamedArray in the arguments has that axis \(0/0: \(batch=2, seq=3, embed=4\)\)"):
+    with pytest.raises(AxisNotFoundError, match=r"vmap\(\) over axis 'time': no NamedArray in the arguments has that axis \(args/0: \(batch=2, seq=3, embed=4\)\)"):
         na.vmap(lambda x: x, "time")(x)
-    with pytest.raises(AxisSizeError, match=r"vmap\(\) over axis 'batch': the axis has different sizes in the arguments \(0/0: 2, 0/1: 3\)"):
-        na.vmap(lambda x, z: x, "batch")(x, z)
-    with pytest.raises(AxisSizeError, match=r"0/0: 2, requested Axis: 5"):
+    with pytest.raises(AxisSizeError, match=r"vmap\(\) over axis 'batch': the axis has different sizes in the arguments \(args/0: 2, kwargs/z/w: 3\)"):
+        na.vmap(lambda x, z: x, "batch")(x, z={"w": z})
+    with pytest.raises(AxisSizeError, match=r"args/0: 2, requested Axis: 5"):
         na.vmap(lambda x: x, Axis("batch", 5))(x)
-    with pytest.raises(DuplicateAxisError, match=r"vmap\(\) over axis 'batch': output <root> already has an axis 'batch'"):
+    with pytest.raises(DuplicateAxisError, match=r"vmap\(\) over axis 'batch': output already has an axis 'batch'"):
         na.vmap(lambda x: named(x.array, ("batch", "embed")), "batch")(x)
     with pytest.raises(NamedTypeError, match=r"vmap\(\) needs a callable"):
         na.vmap("f", "batch")
@@ -156,12 +156,12 @@ def test_scan_and_fold_under_jit_and_grad():
 def test_scan_errors():
     xs = named(A, ("time", "seq", "embed"))
     init = named(jnp.zeros(4), ("embed",))
-    with pytest.raises(AxisNotFoundError, match=r"scan\(\) over axis 'layer': no NamedArray in xs has that axis \(<root>: \(time=2, seq=3, embed=4\)\)"):
+    with pytest.raises(AxisNotFoundError, match=r"scan\(\) over axis 'layer': no NamedArray in xs has that axis \(xs: \(time=2, seq=3, embed=4\)\)"):
         na.scan(step, "layer")(init, xs)
     with pytest.raises(AxisNotFoundError, match=r"fold\(\) over axis 'layer': no NamedArray in xs has that axis \(no NamedArrays at all\)"):
         na.fold(lambda c, x: c, "layer")(init, {"a": A})
     bad = {"a": xs, "b": named(jnp.zeros((3, 4)), ("time", "embed"))}
-    with pytest.raises(AxisSizeError, match=r"scan\(\) over axis 'time': the axis has different sizes in xs \(a: 2, b: 3\)"):
+    with pytest.raises(AxisSizeError, match=r"scan\(\) over axis 'time': the axis has different sizes in xs \(xs/a: 2, xs/b: 3\)"):
         na.scan(step, "time")(init, bad)
     with pytest.raises(NamedTypeError, match=r"scan\(\) over axis 'time': fn must return a \(carry, y\) pair, got NamedArray"):
         na.scan(lambda c, x: c, "time")(init, xs)
@@ -169,7 +169,7 @@ def test_scan_errors():
         na.fold(lambda c, x: named(x.array.sum(axis=1), ("seq",)), "time")(init, xs)
     with pytest.raises(NamedTypeError, match=r"init has structure PyTreeDef"):
         na.fold(lambda c, x: (c, c), "time")(init, xs)
-    with pytest.raises(DuplicateAxisError, match=r"scan\(\) over axis 'time': y <root> already has an axis 'time'"):
+    with pytest.raises(DuplicateAxisError, match=r"scan\(\) over axis 'time': y already has an axis 'time'"):
         na.scan(lambda c, x: (c, named(jnp.zeros(1), ("time",))), "time")(init, xs)
 
 

@@ -33,7 +33,9 @@ __all__ = ["fold", "scan", "vmap"]
 class _Mapped:
     """The NamedArrays of a pytree that carry the mapped axis, split out for JAX."""
 
-    def __init__(self, tree: Any, axis: AxisSelector, op: str, what: str):
+    def __init__(
+        self, tree: Any, axis: AxisSelector, op: str, what: str, label: Callable[[Any], str]
+    ):
         name = axis_name(axis)
         leaves, self.treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)
         self.leaves = [leaf for _, leaf in leaves]
@@ -52,12 +54,12 @@ class _Mapped:
             self.positions.append(i)
             self.inner_axes.append(leaf.axes[:i] + leaf.axes[i + 1 :])
             self.arrays.append(leaf.array)
-            sizes[format_path(path)] = leaf.axes[i].size
+            sizes[label(path)] = leaf.axes[i].size
         if isinstance(axis, Axis):
             sizes["requested Axis"] = axis.size
         if not sizes:
             named = [
-                f"{format_path(p)}: ({format_axes(leaf.axes)})"
+                f"{label(p)}: ({format_axes(leaf.axes)})"
                 for p, leaf in leaves
                 if isinstance(leaf, NamedArray)
             ]
@@ -98,8 +100,9 @@ class _Outputs:
         for path, leaf in leaves:
             if isinstance(leaf, NamedArray):
                 if leaf.has_axis(self.name):
+                    where = f"{what} {format_path(path)}" if path else what
                     raise DuplicateAxisError(
-                        f"{self.op}() over axis {self.name!r}: {what} {format_path(path)} already has "
+                        f"{self.op}() over axis {self.name!r}: {where} already has "
                         f"an axis {self.name!r} (NamedArray({format_axes(leaf.axes)})), so it cannot "
                         "get the mapped axis back. Rename that axis inside the function."
                     )
@@ -117,6 +120,12 @@ class _Outputs:
             for array, axes in zip(arrays, self.axes)
         ]
         return self.treedef.unflatten(leaves)
+
+
+def _argument_label(path: Any) -> str:
+    """``args/0/w`` or ``kwargs/bias/w`` for a leaf of ``(args, kwargs)``."""
+    head = "args" if path[0].idx == 0 else "kwargs"
+    return format_path((head, *path[1:]))
 
 
 def vmap(fn: Callable[..., Any], axis: AxisSelector) -> Callable[..., Any]:
@@ -157,7 +166,7 @@ def vmap(fn: Callable[..., Any], axis: AxisSelector) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        ins = _Mapped((args, kwargs), axis, "vmap", "the arguments")
+        ins = _Mapped((args, kwargs), axis, "vmap", "the arguments", _argument_label)
         outs = _Outputs(name, "vmap")
 
         def body(*arrays: Any) -> list[Any]:
@@ -259,7 +268,7 @@ def _scan(
     name = axis_name(axis)
 
     def scanned(init: Any, xs: Any) -> tuple[Any, Any]:
-        ins = _Mapped(xs, axis, op, "xs")
+        ins = _Mapped(xs, axis, op, "xs", lambda path: format_path(("xs", *path)))
         outs = _Outputs(name, op)
         # lax.scan walks the leading dimension.
         leading = [jnp.moveaxis(a, i, 0) if i else a for a, i in zip(ins.arrays, ins.positions)]
