@@ -203,3 +203,25 @@ from .mesh import create_mesh as create_mesh
 from .mesh import force_cpu as force_cpu
 from .mesh import parse_mesh_from_string as parse_mesh_from_string
 # -- end meshes --
+
+# -- sharding rules and memory analysis (issue 5) ---------------------------------------------
+from . import analysis as analysis
+from . import rules as rules
+from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError
+from ._errors import ShardingWarning as ShardingWarning
+from .analysis import MemoryReport as MemoryReport
+from .analysis import ShardingAnalyzer as ShardingAnalyzer
+from .analysis import SpecValidationWarning as SpecValidationWarning
+from .analysis import compiled_memory as compiled_memory
+from .analysis import create_monitored_function as create_monitored_function
+from .analysis import memory_report as memory_report
+from .rules import AutoShardingRule as AutoShardingRule
+from .rules import CompositeShardingRule as CompositeShardingRule
+from .rules import LogicalAxisRule as LogicalAxisRule
+from .rules import MemoryBudgetWarning as MemoryBudgetWarning
+from .rules import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
+from .rules import MeshPartitionHelper as MeshPartitionHelper
+from .rules import PathRegexRule as PathRegexRule
+from .rules import ShapeBasedShardingRule as ShapeBasedShardingRule
+from .rules import ShardingRule as ShardingRule
+# -- end rules/analysis --

@@ -213,10 +213,17 @@ class MemoryConstrainedShardingRule(ShardingRule):
                 cache[key] = self._spec(shape, leaf.dtype.itemsize, axes, sizes)
             spec, per_device = cache[key]
             if per_device > self.max_memory_per_device:
-                self._unfit(leaf, spec, per_device, sizes)
+                message = self._unfit_message(leaf, spec, per_device, sizes)
+                if self.on_unfit == "error":
+                    raise ShardingError(message)
+                unfit.append(message)
             return spec
 
-        return map_array_leaves(tree, spec_for)
+        unfit: list[str] = []
+        specs = map_array_leaves(tree, spec_for)
+        for message in unfit:
+            warnings.warn(message, MemoryBudgetWarning, stacklevel=2)
+        return specs
 
     def _spec(
         self, shape: tuple[int, ...], itemsize: int, axes: tuple[str, ...], sizes: Mapping[str, int]
@@ -235,11 +242,16 @@ class MemoryConstrainedShardingRule(ShardingRule):
             assign[d].append(a)
             if math.prod(extents) * itemsize <= budget:
                 return _entries(assign), math.prod(extents) * itemsize
-        return _best_spec(shape, itemsize, axes, sizes)
+        greedy = math.prod(extents) * itemsize
+        best, best_bytes = _best_spec(shape, itemsize, axes, sizes)
+        # Keep the greedy layout (largest dims over largest axes) unless the search beats it.
+        return (best, best_bytes) if best_bytes < greedy else (_entries(assign), greedy)
 
-    def _unfit(self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]) -> None:
+    def _unfit_message(
+        self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]
+    ) -> str:
         mesh = "Mesh(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
-        msg = (
+        return (
             f"MemoryConstrainedShardingRule: leaf {leaf.path!r} (shape {leaf.shape}, {leaf.dtype}) "
             f"holds {leaf.nbytes} bytes ({format_bytes(leaf.nbytes)}); the best valid spec on "
             f"{mesh}, {spec}, still leaves {per_device} bytes ({format_bytes(per_device)}) per "
@@ -247,9 +259,6 @@ class MemoryConstrainedShardingRule(ShardingRule):
             "max_memory_per_device, use a mesh whose axes divide the shape, or pass "
             "on_unfit='warn' to accept the best spec."
         )
-        if self.on_unfit == "error":
-            raise ShardingError(msg)
-        warnings.warn(msg, MemoryBudgetWarning, stacklevel=4)
 
 
 def _best_spec(

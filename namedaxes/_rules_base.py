@@ -252,20 +252,16 @@ def shards_anything(spec: PartitionSpec | None, sizes: Mapping[str, int]) -> boo
 def place(x: Any, sharding: NamedSharding) -> Any:
     """Put one array (or ShapeDtypeStruct) on ``sharding``, inside or outside ``jit``.
 
-    Outside ``jit`` this is ``device_put``; inside, ``reshard`` when the spec uses Explicit mesh
-    axes (their sharding is part of the type) and ``with_sharding_constraint`` otherwise. A
+    Outside ``jit`` this is ``device_put``; inside, ``reshard`` on meshes with Explicit axes (JAX
+    then needs the ``jit`` to run under ``jax.set_mesh``) and ``with_sharding_constraint`` otherwise. A
     ``ShapeDtypeStruct`` gets the sharding attached, so abstract trees can be planned and lowered.
     """
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if isinstance(x, jax.core.Tracer):
-        mesh = sharding.mesh
-        types = dict(zip(mesh.axis_names, mesh.axis_types))
-        used = {n for e in sharding.spec for n in entry_axes(e)}
-        if any(types[n] == jax.sharding.AxisType.Explicit for n in used) or any(
-            t == jax.sharding.AxisType.Explicit for t in types.values()
-        ):
-            return jax.sharding.reshard(x, sharding.spec)
+        # On a mesh with Explicit axes the sharding is part of the type: only reshard changes it.
+        if any(t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
+            return jax.sharding.reshard(x, sharding)
         return jax.lax.with_sharding_constraint(x, sharding)
     return jax.device_put(x, sharding)
 

@@ -1,0 +1,458 @@
+"""Sharding rules: the specs each rule chooses, their validity, placement, determinism, bad input."""
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import namedaxes as na
+from namedaxes import MeshError, NamedTypeError, ShardingError
+from namedaxes.analysis import ShardingAnalyzer
+from namedaxes.rules import (
+    AutoShardingRule,
+    CompositeShardingRule,
+    LogicalAxisRule,
+    MemoryBudgetWarning,
+    MemoryConstrainedShardingRule,
+    MeshPartitionHelper,
+    PathRegexRule,
+    ShapeBasedShardingRule,
+    ShardingRule,
+)
+
+MESH = {"data": 2, "model": 4}
+
+
+def sds(*shape, dtype="float32"):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def shard_shapes(x):
+    return [s.data.shape for s in x.addressable_shards]
+
+
+def padded(spec, ndim):
+    """A spec with one entry per dimension (Auto-mode jit outputs drop trailing Nones)."""
+    return P(*spec, *([None] * (ndim - len(spec))))
+
+
+def assert_valid(tree, specs, mesh):
+    assert ShardingAnalyzer(mesh).validate_partition_specs(tree, specs) == []
+
+
+# -- AutoShardingRule --------------------------------------------------------------------------
+
+
+def test_auto_largest_dimension_takes_largest_axis():
+    rule = AutoShardingRule(MESH)
+    specs = rule.apply({"w": sds(6, 8), "sq": sds(8, 8), "v": sds(12), "odd": sds(3, 5), "s": sds()})
+    # (6, 8): 8 takes model=4, then 6 takes data=2. Ties (8, 8) go by dimension index.
+    assert specs == {
+        "w": P("data", "model"),
+        "sq": P("model", "data"),
+        "v": P("model"),
+        "odd": P(None, None),
+        "s": P(),
+    }
+
+
+def test_auto_reverse_visits_smallest_first():
+    specs = AutoShardingRule({"a": 4, "b": 2}, reverse=True).apply({"w": sds(8, 4)})
+    # smallest dim (4) first takes a=4, then 8 takes b=2; without reverse: 8->a, 4->b.
+    assert specs["w"] == P("b", "a")
+    assert AutoShardingRule({"a": 4, "b": 2}).apply({"w": sds(8, 4)})["w"] == P("a", "b")
+
+
+def test_auto_axis_names_order_min_size_and_size_one_axes():
+    mesh = {"one": 1, "data": 2, "model": 4}
+    assert AutoShardingRule(mesh, axis_names=["data", "model"]).apply([sds(8, 4)]) == [P("data", "model")]
+    # the size-1 axis is never used even when listed first
+    assert AutoShardingRule(mesh, axis_names=["one", "data"]).apply([sds(8)]) == [P("data")]
+    small = AutoShardingRule(mesh, min_shard_size=64).apply({"small": sds(8, 4), "big": sds(16, 4)})
+    assert small == {"small": P(None, None), "big": P("model", "data")}
+    assert AutoShardingRule(mesh).apply([sds(0, 8)]) == [P(None, None)]
+
+
+def test_auto_non_array_leaves_get_none_and_structure_is_kept():
+    x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
+    tree = {"x": x, "lr": 0.1, "nothing": None, "layers": [jnp.zeros(4), "name"]}
+    specs = AutoShardingRule(MESH).apply(tree)
+    assert specs == {"x": P("model", "data"), "lr": None, "nothing": None, "layers": [P("model"), None]}
+
+
+def test_auto_specs_are_valid_on_random_shapes():
+    rng = np.random.default_rng(0)
+    mesh = {"a": 2, "b": 3, "c": 4, "d": 1}
+    tree = [sds(*rng.integers(1, 25, rng.integers(0, 4))) for _ in range(200)]
+    for rule in (AutoShardingRule(mesh), AutoShardingRule(mesh, reverse=True)):
+        assert_valid(tree, rule.apply(tree), mesh)
+
+
+def test_auto_rejects_unknown_axis_names():
+    with pytest.raises(ShardingError, match=r"axis_names 'tensor', which the mesh Mesh\(data=2, model=4\) lacks\. Available mesh axes: 'data', 'model'"):
+        AutoShardingRule(MESH, axis_names=["data", "tensor"]).apply([sds(8)])
+
+
+def test_auto_uses_the_context_mesh_and_needs_one():
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    with jax.set_mesh(mesh):
+        assert AutoShardingRule().apply([sds(8, 2)]) == [P("model", "data")]
+    with pytest.raises(MeshError, match=r"No mesh was given and none is set in the context"):
+        AutoShardingRule().apply([sds(8)])
+
+
+def test_mesh_without_devices_is_rejected():
+    empty = jax.sharding.Mesh(np.empty((0,), dtype=object), ("data",))
+    with pytest.raises(MeshError, match=r"has no devices"):
+        AutoShardingRule(empty).apply([sds(8)])
+    with pytest.raises(MeshError, match=r"has no devices"):
+        ShardingAnalyzer({"data": 0})
+    with pytest.raises(MeshError, match=r"has no devices"):
+        AutoShardingRule({}).apply([sds(8)])
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+def test_shard_places_arrays_named_arrays_and_abstract_leaves(mesh):
+    rule = AutoShardingRule(mesh)
+    x = na.named(jnp.arange(64.0).reshape(8, 8), ("batch", "embed"))
+    tree = {"w": jnp.ones((16, 2)), "x": x, "abs": sds(8, 4), "lr": 0.5}
+    specs = rule.apply(tree)
+    out = rule.shard(tree)
+    assert out["w"].sharding.spec == specs["w"]
+    assert isinstance(out["x"], na.NamedArray) and out["x"].axes == x.axes
+    assert out["x"].array.sharding.spec == specs["x"]
+    np.testing.assert_array_equal(out["x"].array, x.array)
+    assert out["abs"].sharding.spec == specs["abs"]
+    assert out["lr"] == 0.5
+    ways = [math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ())) for e in specs["w"]]
+    assert shard_shapes(out["w"]) == [(16 // ways[0], 2 // ways[1])] * 8
+    shardings = rule.to_shardings(tree)
+    assert shardings["x"] == NamedSharding(mesh, specs["x"]) and shardings["lr"] is None
+
+
+def test_shard_inside_jit_constrains(mesh):
+    rule = AutoShardingRule(mesh)
+
+    @jax.jit
+    def f(tree):
+        return jax.tree.map(lambda a: a * 2, rule.shard(tree))
+
+    tree = {"w": jnp.ones((8, 4)), "x": na.named(jnp.ones((4, 8)), ("a", "b"))}
+    with jax.set_mesh(mesh):
+        out = f(tree)
+    specs = rule.apply(tree)
+    assert padded(out["w"].sharding.spec, 2) == specs["w"]
+    assert padded(out["x"].array.sharding.spec, 2) == specs["x"]
+    np.testing.assert_array_equal(out["w"], 2 * np.ones((8, 4)))
+
+
+def test_to_shardings_needs_a_real_mesh():
+    with pytest.raises(MeshError, match=r"to_shardings needs a jax.sharding.Mesh.*\{axis: size\} dict can plan"):
+        AutoShardingRule(MESH).to_shardings([sds(8)])
+    abstract = AbstractMesh((2, 4), ("data", "model"))
+    assert AutoShardingRule(abstract).to_shardings([sds(8)])[0].spec == P("model")
+
+
+# -- MemoryConstrainedShardingRule -------------------------------------------------------------
+
+
+def test_memory_rule_shards_only_what_does_not_fit():
+    rule = MemoryConstrainedShardingRule(1024, MESH)
+    specs = rule.apply({"small": sds(16), "big": sds(64, 16), "huge": sds(64, 32)})
+    # big: 4096 B -> model=4 on dim 0 gives 1024 B (fits, stop). huge: 8 KiB -> needs all 8.
+    assert specs == {"small": P(None), "big": P("model", None), "huge": P("model", "data")}
+
+
+def test_memory_rule_stacks_mesh_axes_on_one_dimension():
+    specs = MemoryConstrainedShardingRule(32, MESH).apply([sds(64)])  # 256 B -> 8-way
+    assert specs == [P(("model", "data"))]
+    assert ShardingAnalyzer(MESH).estimate_memory_usage([sds(64)], specs)["size_per_device"] == 32
+
+
+def test_memory_rule_searches_when_greedy_fails():
+    # Greedy puts a=6 on the 12 (largest), leaving b=4 nothing to divide (12 B/device);
+    # a=6 on dim 0 and b=4 on dim 1 reaches 3 B/device.
+    specs = MemoryConstrainedShardingRule(5, {"a": 6, "b": 4}).apply({"w": sds(6, 12, dtype="int8")})
+    assert specs == {"w": P("a", "b")}
+
+
+def test_memory_rule_unfit_error_and_warning():
+    tree = {"layer": {"w": sds(10, 6)}}  # 240 B; model=4 divides neither: data=2 on 10 -> 120 B
+    with pytest.raises(
+        ShardingError,
+        match=r"leaf 'layer/w' \(shape \(10, 6\), float32\) holds 240 bytes .*best valid spec on "
+        r"Mesh\(data=2, model=4\), P\('data', None\), still leaves 120 bytes .* over the budget of 100 bytes",
+    ):
+        MemoryConstrainedShardingRule(100, MESH).apply(tree)
+    with pytest.warns(MemoryBudgetWarning, match=r"leaf 'layer/w'.*120 bytes"):
+        specs = MemoryConstrainedShardingRule(100, MESH, on_unfit="warn").apply(tree)
+    assert specs == {"layer": {"w": P("data", None)}}
+
+
+def test_memory_rule_bad_budget():
+    with pytest.raises(ShardingError, match=r"max_memory_per_device must be >= 0 bytes, got -1"):
+        MemoryConstrainedShardingRule(-1, MESH)
+    with pytest.raises(NamedTypeError, match=r"max_memory_per_device must be a number of bytes, got '1GB'"):
+        MemoryConstrainedShardingRule("1GB", MESH)
+    with pytest.raises(ShardingError, match=r"on_unfit must be 'error' or 'warn', got 'ignore'"):
+        MemoryConstrainedShardingRule(1, MESH, on_unfit="ignore")
+
+
+def _fewest_bytes(shape, itemsize, mesh):
+    """Oracle: the fewest bytes per device of any valid spec (every axis to a dim or to none)."""
+    best = math.prod(shape) * itemsize
+    for choice in itertools.product(range(len(shape) + 1), repeat=len(mesh)):
+        ways = [1] * len(shape)
+        for (name, size), d in zip(mesh.items(), choice):
+            if d < len(shape):
+                ways[d] *= size
+        if all(n % w == 0 for n, w in zip(shape, ways)):
+            best = min(best, math.prod(shape) * itemsize // math.prod(ways))
+    return best
+
+
+def test_memory_rule_fits_whenever_any_valid_spec_fits():
+    rng = np.random.default_rng(1)
+    mesh = {"a": 2, "b": 3, "c": 4}
+    tree = [sds(*rng.integers(1, 30, rng.integers(1, 4))) for _ in range(100)]
+    rule = MemoryConstrainedShardingRule(256, mesh, on_unfit="warn")
+    with pytest.warns(MemoryBudgetWarning):  # some random shapes (primes) cannot fit
+        specs = rule.apply(tree)
+    assert_valid(tree, specs, mesh)
+    usage = ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)["leaves"]
+    for i, leaf in enumerate(tree):
+        got = usage[str(i)]["bytes_per_device"]
+        best = _fewest_bytes(leaf.shape, 4, mesh)
+        assert (got <= 256) == (best <= 256), (leaf.shape, specs[i])
+        if best > 256:
+            assert got == best
+
+
+# -- ShapeBasedShardingRule ------------------------------------------------------------------
+
+
+def test_shape_rule_first_match_wins_in_order():
+    patterns = [((None, 1024), P("model", None)), ((1024, 1024), P(None, "model")), ((None,), None)]
+    rule = ShapeBasedShardingRule(patterns, mesh=MESH)
+    tree = {"emb": sds(32000, 1024), "sq": sds(1024, 1024), "b": sds(7), "other": sds(4, 4)}
+    assert rule.apply(tree) == {"emb": P("model", None), "sq": P("model", None), "b": P(), "other": P(None, None)}
+    as_dict = ShapeBasedShardingRule({(1024, 1024): P(None, "model"), (None, 1024): P("model")}, mesh=MESH)
+    assert as_dict.apply(tree)["sq"] == P(None, "model")
+
+
+def test_shape_rule_checks_specs():
+    with pytest.raises(ShardingError, match=r"Shape pattern \(None,\) \(rank 1\) has spec P\('data', 'model'\) with 2 entries"):
+        ShapeBasedShardingRule({(None,): P("data", "model")})
+    rule = ShapeBasedShardingRule({(None, 8): P("tensor")}, mesh=MESH)
+    with pytest.raises(ShardingError, match=r"leaf 'w' \(shape \(4, 8\)\).*mesh axis 'tensor', which is not in the mesh .*Available mesh axes: 'data', 'model'"):
+        rule.apply({"w": sds(4, 8)})
+    rule = ShapeBasedShardingRule({(None, 8): P("model")}, mesh=MESH)
+    with pytest.raises(ShardingError, match=r"leaf 'w'.*dimension 0 of shape \(6, 8\) has size 6, which is not divisible by 4"):
+        rule.apply({"w": sds(6, 8)})
+    with pytest.raises(NamedTypeError, match=r"shape pattern must be a tuple of ints and None wildcards, got \[8\]"):
+        ShapeBasedShardingRule([([8], P())])
+
+
+# -- PathRegexRule ---------------------------------------------------------------------------
+
+
+def test_path_rule_matches_rendered_paths():
+    x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
+    tree = {"attn": [{"kernel": jnp.zeros((8, 8))}], "x": x, "bias": jnp.zeros(8), "step": 3}
+    rule = PathRegexRule(
+        [(r"attn/0/kernel$", P(None, "model")), (r"^x$", {"batch": "data"}), (r".*", P())], mesh=MESH
+    )
+    assert rule.apply(tree) == {
+        "attn": [{"kernel": P(None, "model")}],
+        "x": P("data", None),  # the NamedArray's own `array` field is not part of its path
+        "bias": P(),
+        "step": None,
+    }
+
+
+def test_path_rule_strict_lists_unmatched():
+    tree = {"a": jnp.zeros(4), "b": {"c": jnp.zeros(4)}, "d": jnp.zeros(4)}
+    with pytest.raises(ShardingError, match=r"matched no pattern for 2 leaf path\(s\): 'b/c', 'd'\. Patterns: '\^a'"):
+        PathRegexRule([(r"^a", P("data"))], mesh=MESH).apply(tree)
+    loose = PathRegexRule([(r"^a", P("data"))], strict=False, mesh=MESH).apply(tree)
+    assert loose == {"a": P("data"), "b": {"c": P(None)}, "d": P(None)}
+
+
+def test_path_rule_bad_input():
+    with pytest.raises(ShardingError, match=r"pattern '\(' is not a valid regex"):
+        PathRegexRule([("(", P())])
+    with pytest.raises(NamedTypeError, match=r"Pattern 'w' has spec 'data' \(str\); expected a PartitionSpec"):
+        PathRegexRule([("w", "data")])
+    rule = PathRegexRule([("w", {"embed": "model"})], mesh=MESH)
+    with pytest.raises(ShardingError, match=r"gives leaf 'w' the axis mapping .* plain array of shape \(8,\) with no axis names"):
+        rule.apply({"w": jnp.zeros(8)})
+    rule = PathRegexRule([("x", {"batch": "tensor"})], mesh=MESH)
+    with pytest.raises(ShardingError, match=r"At leaf 'x': .*mesh axis 'tensor'"):
+        rule.apply({"x": na.named(jnp.zeros(8), "batch")})
+
+
+# -- LogicalAxisRule -------------------------------------------------------------------------
+
+
+def test_logical_rule_resolves_named_arrays_and_replicates_plain_ones():
+    x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
+    specs = LogicalAxisRule({"batch": "data", "embed": "model"}, MESH, unsatisfied="replicate").apply(
+        {"x": x, "plain": jnp.zeros((4, 4))}
+    )
+    assert specs == {"x": P("data", None), "plain": P(None, None)}  # 6 % 4 != 0: replicated
+
+
+def test_logical_rule_uses_context_mapping_and_mesh(mesh_2x4):
+    x = na.named(jnp.zeros((8, 8)), ("batch", "embed"))
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "embed": "model"}):
+        specs = LogicalAxisRule().apply([x])
+        out = LogicalAxisRule().shard([x])
+    assert specs == [P("data", "model")]
+    assert out[0].array.sharding.spec == P("data", "model")
+    assert shard_shapes(out[0].array) == [(4, 2)] * 8
+
+
+def test_logical_rule_on_eval_shape_of_equinox_module():
+    class Layer(eqx.Module):
+        w: na.NamedArray
+        b: na.NamedArray
+        name: str = eqx.field(static=True, default="layer")
+
+    def make():
+        return Layer(na.named(jnp.zeros((16, 8)), ("embed", "mlp")), na.named(jnp.zeros(8), "mlp"))
+
+    abstract = eqx.filter_eval_shape(make)
+    specs = LogicalAxisRule({"embed": "data", "mlp": "model"}, MESH).apply(abstract)
+    assert (specs.w, specs.b) == (P("data", "model"), P("model"))
+
+
+def test_logical_rule_errors_name_the_leaf():
+    x = na.named(jnp.zeros((8,)), "batch")
+    with pytest.raises(ShardingError, match=r"At leaf 'layers/0': .*mesh axis 'replica'.*Mesh\(data=2, model=4\)"):
+        LogicalAxisRule({"batch": "replica"}, MESH).apply({"layers": [x]})
+    with pytest.raises(ShardingError, match=r"At leaf 'y': Cannot shard axis 'batch' \(size 3\)"):
+        LogicalAxisRule({"batch": "data"}, MESH).apply({"y": na.named(jnp.zeros(3), "batch")})
+
+
+# -- CompositeShardingRule -------------------------------------------------------------------
+
+
+def test_composite_first_rule_that_shards_wins():
+    x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
+    rule = CompositeShardingRule(
+        LogicalAxisRule({"batch": "data"}, MESH),
+        PathRegexRule([("special", P(None, "data"))], strict=False, mesh=MESH),
+        AutoShardingRule(MESH),
+    )
+    tree = {"x": x, "w": jnp.zeros((16, 4)), "special": jnp.zeros((4, 4)), "odd": jnp.zeros(3), "k": "s"}
+    assert rule.apply(tree) == {
+        "x": P("data", None),
+        "w": P("model", "data"),
+        "special": P(None, "data"),
+        "odd": P(None),  # nobody shards it: the first rule's spec
+        "k": None,
+    }
+
+
+def test_composite_bad_input():
+    with pytest.raises(NamedTypeError, match=r"needs at least one rule"):
+        CompositeShardingRule()
+    with pytest.raises(NamedTypeError, match=r"argument 1 is \{'a': 'b'\} \(dict\); every argument must be a ShardingRule"):
+        CompositeShardingRule(AutoShardingRule(), {"a": "b"})
+
+
+def test_custom_rule_subclass():
+    class Everything(ShardingRule):
+        def apply(self, tree):
+            return jax.tree.map(lambda _: P("data"), tree)
+
+    mesh = jax.make_mesh((8,), ("data",))
+    out = Everything().shard({"w": jnp.zeros(16)}, mesh=mesh)
+    assert shard_shapes(out["w"]) == [(2,)] * 8
+
+
+# -- MeshPartitionHelper ---------------------------------------------------------------------
+
+
+def test_helper_suggestions_and_specs():
+    helper = MeshPartitionHelper({"dp": 2, "fsdp": 4, "tp": 2, "sp": 2, "ep": 1})
+    tree = {"w": sds(1024, 4096), "b": sds(4096), "odd": sds(3, 5), "again": sds(1024, 4096)}
+    assert helper.analyze_pytree(tree) == {
+        (4096,): [("fsdp", "sp"), ("fsdp",), ("tp",), ("sp",), ("dp",)],
+        (3, 5): [],
+        (1024, 4096): [("fsdp", "sp"), ("fsdp",), ("tp",), ("sp",), ("dp",)],
+    }
+    methods = helper.analyze_pytree(tree)[(1024, 4096)]
+    assert helper.create_partition_spec((1024, 4096), methods) == P("tp", ("fsdp", "sp"))
+    assert helper.create_partition_spec((16, 16), methods) == P(None, None)  # < min_shard_size
+    # ties between equal dimensions go to the first one
+    assert helper.create_partition_spec((16, 16), methods, min_shard_size=1) == P(("fsdp", "sp"), "tp")
+
+
+def test_helper_generic_mesh_and_validity():
+    helper = MeshPartitionHelper({"data": 2, "model": 4, "x": 3}, min_shard_size=1)
+    assert helper.suggest_methods((6, 8)) == [("model",), ("x",), ("data",)]
+    rng = np.random.default_rng(2)
+    tree = [sds(*rng.integers(1, 40, rng.integers(0, 4))) for _ in range(100)]
+    assert_valid(tree, helper.apply(tree), {"data": 2, "model": 4, "x": 3})
+    with pytest.raises(ShardingError, match=r"methods naming mesh axis 'tp', which the mesh .* lacks"):
+        helper.create_partition_spec((8,), [("tp",)])
+
+
+def test_helper_auto_shard_pytree(mesh):
+    helper = MeshPartitionHelper(mesh)
+    tree = {"w": jnp.zeros((64, 64)), "b": jnp.zeros(64), "x": na.named(jnp.zeros((64, 32)), ("a", "b"))}
+    out = helper.auto_shard_pytree(tree)
+    specs = helper.apply(tree)
+    assert out["w"].sharding.spec == specs["w"] and out["b"].sharding.spec == P(None)  # 64 < 1024
+    assert out["x"].array.sharding.spec == specs["x"] and out["x"].axes == tree["x"].axes
+    assert helper.shard_array(jnp.zeros(16), P(mesh.axis_names[0])).sharding.spec == P(mesh.axis_names[0])
+
+
+# -- determinism -----------------------------------------------------------------------------
+
+_SCRIPT = textwrap.dedent(
+    """
+    import jax
+    from jax.sharding import PartitionSpec as P
+    import namedaxes as na
+    from namedaxes.rules import *
+    mesh = {"a": 2, "b": 2, "c": 2, "d": 2, "e": 1}
+    tree = {f"w{i}": jax.ShapeDtypeStruct(s, "float32") for i, s in enumerate(
+        [(8, 8), (16, 16, 16), (4, 8, 2), (32,), (2, 2, 2, 2), (64, 64)])}
+    tree["x"] = na.named(jax.ShapeDtypeStruct((8, 8), "float32"), ("p", "q"))
+    rules = [AutoShardingRule(mesh), AutoShardingRule(mesh, reverse=True),
+             MemoryConstrainedShardingRule(64, mesh, on_unfit="warn"), MeshPartitionHelper(mesh, 1),
+             LogicalAxisRule({"p": ("a", "b"), "q": "c"}, mesh),
+             CompositeShardingRule(LogicalAxisRule({"p": "d"}, mesh), AutoShardingRule(mesh))]
+    for r in rules:
+        print(type(r).__name__, sorted(r.apply(tree).items()))
+    print(MeshPartitionHelper(mesh).analyze_pytree(tree))
+    """
+)
+
+
+def test_rules_do_not_depend_on_hash_seed():
+    outputs = []
+    for seed in ("1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
+        proc = subprocess.run(
+            [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]
+    assert "AutoShardingRule" in outputs[0] and "P(" in outputs[0]
