@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_names, check_unique, find_axis
+from .._axis import Axis, AxisSelector, check_unique, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
 from .elementwise import broadcast_into, canonical_dtype
 
@@ -55,9 +55,9 @@ def _positions(x: NamedArray, axis: AxisSelection) -> tuple[int, ...]:
     """Positions of the selected axes in ``x`` (all of them for ``None``), checked and unique."""
     if axis is None:
         return tuple(range(x.ndim))
-    names = axis_names(axis)
-    check_unique(names)
-    return tuple(find_axis(x.axes, a) for a in names)
+    selectors = (axis,) if isinstance(axis, (str, Axis)) else tuple(axis)
+    check_unique(selectors)
+    return tuple(find_axis(x.axes, a) for a in selectors)  # an Axis's size is checked too
 
 
 def _reduce(

@@ -1,0 +1,194 @@
+"""Reductions, softmax and cumulative ops against jax.numpy; axis selection, where= masks, errors."""
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import Axis
+
+RNG = np.random.default_rng(1)
+A = jnp.asarray(RNG.normal(size=(2, 3, 4)).astype(np.float32))  # axes (batch, seq, embed)
+AXES = ("batch", "seq", "embed")
+REDUCTIONS = {
+    "sum": jnp.sum,
+    "mean": jnp.mean,
+    "prod": jnp.prod,
+    "max": jnp.max,
+    "min": jnp.min,
+    "std": jnp.std,
+    "var": jnp.var,
+    "any": jnp.any,
+    "all": jnp.all,
+    "logsumexp": jax.nn.logsumexp,
+}
+# (named selection, positional axes for the oracle, remaining axes)
+SELECTIONS = [
+    ("seq", (1,), ("batch", "embed")),
+    (Axis("embed", 4), (2,), ("batch", "seq")),
+    (("embed", "batch"), (2, 0), ("seq",)),
+    (None, (0, 1, 2), ()),
+]
+CASES = [(name, i) for name in REDUCTIONS for i in range(len(SELECTIONS))]
+
+
+def _input(name):
+    return A > 0 if name in ("any", "all") else A
+
+
+@pytest.fixture(scope="module")
+def reduction_results():
+    @jax.jit
+    def run(a):
+        out = {}
+        for name, i in CASES:
+            sel, pos, _ = SELECTIONS[i]
+            raw = a > 0 if name in ("any", "all") else a
+            out[name, i] = (getattr(na, name)(na.named(raw, AXES), sel), REDUCTIONS[name](raw, axis=pos))
+        return out
+
+    return run(A)
+
+
+@pytest.mark.parametrize("name,i", CASES, ids=[f"{n}-{i}" for n, i in CASES])
+def test_reduction_matches_jnp(name, i, reduction_results):
+    out, expected = reduction_results[name, i]
+    assert out.axis_names == SELECTIONS[i][2]
+    assert out.dtype == expected.dtype
+    np.testing.assert_allclose(out.array, expected, rtol=1e-5)
+
+
+def test_methods_match_functions():
+    x = na.named(A, AXES)
+    for name in ("sum", "mean", "prod", "max", "min", "std", "var"):
+        np.testing.assert_allclose(getattr(x, name)("seq").array, getattr(na, name)(x, "seq").array)
+    assert x.sum().axis_names == ()
+    assert (x > 0).any("batch").axis_names == ("seq", "embed")
+    np.testing.assert_array_equal(x.argmax("embed").array, jnp.argmax(A, axis=2))
+    np.testing.assert_allclose(x.cumsum("seq").array, jnp.cumsum(A, axis=1), rtol=1e-6)
+
+
+def test_where_mask_broadcasts_by_name():
+    x = na.named(A, AXES)
+    mask = na.named(jnp.array([[True, False], [True, True], [False, True]]), ("seq", "batch"))
+    dense = jnp.transpose(mask.array)[:, :, None]  # laid out as (batch, seq, 1)
+    np.testing.assert_allclose(na.sum(x, "seq", where=mask).array, jnp.sum(A, axis=1, where=dense), rtol=1e-6)
+    np.testing.assert_allclose(na.mean(x, ("batch", "seq"), where=mask).array, jnp.mean(A, axis=(0, 1), where=dense), rtol=1e-6)
+    np.testing.assert_allclose(
+        na.max(x, "seq", where=mask, initial=-jnp.inf).array,
+        jnp.max(A, axis=1, where=dense, initial=-jnp.inf),
+    )
+    np.testing.assert_allclose(na.var(x, "embed", where=mask, ddof=1).array, jnp.var(A, axis=2, where=dense, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(na.logsumexp(x, "seq", where=mask).array, jax.nn.logsumexp(A, axis=1, where=dense), rtol=1e-6)
+    assert na.sum(x, where=False).item() == 0.0  # scalar mask
+
+
+def test_ddof():
+    x = na.named(A, AXES)
+    np.testing.assert_allclose(na.std(x, "embed", ddof=1).array, jnp.std(A, axis=2, ddof=1), rtol=1e-6)
+    np.testing.assert_allclose(na.var(x, None, ddof=2).array, jnp.var(A, ddof=2), rtol=1e-6)
+
+
+def test_sum_dtype():
+    x = na.named(jnp.ones((2, 3), jnp.int8) * 100, ("batch", "embed"))
+    out = na.sum(x, "embed", dtype=jnp.int32)
+    assert out.dtype == jnp.int32 and out.array.tolist() == [300, 300]
+
+
+def test_argmax_argmin():
+    x = na.named(A, AXES)
+    for fn, ref in ((na.argmax, jnp.argmax), (na.argmin, jnp.argmin)):
+        out = fn(x, "seq")
+        assert out.axis_names == ("batch", "embed")
+        np.testing.assert_array_equal(out.array, ref(A, axis=1))
+        v = na.named(A[0, 0], "embed")
+        assert fn(v).axis_names == () and fn(v).item() == int(ref(A[0, 0]))
+
+
+def test_softmax_and_log_softmax():
+    x = na.named(A, AXES)
+    out = na.softmax(x, "embed")
+    assert out.axes == x.axes
+    np.testing.assert_allclose(out.array, jax.nn.softmax(A, axis=2), rtol=1e-6)
+    np.testing.assert_allclose(na.log_softmax(x, "seq").array, jax.nn.log_softmax(A, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(
+        na.softmax(x, ("embed", "batch")).array, jax.nn.softmax(A, axis=(2, 0)), rtol=1e-6
+    )
+    mask = na.named(jnp.array([True, True, False, True]), "embed")
+    masked = na.softmax(x, "embed", where=mask)
+    np.testing.assert_allclose(masked.array, jax.nn.softmax(A, axis=2, where=mask.array[None, None, :]), rtol=1e-6)
+    assert float(jnp.abs(masked.array[..., 2]).max()) == 0.0
+
+
+def test_cumulative():
+    x = na.named(A, AXES)
+    out = na.cumsum(x, "seq")
+    assert out.axes == x.axes
+    np.testing.assert_allclose(out.array, jnp.cumsum(A, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(na.cumprod(x, Axis("embed", 4)).array, jnp.cumprod(A, axis=2), rtol=1e-6)
+    ints = na.named(jnp.array([1, 2, 3], jnp.int8), "t")
+    assert na.cumsum(ints, "t", dtype=jnp.int32).dtype == jnp.int32
+
+
+def test_jit_and_grad():
+    x = na.named(A, AXES)
+
+    def loss(x):
+        return na.mean(na.logsumexp(x, "embed") - na.max(x, "embed")).array
+
+    def loss_ref(a):
+        return jnp.mean(jax.nn.logsumexp(a, axis=2) - jnp.max(a, axis=2))
+
+    np.testing.assert_allclose(jax.jit(loss)(x), jax.jit(loss_ref)(A), rtol=1e-6)
+    g = jax.jit(jax.grad(loss))(x)
+    assert isinstance(g, na.NamedArray) and g.axes == x.axes
+    g_ref = jax.jit(jax.grad(loss_ref))(A)
+    np.testing.assert_allclose(g.array, g_ref, rtol=1e-5)
+
+
+def test_unknown_and_duplicate_axes():
+    x = na.named(A, AXES)
+    msg = r"Axis 'embd' not found in NamedArray\(batch=2, seq=3, embed=4\)\. Available axes: 'batch', 'seq', 'embed'\."
+    for fn in (na.sum, na.mean, na.argmax, na.softmax, na.cumsum):
+        with pytest.raises(na.AxisNotFoundError, match=msg):
+            fn(x, "embd")
+    with pytest.raises(na.AxisNotFoundError, match=msg):
+        x.sum(("batch", "embd"))
+    with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'seq'"):
+        na.sum(x, ("seq", "seq"))
+    with pytest.raises(na.AxisSizeError, match=r"Axis 'embed' has size 4 in NamedArray\(batch=2, seq=3, embed=4\), but size 5 was asked for"):
+        na.sum(x, Axis("embed", 5))
+
+
+def test_bad_masks():
+    x = na.named(A, AXES)
+    with pytest.raises(na.AxisError, match=r"sum\(\): where= NamedArray\(vocab=5\) has axes 'vocab' that NamedArray\(batch=2, seq=3, embed=4\) lacks; it may only use 'batch', 'seq', 'embed'"):
+        na.sum(x, "seq", where=na.named(jnp.ones(5, bool), "vocab"))
+    with pytest.raises(na.AxisSizeError, match=r"mean\(\): where= axis 'seq' has size 2, but the result's 'seq' has size 3"):
+        na.mean(x, where=na.named(jnp.ones(2, bool), "seq"))
+    with pytest.raises(na.NamedTypeError, match=r"softmax\(\) got a plain array of shape \(4,\) for where="):
+        na.softmax(x, "embed", where=jnp.ones(4, bool))
+    with pytest.raises(ValueError, match="to use a where mask one has to specify 'initial'"):
+        na.max(x, "seq", where=x > 0)
+
+
+def test_bad_arguments():
+    x = na.named(A, AXES)
+    with pytest.raises(na.AxisError, match=r"argmax\(\) needs one axis for NamedArray\(batch=2, seq=3, embed=4\); axis=None only works on a 1-axis array\. Pass one of 'batch', 'seq', 'embed'"):
+        na.argmax(x)
+    with pytest.raises(na.NamedTypeError, match=r"argmin\(\) reduces exactly one axis; got \('seq', 'embed'\)"):
+        na.argmin(x, ("seq", "embed"))
+    with pytest.raises(na.NamedTypeError, match=r"softmax\(\) needs the axis to normalize over"):
+        na.softmax(x, None)
+    with pytest.raises(na.NamedTypeError, match=r"sum\(\) needs a NamedArray, got ArrayImpl\. Name the array's axes first"):
+        na.sum(A, "seq")
+
+
+def test_docstring_examples_run():
+    from namedaxes._ops import reductions
+
+    result = doctest.testmod(reductions, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
