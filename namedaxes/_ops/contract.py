@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_names, broadcast_axes, check_unique, index_of
+from .._axis import Axis, AxisSelector, axis_names, check_unique, index_of
 from .._errors import (
     AxisError,
     AxisNotFoundError,
@@ -48,13 +48,18 @@ def _operands(op: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
 
 def _all_axes(op: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
     """Every axis of the operands in first-appearance order; sizes must agree."""
-    axes: tuple[Axis, ...] = ()
-    for x in arrays:
-        try:
-            axes = broadcast_axes(axes, x.axes)
-        except AxisSizeError as e:
-            raise AxisSizeError(f"{op}(): {e}") from None
-    return axes
+    first: dict[str, tuple[Axis, int]] = {}
+    for i, x in enumerate(arrays):
+        for a in x.axes:
+            seen, j = first.setdefault(a.name, (a, i))
+            if seen.size != a.size:
+                raise AxisSizeError(
+                    f"{op}(): axis {a.name!r} has size {seen.size} in operand {j + 1} "
+                    f"NamedArray({format_axes(arrays[j].axes)}) but size {a.size} in operand "
+                    f"{i + 1} NamedArray({format_axes(x.axes)}). One name must have one size; "
+                    "slice an operand or rename one of the axes."
+                )
+    return tuple(a for a, _ in first.values())
 
 
 def _run(

@@ -1,0 +1,166 @@
+"""dot and einsum against jnp.einsum; axis order, batch axes, ellipsis, and error messages."""
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import Axis
+
+RNG = np.random.default_rng(2)
+
+
+def _r(*shape):
+    return jnp.asarray(RNG.normal(size=shape).astype(np.float32))
+
+
+X = _r(2, 3)  # (batch, embed)
+W = _r(4, 3)  # (mlp, embed)
+x = na.named(X, ("batch", "embed"))
+w = na.named(W, ("mlp", "embed"))
+
+
+def test_dot_contracts_by_name_whatever_the_positions():
+    out = na.dot(x, w, axis="embed")
+    assert out.axis_names == ("batch", "mlp")
+    np.testing.assert_allclose(out.array, X @ W.T, rtol=1e-5)
+    assert na.dot(w, x, axis=Axis("embed", 3)).axis_names == ("mlp", "batch")
+
+
+def test_dot_keeps_shared_uncontracted_axes_once():
+    q = na.named(_r(2, 4, 5, 3), ("batch", "heads", "seq", "dim"))
+    k = na.named(_r(2, 6, 4, 3), ("batch", "key", "heads", "dim"))
+    out = na.dot(q, k, axis="dim")
+    assert out.axis_names == ("batch", "heads", "seq", "key")
+    np.testing.assert_allclose(out.array, jnp.einsum("bhsd,bkhd->bhsk", q.array, k.array), rtol=1e-5)
+
+
+def test_dot_over_several_axes_and_several_operands():
+    a = na.named(_r(2, 3, 4), ("batch", "seq", "embed"))
+    b = na.named(_r(4, 3), ("embed", "seq"))
+    c = na.named(_r(2, 5), ("batch", "out"))
+    out = na.dot(a, b, c, axis=("seq", "embed"))
+    assert out.axis_names == ("batch", "out")
+    np.testing.assert_allclose(out.array, jnp.einsum("bse,es,bo->bo", a.array, b.array, c.array), rtol=1e-5)
+    total = na.dot(a, b, axis=None)
+    assert total.axis_names == ("batch", "seq", "embed")  # elementwise over shared axes
+    np.testing.assert_allclose(total.array, a.array * b.array.T[None], rtol=1e-6)
+
+
+def test_dot_axis_none_is_an_outer_product():
+    u = na.named(_r(2), "a")
+    v = na.named(_r(3), "b")
+    out = na.dot(u, v, axis=None)
+    assert out.axis_names == ("a", "b")
+    np.testing.assert_allclose(out.array, jnp.outer(u.array, v.array), rtol=1e-6)
+    assert na.dot(u, v, axis=()).axis_names == ("a", "b")
+
+
+def test_dot_axis_in_one_operand_is_summed_and_all_axes_gives_a_scalar():
+    out = na.dot(x, w, axis=("embed", "mlp"))
+    assert out.axis_names == ("batch",)
+    np.testing.assert_allclose(out.array, (X @ W.T).sum(axis=1), rtol=1e-5)
+    full = na.dot(x, w, axis=("batch", "embed", "mlp"))
+    assert full.axes == () and full.item() == pytest.approx(float((X @ W.T).sum()), rel=1e-5)
+
+
+def test_dot_preferred_element_type_and_precision():
+    a = na.named(jnp.full((2, 3), 100, jnp.int8), ("batch", "embed"))
+    b = na.named(jnp.full((3,), 100, jnp.int8), "embed")
+    out = na.dot(a, b, axis="embed", preferred_element_type=jnp.int32)
+    assert out.dtype == jnp.int32 and out.array.tolist() == [30000, 30000]
+    hi = na.dot(x, w, axis="embed", precision=jax.lax.Precision.HIGHEST)
+    np.testing.assert_allclose(hi.array, X @ W.T, rtol=1e-6)
+
+
+def test_einsum_matches_jnp():
+    out = na.einsum("batch embed, mlp embed -> batch mlp", x, w)
+    np.testing.assert_allclose(out.array, jnp.einsum("be,me->bm", X, W), rtol=1e-5)
+    # Specs name axes in any order; the right side fixes the result's order.
+    out = na.einsum("embed batch, embed mlp -> mlp batch", x, w)
+    assert out.axis_names == ("mlp", "batch")
+    np.testing.assert_allclose(out.array, jnp.einsum("be,me->mb", X, W), rtol=1e-5)
+    trace = na.einsum("batch embed ->", x)
+    assert trace.axes == () and trace.item() == pytest.approx(float(X.sum()), rel=1e-5)
+
+
+def test_einsum_ellipsis():
+    a = na.named(_r(2, 5, 3), ("batch", "seq", "embed"))
+    out = na.einsum("... embed, mlp embed -> ... mlp", a, w)
+    assert out.axis_names == ("batch", "seq", "mlp")
+    np.testing.assert_allclose(out.array, jnp.einsum("bse,me->bsm", a.array, W), rtol=1e-5)
+    front = na.einsum("embed ..., mlp embed -> mlp ...", a, w)
+    assert front.axis_names == ("mlp", "batch", "seq")
+    summed = na.einsum("... embed, mlp embed -> mlp", a, w)  # '...' axes not kept: summed
+    np.testing.assert_allclose(summed.array, jnp.einsum("bse,me->m", a.array, W), rtol=1e-4)
+    named_too = na.einsum("... embed, mlp embed -> seq ... mlp", a, w)
+    assert named_too.axis_names == ("seq", "batch", "mlp")
+
+
+def test_einsum_with_a_scalar_operand():
+    s = na.named(jnp.float32(2.0), ())
+    out = na.einsum(", batch embed -> embed", s, x)
+    np.testing.assert_allclose(out.array, 2 * X.sum(axis=0), rtol=1e-5)
+
+
+def test_jit_and_grad():
+    def loss(x, w):
+        return na.sum(na.einsum("batch embed, mlp embed -> batch mlp", x, w) ** 2 + na.dot(x, w, axis="embed")).array
+
+    def loss_ref(X, W):
+        return jnp.sum((X @ W.T) ** 2 + X @ W.T)
+
+    np.testing.assert_allclose(jax.jit(loss)(x, w), loss_ref(X, W), rtol=1e-5)
+    gx, gw = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    rx, rw = jax.grad(loss_ref, argnums=(0, 1))(X, W)
+    assert gx.axes == x.axes and gw.axes == w.axes
+    np.testing.assert_allclose(gx.array, rx, rtol=1e-5)
+    np.testing.assert_allclose(gw.array, rw, rtol=1e-5)
+
+
+def test_dot_errors():
+    with pytest.raises(na.AxisNotFoundError, match=r"dot\(\) cannot contract axis 'embd': no operand has it\. Available axes: 'batch', 'embed', 'mlp'\."):
+        na.dot(x, w, axis="embd")
+    with pytest.raises(na.AxisSizeError, match=r"dot\(\): axis 'embed' has size 3 in operand 1 NamedArray\(batch=2, embed=3\) but size 5 in operand 2 NamedArray\(embed=5\)\. One name must have one size"):
+        na.dot(x, na.named(_r(5), "embed"), axis="embed")
+    with pytest.raises(na.AxisSizeError, match=r"dot\(\) was asked to contract Axis\('embed', 4\), but the operands' 'embed' has size 3"):
+        na.dot(x, w, axis=Axis("embed", 4))
+    with pytest.raises(na.NamedTypeError, match=r"dot\(\) operand 2 must be a NamedArray, got ArrayImpl of shape \(3, 4\); wrap it with named\(x, \(\.\.\.\)\) first"):
+        na.dot(x, jnp.ones((3, 4)), axis="embed")
+    with pytest.raises(na.NamedTypeError, match=r"dot\(\) operand 1 must be a NamedArray, got float; multiply by a scalar"):
+        na.dot(2.0, x, axis=None)
+    with pytest.raises(na.NamedTypeError, match=r"dot\(\) needs at least one NamedArray operand"):
+        na.dot(axis="embed")
+    with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'embed'"):
+        na.dot(x, w, axis=("embed", "embed"))
+    with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'axis'"):
+        na.dot(x, w)
+
+
+def test_einsum_errors():
+    with pytest.raises(na.AxisError, match=r"einsum\(\) needs an equation with exactly one '->', got 'batch embed, mlp embed'"):
+        na.einsum("batch embed, mlp embed", x, w)
+    with pytest.raises(na.AxisError, match=r"einsum\(\) equation 'batch embed -> batch' has 1 operand spec\(s\) but 2 array\(s\) were given"):
+        na.einsum("batch embed -> batch", x, w)
+    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) operand 2 spec 'mlp embd' names axis 'embd', which NamedArray\(mlp=4, embed=3\) does not have\. Available axes: 'mlp', 'embed'\."):
+        na.einsum("batch embed, mlp embd -> batch", x, w)
+    with pytest.raises(na.AxisError, match=r"einsum\(\) operand 1 NamedArray\(batch=2, embed=3\) has axes 'embed' that its spec 'batch' does not name\. Name them, or add '\.\.\.'"):
+        na.einsum("batch, mlp embed -> batch", x, w)
+    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) result spec 'batch heads' names axis 'heads', which no operand has\. Available axes: 'batch', 'embed', 'mlp'\."):
+        na.einsum("batch embed, mlp embed -> batch heads", x, w)
+    with pytest.raises(na.AxisError, match=r"einsum\(\): operand 1 spec '\.\.\. batch \.\.\.' has more than one '\.\.\.'"):
+        na.einsum("... batch ..., mlp embed -> batch", x, w)
+    with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'batch'"):
+        na.einsum("batch embed, mlp embed -> batch batch", x, w)
+    with pytest.raises(na.AxisSizeError, match=r"einsum\(\): axis 'embed' has size 3 in operand 1 .* but size 5 in operand 2"):
+        na.einsum("batch embed, embed -> batch", x, na.named(_r(5), "embed"))
+
+
+def test_docstring_examples_run():
+    from namedaxes._ops import contract
+
+    result = doctest.testmod(contract, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
