@@ -28,7 +28,18 @@ from ._partitioning import AxisRules as AxisRules
 from ._partitioning import ResourceMapping as ResourceMapping
 from ._partitioning import axis_mapping as axis_mapping
 from ._partitioning import current_axis_mapping as current_axis_mapping
+from ._partitioning import auto_sharded as auto_sharded
+from ._partitioning import field as field
+from ._partitioning import fsdp as fsdp
+from ._partitioning import infer_resource_partitions as infer_resource_partitions
+from ._partitioning import named_jit as named_jit
+from ._partitioning import physical_axis_name as physical_axis_name
+from ._partitioning import physical_axis_size as physical_axis_size
+from ._partitioning import pspec_for as pspec_for
 from ._partitioning import resolve as resolve
+from ._partitioning import round_axis_for_partitioning as round_axis_for_partitioning
+from ._partitioning import shard as shard
+from ._partitioning import sharding_for_axis as sharding_for_axis
 # -- end partitioning --
 
 # -- named ops: shape, indexing, higher-order (issue 2) -------------------------------------

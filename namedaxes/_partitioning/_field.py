@@ -1,0 +1,73 @@
+"""``field(axis_names=...)``: name the axes of a plain-array field of an ``eqx.Module``.
+
+``shard``, ``pspec_for`` and ``named_jit`` read this metadata from ``dataclasses.fields`` so a module
+can hold plain ``jax.Array`` weights and still be sharded by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+
+from .._errors import NamedTypeError
+
+__all__ = ["AXIS_NAMES_KEY", "annotated_fields", "field"]
+
+#: The ``dataclasses.Field.metadata`` key holding a field's axis names.
+AXIS_NAMES_KEY = "namedaxes_axis_names"
+
+
+def field(*, axis_names: Sequence[str], **eqx_field_kwargs: Any) -> Any:
+    """An ``eqx.field`` whose (plain array) value has named axes, for sharding by name.
+
+    Args:
+        axis_names: One logical axis name per dimension of the field's array.
+        **eqx_field_kwargs: Passed to ``equinox.field`` (``converter=``, ``default=``, ...; any
+            ``metadata=`` is kept and extended).
+
+    Returns:
+        A dataclass field for an ``eqx.Module`` class body.
+
+    Raises:
+        NamedTypeError: if ``axis_names`` is not a sequence of strings.
+
+    Example:
+        >>> import equinox as eqx, jax, jax.numpy as jnp
+        >>> class Linear(eqx.Module):
+        ...     weight: jax.Array = field(axis_names=("embed", "mlp"))
+        >>> lin = Linear(jnp.zeros((4, 8)))
+        >>> annotated_fields(Linear)
+        {'weight': ('embed', 'mlp')}
+    """
+    if isinstance(axis_names, str) or not all(isinstance(n, str) and n for n in axis_names):
+        raise NamedTypeError(
+            f"field(axis_names=...) needs a tuple of axis names (non-empty strings), got "
+            f"{axis_names!r}. Use e.g. field(axis_names=('embed', 'mlp'))."
+        )
+    metadata = dict(eqx_field_kwargs.pop("metadata", None) or {})
+    metadata[AXIS_NAMES_KEY] = tuple(axis_names)
+    return eqx.field(metadata=metadata, **eqx_field_kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def annotated_fields(cls: type) -> dict[str, tuple[str, ...]]:
+    """``{field_name: axis_names}`` for the fields of a dataclass declared with ``field``.
+
+    Example:
+        >>> import equinox as eqx
+        >>> class NoNames(eqx.Module):
+        ...     x: int
+        >>> annotated_fields(NoNames)
+        {}
+    """
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    return {
+        f.name: f.metadata[AXIS_NAMES_KEY]
+        for f in dataclasses.fields(cls)
+        if AXIS_NAMES_KEY in f.metadata
+    }

@@ -1,0 +1,484 @@
+"""``named_jit`` and ``fsdp``: ``jax.jit`` for functions of named pytrees, with mappings in force.
+
+Per call, the arguments are flattened once (C++), and a bounded cache keyed on (structure, leaf
+types, mapping) and then (static leaves, mesh) yields a ``jax.jit``-compiled *flat* function with
+everything precomputed: which leaves are static, input placements, donation, how to rebuild the
+output. A cached call therefore costs about what ``jax.jit`` costs on the same leaves. The mapping
+and the mesh are part of the key, so changing either retraces (never a stale program) and repeating
+them does not.
+
+Output shardings are applied inside the traced function (``reshard`` / sharding constraints), since
+the output structure is only known while tracing; plain-array outputs keep whatever sharding JAX
+gives them, and plain-array inputs keep their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import operator
+from collections.abc import Mapping
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+import jax
+import numpy as np
+
+from .._errors import NamedTypeError
+from ._context import axis_mapping, current_rules
+from ._mesh_context import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
+from ._rules import AxisRules, RulesLike, as_rules
+from ._shard import constrain, place_leaves, targets_for
+from ._tree import leaf_plan
+
+__all__ = ["fsdp", "named_jit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_RESERVED_JIT_KWARGS = (
+    "in_shardings",
+    "out_shardings",
+    "static_argnums",
+    "static_argnames",
+    "donate_argnums",
+    "donate_argnames",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_dynamic_type(t: type) -> bool:
+    """Array leaves are traced; everything else is static (the ``eqx.filter_jit`` convention)."""
+    return issubclass(t, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, jax.ShapeDtypeStruct))
+
+
+class _ById:
+    """Key wrapper for unhashable static leaves: equal only to itself (keeps the object alive)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ById) and other.obj is self.obj
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+    except TypeError:
+        return _ById(v)
+    return v
+
+
+def _getter(idx: tuple[int, ...]) -> Callable[[list[Any]], tuple[Any, ...]]:
+    if not idx:
+        return lambda leaves: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda leaves: (leaves[i],)
+    return operator.itemgetter(*idx)  # type: ignore[return-value]
+
+
+class _OutInfo(NamedTuple):
+    treedef: Any
+    dyn_idx: tuple[int, ...]  # positions of the array outputs among all output leaves
+    statics: tuple[Any, ...]  # (position, value) of non-array outputs
+
+    def rebuild(self, dyn: list[Any]) -> Any:
+        if not self.statics:
+            return self.treedef.unflatten(dyn)
+        leaves: list[Any] = [None] * (len(self.dyn_idx) + len(self.statics))
+        for i, v in zip(self.dyn_idx, dyn):
+            leaves[i] = v
+        for i, v in self.statics:
+            leaves[i] = v
+        return self.treedef.unflatten(leaves)
+
+    def same_as(self, other: _OutInfo) -> bool:
+        if self.treedef != other.treedef or self.dyn_idx != other.dyn_idx:
+            return False
+        try:
+            return bool(self.statics == other.statics)
+        except Exception:  # e.g. arrays compared elementwise
+            return False
+
+
+class _Compiled:
+    """One ``jax.jit`` of the flat function, for one (structure, mapping, statics, mesh)."""
+
+    __slots__ = ("jitted", "in_targets", "in_plan", "mesh", "outs", "single", "set_mesh")
+
+    def __init__(self) -> None:
+        self.outs: dict[Any, _OutInfo] = {}
+        self.single: _OutInfo | None = None  # set while every trace gave the same output info
+        self.in_targets: list[Any] | None = None
+        self.in_plan: Any = None  # set when input targets depend on leaf shapes (fields)
+        self.mesh: Any = None
+        self.set_mesh: Any = None  # a mesh found on the arguments, set around each call
+
+    def record(self, sig: Any, info: _OutInfo) -> None:
+        if not self.outs:
+            self.single = info
+        elif self.single is not None and not self.single.same_as(info):
+            self.single = None  # outputs differ between traces: look them up by input types
+        self.outs[sig] = info
+
+    def out_info(self, dyn: tuple[Any, ...] | list[Any]) -> _OutInfo:
+        if self.single is not None:
+            return self.single
+        return self.outs[_signature(dyn)]
+
+
+def _signature(dyn: Any) -> tuple[Any, ...]:
+    return tuple(jax.typeof(x) for x in dyn)
+
+
+class _Layout:
+    """Per (structure, leaf types, mapping): which leaves are dynamic, donation, compiled entries."""
+
+    __slots__ = ("treedef", "dyn_idx", "static_idx", "get_dyn", "get_static", "donate", "by_key")
+
+    def __init__(self, treedef: Any, types: tuple[type, ...], donate: tuple[int, ...]) -> None:
+        self.treedef = treedef
+        self.dyn_idx = tuple(i for i, t in enumerate(types) if _is_dynamic_type(t))
+        self.static_idx = tuple(i for i, t in enumerate(types) if not _is_dynamic_type(t))
+        self.get_dyn = _getter(self.dyn_idx)
+        self.get_static = _getter(self.static_idx)
+        self.donate = donate
+        self.by_key: collections.OrderedDict[Any, _Compiled] = collections.OrderedDict()
+
+    def merge(self, dyn: Any, statics: tuple[Any, ...]) -> list[Any]:
+        leaves: list[Any] = [None] * (len(self.dyn_idx) + len(self.static_idx))
+        for i, v in zip(self.dyn_idx, dyn):
+            leaves[i] = v
+        for i, v in zip(self.static_idx, statics):
+            leaves[i] = v
+        return leaves
+
+
+def _lru_put(cache: collections.OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
+    cache[key] = value
+    while len(cache) > size:
+        try:
+            cache.popitem(last=False)
+        except KeyError:  # emptied concurrently
+            break
+
+
+class NamedJitWrapped:
+    """The callable ``named_jit`` returns. Call it like the function; ``.lower`` to inspect."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        axis_resources: RulesLike | None,
+        in_axis_resources: RulesLike | None,
+        out_axis_resources: RulesLike | None,
+        donate_args: Any,
+        donate_kwargs: Any,
+        jit_kwargs: dict[str, Any],
+        cache_size: int = 64,
+    ) -> None:
+        self._fn = fn
+        self._axis_rules = None if axis_resources is None else as_rules(axis_resources)
+        self._in_rules = None if in_axis_resources is None else as_rules(in_axis_resources)
+        self._out_rules = None if out_axis_resources is None else as_rules(out_axis_resources)
+        self._donate_args = donate_args
+        self._donate_kwargs = donate_kwargs
+        self._jit_kwargs = jit_kwargs
+        self._cache_size = cache_size
+        self._layouts: collections.OrderedDict[Any, _Layout] = collections.OrderedDict()
+        functools.update_wrapper(self, fn)
+
+    # -- the hot path -------------------------------------------------------------------------
+
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Layout, _Compiled, tuple[Any, ...], Any]:
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        types = tuple(map(type, leaves))
+        rules = self._axis_rules if self._axis_rules is not None else current_rules()
+        key = (treedef, types, rules)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = _Layout(treedef, types, self._donated(args, kwargs, len(leaves)))
+            _lru_put(self._layouts, key, layout, self._cache_size)
+        dyn = layout.get_dyn(leaves)
+        statics = layout.get_static(leaves) if layout.static_idx else ()
+        mesh = context_mesh()
+        from_leaves = False
+        if mesh is None:
+            mesh = mesh_of_leaves(dyn)
+            from_leaves = mesh is not None
+        try:
+            inner_key = (statics, mesh)
+            compiled = layout.by_key.get(inner_key)
+        except TypeError:  # an unhashable static leaf
+            inner_key = (tuple(_hashable(s) for s in statics), mesh)
+            compiled = layout.by_key.get(inner_key)
+        if compiled is None:
+            compiled = self._compile(layout, leaves, statics, rules, mesh, from_leaves)
+            _lru_put(layout.by_key, inner_key, compiled, self._cache_size)
+        return layout, compiled, dyn, leaves
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        layout, compiled, dyn, leaves = self._entry(args, kwargs)
+        if compiled.in_targets is not None:
+            dyn = self._place_inputs(layout, compiled, dyn, leaves)
+        if compiled.set_mesh is not None:
+            with jax.set_mesh(compiled.set_mesh):
+                out = compiled.jitted(*dyn)
+        else:
+            out = compiled.jitted(*dyn)
+        return compiled.out_info(dyn).rebuild(out)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower for the given arguments (or ``ShapeDtypeStruct``s) and return JAX's ``Lowered``.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from namedaxes import named
+            >>> f = named_jit(lambda x: x.array * 2)
+            >>> "multiply" in f.lower(named(jnp.ones(3), "a")).as_text()
+            True
+        """
+        layout, compiled, dyn, leaves = self._entry(args, kwargs)
+        if compiled.in_targets is not None:
+            dyn = self._place_inputs(layout, compiled, dyn, leaves)
+        if compiled.set_mesh is not None:
+            with jax.set_mesh(compiled.set_mesh):
+                return compiled.jitted.lower(*dyn)
+        return compiled.jitted.lower(*dyn)
+
+    def _place_inputs(self, layout: _Layout, compiled: _Compiled, dyn: Any, leaves: list[Any]) -> Any:
+        targets = compiled.in_targets
+        if compiled.in_plan is not None:  # field(axis_names=...) leaves: sizes come from shapes
+            all_targets = targets_for(layout.treedef, compiled.in_plan, self._in_rules, compiled.mesh, leaves)
+            targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
+        placed, _ = place_leaves(list(dyn), targets)  # type: ignore[arg-type]
+        return placed
+
+    # -- building an entry (once per key) ----------------------------------------------------------
+
+    def _donated(self, args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> tuple[int, ...]:
+        if self._donate_args is None and self._donate_kwargs is None:
+            return ()
+        flags = _donation_flags(args, self._donate_args) + _donation_flags(kwargs, self._donate_kwargs)
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        types_dyn = [i for i, leaf in enumerate(leaves) if _is_dynamic_type(type(leaf))]
+        return tuple(pos for pos, i in enumerate(types_dyn) if flags[i])
+
+    def _compile(
+        self,
+        layout: _Layout,
+        leaves: list[Any],
+        statics: tuple[Any, ...],
+        rules: AxisRules | None,
+        mesh: AnyMesh | None,
+        from_leaves: bool,
+    ) -> _Compiled:
+        compiled = _Compiled()
+        compiled.set_mesh = mesh if from_leaves else None
+        compiled.mesh = mesh
+        fn = self._fn
+        out_rules = self._out_rules if self._out_rules is not None else rules
+        treedef = layout.treedef
+
+        def flat(*dyn: Any) -> list[Any]:
+            args, kwargs = treedef.unflatten(layout.merge(dyn, statics))
+            if rules is not None:
+                with axis_mapping(rules):
+                    out = fn(*args, **kwargs)
+            else:
+                out = fn(*args, **kwargs)
+            out_leaves, out_def = jax.tree_util.tree_flatten(out)
+            if out_rules is not None and mesh is not None:
+                out_leaves = _constrain_outputs(out, out_def, out_leaves, out_rules, mesh)
+            dyn_pos = tuple(i for i, v in enumerate(out_leaves) if _is_dynamic_type(type(v)))
+            static_out = tuple((i, v) for i, v in enumerate(out_leaves) if not _is_dynamic_type(type(v)))
+            compiled.record(_signature(dyn), _OutInfo(out_def, dyn_pos, static_out))
+            return [out_leaves[i] for i in dyn_pos]
+
+        flat.__name__ = getattr(fn, "__name__", "named_jit_fn")
+        flat.__qualname__ = getattr(fn, "__qualname__", flat.__name__)
+        compiled.jitted = jax.jit(flat, donate_argnums=layout.donate, **self._jit_kwargs)
+        if self._in_rules is not None:
+            tree = treedef.unflatten(leaves)
+            plan = leaf_plan(tree, treedef)
+            if plan.any_named:
+                m = require_mesh(mesh, what="named_jit(in_axis_resources=...)")
+                all_targets = targets_for(treedef, plan, self._in_rules, m, leaves)
+                compiled.in_targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
+                if plan.any_field:
+                    compiled.in_plan = plan
+        return compiled
+
+    def __repr__(self) -> str:
+        return f"named_jit({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        # Methods: bind like a function so `self` becomes the first (pytree) argument.
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+
+def _constrain_outputs(out: Any, out_def: Any, out_leaves: list[Any], rules: AxisRules, mesh: AnyMesh) -> list[Any]:
+    plan = leaf_plan(out, out_def)
+    if not plan.any_named:
+        return out_leaves
+    targets = targets_for(out_def, plan, rules, mesh, out_leaves)
+    new = list(out_leaves)
+    for i, (leaf, target) in enumerate(zip(out_leaves, targets)):
+        if target is not None and isinstance(leaf, (jax.Array, jax.core.Tracer)):
+            new[i] = constrain(leaf, target.spec, target.mesh)
+    return new
+
+
+def _donation_flags(tree: Any, prefix: Any) -> list[bool]:
+    """One bool per leaf of ``tree`` from a pytree prefix of bools (or of ``leaf -> bool``)."""
+    if prefix is None:
+        return [False] * len(jax.tree_util.tree_leaves(tree))
+
+    def expand(flag: Any, sub: Any) -> list[bool]:
+        sub_leaves = jax.tree_util.tree_leaves(sub)
+        if callable(flag):
+            return [bool(flag(x)) for x in sub_leaves]
+        return [bool(flag)] * len(sub_leaves)
+
+    if isinstance(prefix, bool) or callable(prefix):
+        return expand(prefix, tree)
+    nested = jax.tree_util.tree_map(expand, prefix, tree, is_leaf=lambda x: x is None)
+    return [f for part in jax.tree_util.tree_leaves(nested, is_leaf=lambda x: isinstance(x, list)) for f in part]
+
+
+def named_jit(
+    fn: Callable[..., Any] | None = None,
+    axis_resources: RulesLike | None = None,
+    *,
+    in_axis_resources: RulesLike | None = None,
+    out_axis_resources: RulesLike | None = None,
+    donate_args: Any = None,
+    donate_kwargs: Any = None,
+    **jit_kwargs: Any,
+) -> Any:
+    """``jax.jit`` for functions of pytrees with NamedArrays, with a mapping in force while tracing.
+
+    Array leaves of the arguments are traced; every other leaf is static (hashed by value where
+    possible), as with ``eqx.filter_jit``. Non-array outputs are returned as they are.
+
+    - ``axis_resources`` (default: the ``axis_mapping`` in force at call time) is in force while
+      tracing, so ``shard``/``auto_sharded`` inside the function use it.
+    - Named outputs are placed by ``out_axis_resources`` (default ``axis_resources``).
+    - With ``in_axis_resources``, named inputs are first placed by it (an argument committed with
+      another sharding is moved). Plain-array inputs and outputs keep their own shardings.
+    - The mesh is the one set with ``jax.set_mesh`` at call time, else the mesh the arguments are on.
+    - One trace per distinct call signature, which includes the mapping and the mesh.
+
+    Args:
+        fn: The function; omit to get a decorator.
+        axis_resources: Mapping or ``AxisRules`` in force while tracing.
+        in_axis_resources: Mapping used to place named inputs before the call.
+        out_axis_resources: Mapping used to place named outputs.
+        donate_args: A pytree prefix of the positional arguments of bools (or ``leaf -> bool``).
+        donate_kwargs: The same for keyword arguments.
+        **jit_kwargs: Passed to ``jax.jit`` (``keep_unused``, ``inline``, ``compiler_options``...).
+
+    Returns:
+        The wrapped function (or a decorator when ``fn`` is omitted).
+
+    Raises:
+        NamedTypeError: if ``fn`` is not callable, or a ``jax.jit`` option that ``named_jit``
+            manages itself (``in_shardings``, ``static_argnums``, ...) is passed.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named
+        >>> @named_jit
+        ... def double(x):
+        ...     return named(x.array * 2, x.axes)
+        >>> double(named(jnp.ones(3), "a")).array
+        Array([2., 2., 2.], dtype=float32)
+    """
+    bad = [k for k in _RESERVED_JIT_KWARGS if k in jit_kwargs]
+    if bad:
+        raise NamedTypeError(
+            f"named_jit manages {', '.join(bad)} itself. Use in_axis_resources/out_axis_resources "
+            "for placement, donate_args/donate_kwargs for donation; non-array arguments are "
+            "static automatically."
+        )
+    for name, value in (
+        ("axis_resources", axis_resources),
+        ("in_axis_resources", in_axis_resources),
+        ("out_axis_resources", out_axis_resources),
+    ):
+        if value is not None:
+            as_rules(value)  # validate at decoration time
+
+    def wrap(f: Callable[..., Any]) -> NamedJitWrapped:
+        if not callable(f):
+            raise NamedTypeError(
+                f"named_jit expects a function, got {f!r} ({type(f).__name__}). To pass a mapping "
+                "use the keyword: named_jit(fn, axis_resources={...}) or "
+                "@named_jit(axis_resources={...})."
+            )
+        return NamedJitWrapped(
+            f, axis_resources, in_axis_resources, out_axis_resources, donate_args, donate_kwargs, jit_kwargs
+        )
+
+    if fn is None:
+        return wrap
+    return wrap(fn)
+
+
+def fsdp(
+    fn: Callable[..., Any] | None = None,
+    parameter_mapping: RulesLike | None = None,
+    compute_mapping: RulesLike | None = None,
+    **jit_kwargs: Any,
+) -> Any:
+    """``named_jit`` for the FSDP pattern: inputs and outputs by ``parameter_mapping``, body by
+    ``compute_mapping``.
+
+    Equivalent to ``named_jit(fn, axis_resources=compute_mapping,
+    in_axis_resources=parameter_mapping, out_axis_resources=parameter_mapping)``.
+
+    Args:
+        fn: The function; omit to get a decorator.
+        parameter_mapping: How parameters (and returned gradients/updates) are held.
+        compute_mapping: The mapping in force while the body runs.
+        **jit_kwargs: Passed on to ``named_jit`` (``donate_args=``, ...).
+
+    Raises:
+        NamedTypeError: if a mapping is missing or ``fn`` is not callable.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named
+        >>> step = fsdp(lambda w: w, {"embed": "data"}, {"batch": "data"})
+        >>> step(named(jnp.ones(4), "embed")).axes[0].name
+        'embed'
+    """
+    if isinstance(fn, (Mapping, AxisRules)) and compute_mapping is None:
+        # fsdp(parameter_mapping, compute_mapping) used as a decorator factory
+        fn, parameter_mapping, compute_mapping = None, fn, parameter_mapping
+    if parameter_mapping is None or compute_mapping is None:
+        raise NamedTypeError(
+            "fsdp needs parameter_mapping and compute_mapping, e.g. "
+            "fsdp(step, parameter_mapping={'embed': 'data'}, compute_mapping={'batch': 'data'})."
+        )
+
+    def wrap(f: Callable[..., Any]) -> Any:
+        return named_jit(
+            f,
+            axis_resources=compute_mapping,
+            in_axis_resources=parameter_mapping,
+            out_axis_resources=parameter_mapping,
+            **jit_kwargs,
+        )
+
+    if fn is None:
+        return wrap
+    return wrap(fn)

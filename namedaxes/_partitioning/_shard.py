@@ -1,0 +1,227 @@
+"""Placing pytrees by name: ``shard`` and ``auto_sharded``, inside and outside ``jax.jit``.
+
+Outside jit, leaves are moved with one batched ``jax.device_put`` (skipped for leaves already placed
+as asked). While tracing, ``jax.sharding.reshard`` handles the mesh's ``Explicit`` axes and
+``with_sharding_constraint`` its ``Auto`` axes; a mesh that mixes both gets both (within one
+dimension the explicit mesh axes are then the major ones).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+from .._errors import ShardingError
+from ._context import current_rules
+from ._mesh_context import AnyMesh, context_mesh, require_mesh
+from ._resolve import resolve
+from ._rules import AxisRules, RulesLike, as_rules
+from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan
+
+__all__ = ["auto_sharded", "constrain", "place_leaves", "shard", "targets_for"]
+
+T = TypeVar("T")
+_Tracer = jax.core.Tracer
+
+
+# -- inside jit ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(spec: PartitionSpec, mesh: AnyMesh) -> tuple[NamedSharding | None, NamedSharding | None]:
+    """``(reshard target for Explicit axes, constraint for Auto axes)``; ``None`` when unneeded."""
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    has_explicit = any(t == AxisType.Explicit for t in types.values())
+    has_auto = any(t == AxisType.Auto for t in types.values())
+    explicit, auto = [], []
+    for entry in spec:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        e = tuple(n for n in names if types.get(n) == AxisType.Explicit)
+        a = tuple(n for n in names if types.get(n) == AxisType.Auto)
+        explicit.append(None if not e else e[0] if len(e) == 1 else e)
+        auto.append(None if not a else a[0] if len(a) == 1 else a)
+    return (
+        NamedSharding(mesh, PartitionSpec(*explicit)) if has_explicit else None,
+        NamedSharding(mesh, PartitionSpec(*auto)) if has_auto else None,
+    )
+
+
+def constrain(x: Any, spec: PartitionSpec, mesh: AnyMesh) -> Any:
+    """Shard a traced array as ``spec`` says: ``reshard`` for Explicit axes, a constraint for Auto."""
+    explicit, auto = _split(spec, mesh)
+    if explicit is not None:
+        x = jax.sharding.reshard(x, explicit)
+    if auto is not None:
+        x = jax.lax.with_sharding_constraint(x, auto)
+    return x
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_sharding(mesh: AnyMesh, spec: PartitionSpec) -> NamedSharding:
+    return NamedSharding(mesh, spec)
+
+
+_TARGETS: collections.OrderedDict[Any, tuple[NamedSharding | FieldAxes | None, ...]] = (
+    collections.OrderedDict()
+)
+_MAX_TARGETS = 1024
+
+
+def targets_for(
+    treedef: Any, plan: Plan, rules: AxisRules, mesh: AnyMesh, leaves: list[Any]
+) -> list[NamedSharding | None]:
+    """One ``NamedSharding`` (or ``None``: leave alone) per leaf; cached per structure."""
+    key = (treedef, rules, mesh)
+    try:
+        cached = _TARGETS.get(key)
+    except TypeError:  # unhashable static data in the structure
+        key, cached = None, None
+    if cached is None:
+        cached = tuple(
+            info
+            if isinstance(info, FieldAxes)
+            else None
+            if info is None
+            else _named_sharding(mesh, resolve(info, rules, mesh))
+            for info in plan.infos
+        )
+        if key is not None:
+            _TARGETS[key] = cached
+            if len(_TARGETS) > _MAX_TARGETS:
+                _TARGETS.popitem(last=False)
+    if not plan.any_field:
+        return list(cached)  # type: ignore[arg-type]
+    out: list[NamedSharding | None] = []
+    for t, leaf in zip(cached, leaves):
+        if isinstance(t, FieldAxes):
+            axes = leaf_axes(t, leaf)
+            t = None if axes is None else _named_sharding(mesh, resolve(axes, rules, mesh))
+        out.append(t)
+    return out
+
+
+# -- placement ----------------------------------------------------------------------------------
+
+
+def _already_placed(leaf: jax.Array, target: NamedSharding) -> bool:
+    current = leaf.sharding
+    return current == target or current.is_equivalent_to(target, leaf.ndim)
+
+
+def place_leaves(leaves: list[Any], targets: list[NamedSharding | None]) -> tuple[list[Any], bool]:
+    """Place each leaf that has a target; returns ``(new_leaves, whether anything changed)``."""
+    new = list(leaves)
+    changed = False
+    put_idx: list[int] = []
+    for i, (leaf, target) in enumerate(zip(leaves, targets)):
+        if target is None:
+            continue
+        if isinstance(leaf, _Tracer) or (
+            isinstance(target.mesh, AbstractMesh) and isinstance(leaf, jax.Array)
+        ):
+            new[i] = constrain(leaf, target.spec, target.mesh)
+            changed = True
+        elif isinstance(leaf, jax.Array):
+            if not _already_placed(leaf, target):
+                put_idx.append(i)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            put_idx.append(i)
+        elif isinstance(leaf, jax.ShapeDtypeStruct):
+            new[i] = jax.ShapeDtypeStruct(
+                leaf.shape, leaf.dtype, sharding=target, weak_type=leaf.weak_type
+            )
+            changed = True
+    if put_idx:
+        placed = jax.device_put([leaves[i] for i in put_idx], [targets[i] for i in put_idx])
+        for i, arr in zip(put_idx, placed):
+            new[i] = arr
+        changed = True
+    return new, changed
+
+
+def _shard_with(x: T, rules: AxisRules, mesh: Any, what: str) -> T:
+    leaves, treedef = jax.tree_util.tree_flatten(x)
+    plan = leaf_plan(x, treedef)
+    if not plan.any_named:
+        return x
+    mesh = require_mesh(mesh, what=what)
+    targets = targets_for(treedef, plan, rules, mesh, leaves)
+    new, changed = place_leaves(leaves, targets)
+    return jax.tree_util.tree_unflatten(treedef, new) if changed else x
+
+
+def shard(x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None) -> T:
+    """Place every NamedArray of a pytree on the mesh as ``resolve`` says; works inside and outside jit.
+
+    Outside ``jax.jit`` leaves move with ``jax.device_put`` (nothing is copied for leaves already
+    placed so; if nothing moves, ``x`` itself is returned). While tracing, the mesh's ``Explicit``
+    axes are applied with ``jax.sharding.reshard`` and its ``Auto`` axes with
+    ``jax.lax.with_sharding_constraint``. Plain-array fields of ``eqx.Module``s declared with
+    ``field(axis_names=...)`` are placed by name too; other plain arrays and non-array leaves are
+    returned as they are.
+
+    Args:
+        x: Any pytree.
+        mapping: ``{logical_name: mesh_axes}`` or ``AxisRules``; defaults to the ``axis_mapping`` in
+            force.
+        mesh: The mesh; defaults to the one set with ``jax.set_mesh`` (the abstract mesh inside
+            jit).
+
+    Returns:
+        ``x`` with its named arrays placed.
+
+    Raises:
+        ShardingError: with no mapping given or in force, with no mesh (when there is something to
+            place), or when ``resolve`` fails (unknown mesh axis, indivisible size, ...).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from namedaxes import named
+        >>> mesh = jax.make_mesh((len(jax.devices()),), ("data",))
+        >>> x = shard(named(jnp.zeros((len(jax.devices()) * 2, 3)), ("batch", "embed")),
+        ...           {"batch": "data"}, mesh)
+        >>> x.array.sharding.spec
+        P('data', None)
+    """
+    if mapping is not None:
+        rules = as_rules(mapping)
+    else:
+        found = current_rules()
+        if found is None:
+            raise ShardingError(
+                "shard() got no mapping and no axis_mapping is in force. Pass one, e.g. "
+                "shard(x, {'batch': 'data'}), or wrap the call in `with axis_mapping({...}):`. "
+                "(Library code that should do nothing without a mapping can use auto_sharded.)"
+            )
+        rules = found
+    return _shard_with(x, rules, mesh, "shard")
+
+
+def auto_sharded(x: T, mesh: AnyMesh | None = None) -> T:
+    """``shard`` with the mapping in force; a silent no-op with no mapping or no mesh.
+
+    For library code that may run with or without a mapping or mesh.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import named
+        >>> x = named(jnp.zeros((4,)), ("batch",))
+        >>> auto_sharded(x) is x  # no mapping in force: nothing to do
+        True
+    """
+    rules = current_rules()
+    if rules is None:
+        return x
+    if mesh is None:
+        mesh = context_mesh()
+        if mesh is None:
+            return x
+    return _shard_with(x, rules, mesh, "auto_sharded")

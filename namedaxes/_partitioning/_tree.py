@@ -1,0 +1,125 @@
+"""Which leaves of a pytree have named axes: the per-structure plan behind shard/pspec_for/named_jit.
+
+The plan is aligned with ``jax.tree_util.tree_flatten(tree)``'s leaves and depends only on the
+structure (a ``NamedArray``'s axes are part of its treedef; ``field(axis_names=...)`` metadata is
+part of the module class), so it is computed once per treedef and cached.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+
+from .._array import NamedArray
+from .._axis import Axis
+from .._errors import AxisError, format_names
+from ._field import annotated_fields
+
+__all__ = ["FieldAxes", "LeafInfo", "leaf_axes", "leaf_plan"]
+
+
+class FieldAxes(NamedTuple):
+    """A plain-array leaf declared with ``field(axis_names=...)``; sizes come from its shape."""
+
+    names: tuple[str, ...]
+    owner: str  # "Linear.weight", for messages
+
+
+#: Per leaf: the axes of a NamedArray's array, a field's names, or None (no names).
+LeafInfo = tuple[Axis, ...] | FieldAxes | None
+
+
+def _is_annotated_module(node: Any) -> bool:
+    return isinstance(node, eqx.Module) and bool(annotated_fields(type(node)))
+
+
+def _is_stop(node: Any) -> bool:
+    return isinstance(node, NamedArray) or _is_annotated_module(node)
+
+
+def _walk(node: Any, out: list[LeafInfo]) -> None:
+    if node is None:
+        return
+    if isinstance(node, NamedArray):
+        if node.array is not None:  # a None array (after eqx.partition) flattens to no leaf
+            out.append(node.axes)
+        return
+    if _is_annotated_module(node):
+        names = annotated_fields(type(node))
+        children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda n: n is not node)
+        for path, child in children:
+            key = getattr(path[0], "name", None) if path else None
+            if key in names and child is not None and _is_arraylike(child):
+                out.append(FieldAxes(names[key], f"{type(node).__name__}.{key}"))
+            else:
+                _walk(child, out)
+        return
+    parts = jax.tree_util.tree_leaves(node, is_leaf=lambda n: n is not node and _is_stop(n))
+    if len(parts) == 1 and parts[0] is node:
+        out.append(None)
+        return
+    for p in parts:
+        if _is_stop(p):
+            _walk(p, out)
+        else:
+            out.append(None)
+
+
+def _is_arraylike(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+
+
+class Plan(NamedTuple):
+    infos: tuple[LeafInfo, ...]
+    any_named: bool
+    any_field: bool
+
+
+_PLANS: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
+_MAX_PLANS = 512
+
+
+def leaf_plan(tree: Any, treedef: Any) -> Plan:
+    """The (cached) per-leaf plan of ``tree``, whose structure is ``treedef``."""
+    try:
+        plan = _PLANS.get(treedef)
+    except TypeError:  # an unhashable static field somewhere: no caching
+        return _build(tree)
+    if plan is None:
+        plan = _build(tree)
+        _PLANS[treedef] = plan
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _build(tree: Any) -> Plan:
+    out: list[LeafInfo] = []
+    _walk(tree, out)
+    return Plan(
+        tuple(out),
+        any(i is not None for i in out),
+        any(isinstance(i, FieldAxes) for i in out),
+    )
+
+
+def leaf_axes(info: LeafInfo, leaf: Any) -> tuple[Axis, ...] | None:
+    """The axes of one leaf under its plan entry (field names get sizes from the leaf's shape).
+
+    Raises:
+        AxisError: if a ``field(axis_names=...)`` array's rank differs from the number of names.
+    """
+    if info is None or not isinstance(info, FieldAxes):
+        return info
+    shape = getattr(leaf, "shape", None)
+    if shape is None:
+        return None
+    if len(shape) != len(info.names):
+        raise AxisError(
+            f"Field {info.owner} is declared with axis_names ({format_names(info.names)}) but holds "
+            f"an array of shape {tuple(shape)}. Give one name per dimension in field(axis_names=...)."
+        )
+    return tuple(Axis(n, int(s)) for n, s in zip(info.names, shape))
