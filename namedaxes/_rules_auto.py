@@ -27,6 +27,7 @@ from ._rules_base import (
     format_bytes,
     map_array_leaves,
     mesh_axis_sizes,
+    mesh_repr,
     ordered_mesh_axes,
     place,
     replicated,
@@ -250,7 +251,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def _unfit_message(
         self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]
     ) -> str:
-        mesh = "Mesh(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
+        mesh = mesh_repr(sizes)
         return (
             f"MemoryConstrainedShardingRule: leaf {leaf.path!r} (shape {leaf.shape}, {leaf.dtype}) "
             f"holds {leaf.nbytes} bytes ({format_bytes(leaf.nbytes)}); the best valid spec on "
@@ -405,7 +406,7 @@ class MeshPartitionHelper(ShardingRule):
             raise ShardingError(
                 f"create_partition_spec was given methods naming mesh axis "
                 f"{format_names(dict.fromkeys(unknown))}, which the mesh "
-                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}) lacks. Available mesh "
+                f"{mesh_repr(sizes)} lacks. Available mesh "
                 f"axes: {format_names(sizes)}."
             )
         n = math.prod(shape)

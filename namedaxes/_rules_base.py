@@ -22,7 +22,6 @@ from ._errors import (
     MeshError,
     NamedTypeError,
     ShardingError,
-    format_mesh,
     format_names,
     format_path,
 )
@@ -35,6 +34,7 @@ __all__ = [
     "entry_axes",
     "flatten_leaves",
     "mesh_axis_sizes",
+    "mesh_repr",
     "resolve_mesh",
     "spec_problems",
 ]
@@ -44,6 +44,11 @@ MeshLike: TypeAlias = Mesh | AbstractMesh | Mapping[str, int]
 
 
 # -- meshes ------------------------------------------------------------------------------------
+
+
+def mesh_repr(sizes: Mapping[str, int]) -> str:
+    """``Mesh(data=2, model=4)`` for a ``{axis: size}`` mapping."""
+    return "Mesh(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
 
 
 def resolve_mesh(mesh: MeshLike | None) -> MeshLike:
@@ -88,7 +93,7 @@ def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
         )
     if not sizes or any(s <= 0 for s in sizes.values()):
         raise MeshError(
-            f"The mesh {format_mesh(mesh) if sizes else repr(mesh)} has no devices. Give every mesh "
+            f"The mesh {mesh_repr(sizes) if sizes else repr(mesh)} has no devices. Give every mesh "
             "axis a size of at least 1, e.g. jax.make_mesh((2, 4), ('data', 'model'))."
         )
     return sizes
@@ -203,7 +208,7 @@ def spec_problems(
         if bad:
             problems.append(
                 f"spec {spec} names mesh axis {format_names(bad)}, which is not in the mesh "
-                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}). Available mesh axes: "
+                f"{mesh_repr(sizes)}. Available mesh axes: "
                 f"{format_names(sizes)}"
             )
             continue
@@ -383,7 +388,7 @@ def ordered_mesh_axes(
         if unknown:
             raise ShardingError(
                 f"{owner} was given axis_names {format_names(unknown)}, which the mesh "
-                f"Mesh({', '.join(f'{k}={v}' for k, v in sizes.items())}) lacks. Available mesh "
+                f"{mesh_repr(sizes)} lacks. Available mesh "
                 f"axes: {format_names(sizes)}."
             )
         if len(set(names)) != len(names):

@@ -31,7 +31,14 @@ from ._errors import (
     format_axes,
 )
 from ._partitioning import current_axis_mapping
-from ._rules_base import MeshLike, entry_axes, format_bytes, mesh_axis_sizes, resolve_mesh
+from ._rules_base import (
+    MeshLike,
+    entry_axes,
+    format_bytes,
+    mesh_axis_sizes,
+    mesh_repr,
+    resolve_mesh,
+)
 from ._rules_pattern import LogicalAxisRule
 
 __all__ = [
@@ -83,7 +90,7 @@ class MemoryReport:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        mesh = "Mesh(" + ", ".join(f"{k}={v}" for k, v in self.mesh.items()) + ")"
+        mesh = mesh_repr(self.mesh)
         lines = [
             f"Memory report on {mesh}",
             f"  total (unsharded)   {self.total_bytes:>16,d} B  {format_bytes(self.total_bytes)}",
