@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._array import NamedArray
 
 from ._errors import NamedTypeError, ShardingError, ShardingWarning, format_names
 from ._rules_base import (
@@ -29,7 +28,7 @@ from ._rules_base import (
     mesh_axis_sizes,
     mesh_repr,
     ordered_mesh_axes,
-    place,
+    place_tree,
     replicated,
     resolve_mesh,
 )
@@ -447,10 +446,7 @@ class MeshPartitionHelper(ShardingRule):
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
         """
-        sharding = NamedSharding(concrete_mesh(self.mesh, what="shard_array"), spec)
-        if isinstance(array, NamedArray):
-            return NamedArray._tree_unflatten(array.axes, (place(array.array, sharding),))
-        return place(array, sharding)
+        return place_tree(array, NamedSharding(concrete_mesh(self.mesh, what="shard_array"), spec))
 
     def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:
         """Place every array leaf of ``tree`` with the spec :meth:`apply` gives it.

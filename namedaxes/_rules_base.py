@@ -18,6 +18,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ._array import NamedArray, is_named_array
 from ._axis import Axis
+from ._partitioning._shard import place_leaves  # the engine's placement, shared
 from ._errors import (
     MeshError,
     NamedTypeError,
@@ -254,21 +255,22 @@ def shards_anything(spec: PartitionSpec | None, sizes: Mapping[str, int]) -> boo
 # -- placement ---------------------------------------------------------------------------------
 
 
-def place(x: Any, sharding: NamedSharding) -> Any:
-    """Put one array (or ShapeDtypeStruct) on ``sharding``, inside or outside ``jit``.
+def place_tree(tree: Any, shardings: Any) -> Any:
+    """Place each array leaf of ``tree`` on its ``NamedSharding`` (NamedArrays keep their axes).
 
-    Outside ``jit`` this is ``device_put``; inside, ``reshard`` on meshes with Explicit axes (JAX
-    then needs the ``jit`` to run under ``jax.set_mesh``) and ``with_sharding_constraint`` otherwise. A
-    ``ShapeDtypeStruct`` gets the sharding attached, so abstract trees can be planned and lowered.
+    ``shardings`` has the structure rules return (a NamedArray is one leaf). Placement itself is the
+    partitioning engine's: one batched ``device_put`` outside ``jit``; ``reshard`` for Explicit and
+    ``with_sharding_constraint`` for Auto mesh axes inside; ``ShapeDtypeStruct``s get the sharding.
     """
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-    if isinstance(x, jax.core.Tracer):
-        # On a mesh with Explicit axes the sharding is part of the type: only reshard changes it.
-        if any(t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
-            return jax.sharding.reshard(x, sharding)
-        return jax.lax.with_sharding_constraint(x, sharding)
-    return jax.device_put(x, sharding)
+    leaves, treedef = flatten_leaves(tree)
+    targets = treedef.flatten_up_to(shardings)
+    arrays = [lf.value.array if isinstance(lf.value, NamedArray) else lf.value for lf in leaves]
+    placed, _ = place_leaves(arrays, [t if lf.is_array else None for lf, t in zip(leaves, targets)])
+    out = [
+        NamedArray._tree_unflatten(lf.value.axes, (new,)) if isinstance(lf.value, NamedArray) else new
+        for lf, new in zip(leaves, placed)
+    ]
+    return treedef.unflatten(out)
 
 
 # -- the base class ----------------------------------------------------------------------------
@@ -326,9 +328,11 @@ class ShardingRule(abc.ABC):
     def shard(self, tree: Any, mesh: Mesh | AbstractMesh | None = None) -> Any:
         """Place every array leaf of ``tree`` with the spec this rule gives it.
 
-        Outside ``jit`` arrays are moved with ``jax.device_put``; inside ``jit`` they are
-        constrained (``with_sharding_constraint`` on Auto meshes, ``reshard`` on Explicit ones);
-        ``ShapeDtypeStruct`` leaves come back carrying the sharding. NamedArrays keep their axes.
+        Outside ``jit`` arrays are moved with one batched ``jax.device_put`` (arrays already placed
+        as asked are left alone); inside ``jit`` they are constrained (``reshard`` for Explicit
+        mesh axes, which JAX wants under ``jax.set_mesh``; ``with_sharding_constraint`` for Auto
+        ones). ``ShapeDtypeStruct`` leaves come back carrying the sharding. NamedArrays keep their
+        axes.
 
         Example:
             >>> import jax, jax.numpy as jnp
@@ -336,18 +340,7 @@ class ShardingRule(abc.ABC):
             >>> AutoShardingRule(mesh).shard({"w": jnp.zeros(16)})["w"].sharding.spec
             P('data',)
         """
-        shardings = self.to_shardings(tree, mesh)
-        leaves, treedef = flatten_leaves(tree)
-        placed_specs = treedef.flatten_up_to(shardings)
-        out = []
-        for leaf, sharding in zip(leaves, placed_specs):
-            if sharding is None:
-                out.append(leaf.value)
-            elif isinstance(leaf.value, NamedArray):
-                out.append(NamedArray._tree_unflatten(leaf.value.axes, (place(leaf.value.array, sharding),)))
-            else:
-                out.append(place(leaf.value, sharding))
-        return treedef.unflatten(out)
+        return place_tree(tree, self.to_shardings(tree, mesh))
 
 
 def map_array_leaves(tree: Any, fn: Callable[[Leaf], PartitionSpec]) -> Any:
