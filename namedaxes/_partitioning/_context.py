@@ -30,7 +30,7 @@ from typing import NamedTuple
 from .._errors import MappingTypeError
 from ._rules import AxisRules, MeshAxes, RulesLike, as_rules, merge_rules
 
-__all__ = ["axis_mapping", "current_axis_mapping", "current_rules"]
+__all__ = ["axis_mapping", "current_axis_mapping", "current_mapping_and_rules", "current_rules"]
 
 _GEN_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 # The frames from which contextlib drives a @contextmanager generator into its block.
@@ -101,6 +101,12 @@ def current_axis_mapping() -> RulesLike | None:
     """
     e = _visible_entry()
     return None if e is None else e.value
+
+
+def current_mapping_and_rules() -> tuple[RulesLike, AxisRules] | None:
+    """``(current_axis_mapping(), its normalized AxisRules)``, or ``None`` (internal)."""
+    e = _visible_entry()
+    return None if e is None else (e.value, e.rules)
 
 
 def current_rules() -> AxisRules | None:

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from .._errors import NamedTypeError
-from ._context import axis_mapping, current_rules
+from ._context import axis_mapping, current_mapping_and_rules
 from ._mesh_context import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._rules import AxisRules, RulesLike, as_rules
 from ._shard import constrain, place_leaves, targets_for
@@ -184,6 +184,7 @@ class NamedJitWrapped:
         cache_size: int = 64,
     ) -> None:
         self._fn = fn
+        self._axis_value = axis_resources
         self._axis_rules = None if axis_resources is None else as_rules(axis_resources)
         self._in_rules = None if in_axis_resources is None else as_rules(in_axis_resources)
         self._out_rules = None if out_axis_resources is None else as_rules(out_axis_resources)
@@ -199,7 +200,11 @@ class NamedJitWrapped:
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Layout, _Compiled, tuple[Any, ...], Any]:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         types = tuple(map(type, leaves))
-        rules = self._axis_rules if self._axis_rules is not None else current_rules()
+        if self._axis_rules is not None:
+            value, rules = self._axis_value, self._axis_rules
+        else:
+            found = current_mapping_and_rules()
+            value, rules = (None, None) if found is None else found
         key = (treedef, types, rules)
         layout = self._layouts.get(key)
         if layout is None:
@@ -219,7 +224,7 @@ class NamedJitWrapped:
             inner_key = (tuple(_hashable(s) for s in statics), mesh)
             compiled = layout.by_key.get(inner_key)
         if compiled is None:
-            compiled = self._compile(layout, leaves, statics, rules, mesh, from_leaves)
+            compiled = self._compile(layout, leaves, statics, value, rules, mesh, from_leaves)
             _lru_put(layout.by_key, inner_key, compiled, self._cache_size)
         return layout, compiled, dyn, leaves
 
@@ -275,6 +280,7 @@ class NamedJitWrapped:
         layout: _Layout,
         leaves: list[Any],
         statics: tuple[Any, ...],
+        value: RulesLike | None,
         rules: AxisRules | None,
         mesh: AnyMesh | None,
         from_leaves: bool,
@@ -288,8 +294,8 @@ class NamedJitWrapped:
 
         def flat(*dyn: Any) -> list[Any]:
             args, kwargs = treedef.unflatten(layout.merge(dyn, statics))
-            if rules is not None:
-                with axis_mapping(rules):
+            if value is not None:
+                with axis_mapping(value):
                     out = fn(*args, **kwargs)
             else:
                 out = fn(*args, **kwargs)
@@ -308,7 +314,7 @@ class NamedJitWrapped:
             tree = treedef.unflatten(leaves)
             plan = leaf_plan(tree, treedef)
             if plan.any_named:
-                m = require_mesh(mesh, what="named_jit(in_axis_resources=...)")
+                m = require_mesh(mesh, what="named_jit(in_axis_resources=...)", has_mesh_arg=False)
                 all_targets = targets_for(treedef, plan, self._in_rules, m, leaves)
                 compiled.in_targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
                 if plan.any_field:

@@ -35,12 +35,13 @@ def context_mesh() -> AnyMesh | None:
     return None if mesh.empty else mesh
 
 
-def require_mesh(mesh: Any, *, what: str) -> AnyMesh:
+def require_mesh(mesh: Any, *, what: str, has_mesh_arg: bool = True) -> AnyMesh:
     """``mesh`` if given (checked), else the context mesh; raise a ``ShardingError`` if neither.
 
     Args:
         mesh: A ``Mesh``, ``AbstractMesh`` or ``None``.
         what: The caller's name for the message (``"shard"``).
+        has_mesh_arg: Whether the caller takes ``mesh=`` (to suggest it).
     """
     if mesh is not None:
         if not isinstance(mesh, (Mesh, AbstractMesh)):
@@ -51,10 +52,10 @@ def require_mesh(mesh: Any, *, what: str) -> AnyMesh:
         return mesh
     found = context_mesh()
     if found is None:
+        hint = "Pass mesh=..., or wrap" if has_mesh_arg else "Wrap"
         raise ShardingError(
-            f"{what} needs a device mesh, but none was given and none is set. Pass mesh=..., or "
-            "wrap the code in `with jax.set_mesh(mesh):` (e.g. mesh = jax.make_mesh((2, 4), "
-            "('data', 'model')))."
+            f"{what} needs a device mesh, but none was given and none is set. {hint} the code in "
+            "`with jax.set_mesh(mesh):` (e.g. mesh = jax.make_mesh((2, 4), ('data', 'model')))."
         )
     return found
 

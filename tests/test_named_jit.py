@@ -1,0 +1,221 @@
+"""named_jit: shardings of outputs, retrace counts, static leaves, in/out resources, donation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import namedaxes as na
+from namedaxes import NamedTypeError, axis_mapping, named
+
+
+def spec_of(x):
+    arr = x.array if isinstance(x, na.NamedArray) else x
+    entries = list(arr.sharding.spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
+
+
+def shard_shapes(x):
+    arr = x.array if isinstance(x, na.NamedArray) else x
+    return sorted({s.data.shape for s in arr.addressable_shards})
+
+
+def data(rows=8, cols=12):
+    return named(jnp.arange(rows * cols, dtype=jnp.float32).reshape(rows, cols), ("batch", "embed"))
+
+
+def scale(x, by=2.0):
+    return named(x.array * by, x.axes)
+
+
+def test_outputs_placed_by_mapping_and_plain_outputs_keep_sharding(mesh):
+    first = mesh.axis_names[0]
+    plain = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P(first)))
+
+    @na.named_jit
+    def f(x, p):
+        return {"x": scale(x), "p": p * 2, "tag": "ok", "n": 7}
+
+    with jax.set_mesh(mesh), axis_mapping(batch=first):
+        out = f(data(), plain)
+    assert spec_of(out["x"]) == P(first)
+    assert shard_shapes(out["x"]) == [(8 // mesh.shape[first], 12)]
+    np.testing.assert_array_equal(np.asarray(out["x"].array), np.asarray(data().array) * 2)
+    # The plain output is not forced to be replicated.
+    assert spec_of(out["p"]) == P(first) and shard_shapes(out["p"]) == [(8 // mesh.shape[first],)]
+    assert out["tag"] == "ok" and out["n"] == 7
+    assert out["x"].axes == data().axes
+
+
+def test_inside_and_outside_jit_agree(mesh):
+    names = mesh.axis_names
+    mapping = {"batch": names[0], "embed": names[-1] if len(names) > 1 else None}
+
+    def body(x):
+        return na.shard(scale(x), mapping)
+
+    with jax.set_mesh(mesh):
+        eager = body(data())
+        jitted = na.named_jit(body)(data())
+    assert spec_of(jitted) == spec_of(eager)
+    assert shard_shapes(jitted) == shard_shapes(eager)
+    np.testing.assert_array_equal(np.asarray(jitted.array), np.asarray(eager.array))
+
+
+def test_one_trace_per_signature_mapping_and_mesh(mesh_2x4, axis_type):
+    traces = []
+
+    @na.named_jit
+    def f(x):
+        traces.append(na.current_axis_mapping())
+        return scale(x)
+
+    x = data()
+    with jax.set_mesh(mesh_2x4):
+        with axis_mapping(batch="data"):
+            a = f(x)
+            f(x)
+        assert len(traces) == 1
+        with axis_mapping(batch="model"):
+            b = f(x)  # a different mapping: retraced, not the stale program
+        with axis_mapping(batch="data"):
+            f(x)  # back to the first: cached
+    assert traces == [{"batch": "data"}, {"batch": "model"}]
+    assert spec_of(a) == P("data") and spec_of(b) == P("model")
+    other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    with jax.set_mesh(other), axis_mapping(batch="data"):
+        c = f(x)  # a different mesh: retraced
+    assert len(traces) == 3
+    assert shard_shapes(c) == [(2, 12)]
+
+
+def test_static_leaves_hash_by_value():
+    traces = []
+
+    @na.named_jit
+    def f(x, factor, label="a"):
+        traces.append((factor, label))
+        return scale(x, factor)
+
+    x = data()
+    f(x, 2.0)
+    f(x, 2.0)
+    f(x, 3.0)
+    out = f(x, 3.0, label="b")
+    assert traces == [(2.0, "a"), (3.0, "a"), (3.0, "b")]
+    np.testing.assert_array_equal(np.asarray(out.array), np.asarray(x.array) * 3)
+
+
+def test_axis_resources_in_force_while_tracing_and_out_resources(mesh_2x4):
+    seen = []
+
+    @na.named_jit(axis_resources={"batch": "model"}, out_axis_resources={"embed": "model"})
+    def f(x):
+        seen.append(na.current_axis_mapping())
+        return na.shard(scale(x))  # by axis_resources, then re-placed by out_axis_resources
+
+    with jax.set_mesh(mesh_2x4), axis_mapping(batch="data"):
+        out = f(data())
+    assert seen == [{"batch": "model"}]
+    assert spec_of(out) == P(None, "model")
+
+
+def test_in_axis_resources_moves_committed_arguments(mesh_2x4):
+    # Committed on a different sharding: moved, not rejected.
+    x = na.shard(data(), {"embed": "model"}, mesh_2x4)
+    seen = []
+
+    def f(x):
+        seen.append(jax.typeof(x.array).sharding.spec)
+        return scale(x)
+
+    g = na.named_jit(f, in_axis_resources={"batch": "data"}, out_axis_resources={"batch": "data"})
+    with jax.set_mesh(mesh_2x4):
+        out = g(x)
+    assert spec_of(out) == P("data")
+    np.testing.assert_array_equal(np.asarray(out.array), np.asarray(data().array) * 2)
+    if mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit:
+        assert seen == [P("data", None)]  # the traced input already had the new placement
+
+
+def test_output_structure_that_depends_on_plain_input_shapes():
+    @na.named_jit
+    def f(v):
+        return named(v * 2, ("a",))
+
+    assert f(jnp.ones(3)).axes == (na.Axis("a", 3),)
+    assert f(jnp.ones(5)).axes == (na.Axis("a", 5),)
+    assert f(jnp.ones(3)).axes == (na.Axis("a", 3),)
+
+
+def test_donation():
+    x = data()
+    f = na.named_jit(lambda x, y: scale(x), donate_args=(True, False))
+    y = data()
+    out = f(x, y)
+    assert x.array.is_deleted() and not y.array.is_deleted()
+    np.testing.assert_array_equal(np.asarray(out.array), np.asarray(y.array) * 2)
+    g = na.named_jit(lambda x, *, y: scale(y), donate_kwargs={"y": True})
+    z = data()
+    g(data(), y=z)
+    assert z.array.is_deleted()
+
+
+def test_nested_in_jit_and_lower(mesh_2x4):
+    inner = na.named_jit(scale, axis_resources={"batch": "data"})
+    with jax.set_mesh(mesh_2x4):
+        out = jax.jit(lambda x: inner(x))(data())
+        lowered = inner.lower(data())
+    assert spec_of(out) == P("data")
+    assert isinstance(lowered, jax.stages.Lowered)
+    assert "multiply" in lowered.as_text()
+
+
+def test_lower_accepts_shape_structs(mesh_2x4):
+    f = na.named_jit(scale, in_axis_resources={"batch": "data"})
+    shapes = jax.eval_shape(data)
+    with jax.set_mesh(mesh_2x4):
+        text = f.lower(shapes).as_text()
+    assert "sharding" in text
+
+
+def test_method_and_decorator_forms():
+    class Model:
+        @na.named_jit
+        def apply(self, x):
+            return scale(x, 3.0)
+
+    assert float(Model().apply(data()).array[0, 1]) == 3.0
+    f = na.named_jit(axis_resources={"batch": None})(scale)
+    assert float(f(data()).array[0, 1]) == 2.0
+    assert f.__name__ == "scale"
+
+
+def test_mesh_taken_from_arguments_without_set_mesh(mesh_2x4):
+    x = na.shard(data(), {"batch": "data"}, mesh_2x4)
+    f = na.named_jit(lambda x: na.shard(scale(x), {"embed": "model"}))
+    out = f(x)
+    assert spec_of(out) == P(None, "model")
+
+
+def test_bad_input():
+    with pytest.raises(NamedTypeError, match=r"named_jit expects a function, got \{'batch': 'data'\}"):
+        na.named_jit({"batch": "data"})
+    with pytest.raises(NamedTypeError, match=r"named_jit expects a function, got 3 \(int\)"):
+        na.named_jit(axis_resources={"batch": "data"})(3)
+    with pytest.raises(NamedTypeError, match=r"named_jit manages static_argnums itself"):
+        na.named_jit(scale, static_argnums=1)
+    with pytest.raises(na.MappingTypeError, match=r"Logical axis 'batch' is mapped to 1"):
+        na.named_jit(scale, axis_resources={"batch": 1})
+
+
+def test_cache_is_bounded():
+    f = na.named_jit(lambda x, k: scale(x, k))
+    x = data(2, 2)
+    for k in range(70):
+        f(x, float(k))
+    (layout,) = f._layouts.values()
+    assert len(layout.by_key) == 64
