@@ -225,3 +225,37 @@ def test_fold_over_stacked_layers_matches_python_loop():
     _, hs = eqx.filter_jit(na.scan(lambda h, layer: (layer(h), layer(h)), "layer"))(h0, stack)
     assert hs.shape == {"layer": 3, "batch": 2, "embed": 4}
     close(hs.array[-1], out.array)
+
+
+# -- sharded inputs (Auto and Explicit meshes) -----------------------------------------------------
+
+
+def test_vmap_and_scan_over_sharded_axes(mesh_2x4):
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    B = jnp.arange(4 * 2 * 8.0).reshape(4, 2, 8) / 10
+    x = named(jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))), ("batch", "seq", "embed"))
+
+    @jax.jit
+    def f(x):
+        rows = na.vmap(lambda r: named(jnp.tanh(r.array), r.axes), "batch")(x)
+        # Scan over the sharded batch axis, carrying a per-embed sum (replicated carry).
+        def step(c, r):
+            total = named(c.array + jax.sharding.reshard(r.array.sum(axis=0), P()), c.axes)
+            return total, named(r.array[0], ("embed",))
+
+        carry, ys = na.scan(step, "batch")(named(jnp.zeros(8), ("embed",)), x)
+        return rows, carry, ys
+
+    with jax.set_mesh(mesh_2x4):
+        rows, carry, ys = f(x)
+    same_rows = jax.vmap(jnp.tanh)(B)
+    close(rows.array, same_rows)
+    assert rows.axis_names == ("batch", "seq", "embed")
+    close(carry.array, B.sum(axis=(0, 1)))
+    close(ys.array, B[:, 0])
+    assert ys.axis_names == ("batch", "embed")
+    if explicit:
+        assert rows.sharding.spec == P("data", None, "model")
+        assert ys.sharding.spec == P(None, "model")

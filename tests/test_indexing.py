@@ -253,3 +253,49 @@ def test_gather_separated_indices_after_a_sliced_axis():
     # Adjacent gathers after 'a' stay in place in NumPy too.
     sel2 = {"b": named(i, ("k",)), "c": named(j - 1, ("k",))}
     same(y[sel2], B[:, i, j - 1], ("a", "k", "d"))
+
+
+# -- sharded inputs (Auto and Explicit meshes) -----------------------------------------------------
+
+B = jnp.arange(4 * 4 * 8.0).reshape(4, 4, 8)
+
+
+def test_indexing_on_sharded_arrays(mesh_2x4):
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    x = named(jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))), ("batch", "seq", "embed"))
+    ids_np = np.array([[0, 3], [2, 2], [1, 0], [3, 1]])  # (batch, k)
+    ids = named(jax.device_put(ids_np, NamedSharding(mesh_2x4, P("data", None))), ("batch", "k"))
+    tok_np = np.array([[1, 3], [0, 2]])  # (b, s) token ids into 'batch' (as a vocab)
+    tok = named(jax.device_put(tok_np, NamedSharding(mesh_2x4, P("data", None))), ("b", "s"))
+
+    @jax.jit
+    def f(x, ids, tok, start):
+        return {
+            "int_sharded": x["batch", 1],
+            "slice_sharded": x["embed", 0:2],
+            "pointwise": x["seq", ids],
+            "lookup": na.take(x, "batch", tok),
+            "dyn": na.slice(x, "embed", start, 2),
+            "set": x.at["batch", 1].set(named(jnp.ones(4), ("seq",))),
+            "add_gather": x.at["seq", ids].add(1.0),
+        }
+
+    with jax.set_mesh(mesh_2x4):
+        out = f(x, ids, tok, 3)
+    same(out["int_sharded"], B[1], ("seq", "embed"))
+    same(out["slice_sharded"], B[:, :, 0:2], ("batch", "seq", "embed"))
+    same(out["pointwise"], jnp.take_along_axis(B, jnp.asarray(ids_np)[:, :, None], axis=1), ("batch", "k", "embed"))
+    same(out["lookup"], B[jnp.asarray(tok_np)], ("b", "s", "seq", "embed"))
+    same(out["dyn"], B[:, :, 3:5], ("batch", "seq", "embed"))
+    same(out["set"], B.at[1].set(1.0), ("batch", "seq", "embed"))
+    expected = B.at[jnp.arange(4)[:, None], jnp.asarray(ids_np)].add(1.0)
+    same(out["add_gather"], expected, ("batch", "seq", "embed"))
+    if explicit:  # each output axis keeps the mesh axes it had, in x or in the index array
+        assert out["int_sharded"].sharding.spec == P(None, "model")
+        assert out["pointwise"].sharding.spec == P("data", None, "model")
+        assert out["lookup"].sharding.spec == P("data", None, None, "model")
+        assert out["dyn"].sharding.spec == P("data", None, None)
+        assert out["set"].sharding.spec == P("data", None, "model")
+        assert out["add_gather"].sharding.spec == P("data", None, "model")

@@ -240,3 +240,47 @@ def test_shape_ops_trace_under_jit(x):
     out = f(x)
     flat = jnp.transpose(A, (0, 2, 1)).reshape(8, 3)
     same(out, jnp.concatenate([flat[5:], flat[:5]]).T, ("seq", "be"))
+
+
+# -- sharded inputs (Auto and Explicit meshes) -----------------------------------------------------
+
+B = jnp.arange(4 * 4 * 8.0).reshape(4, 4, 8)
+
+
+def test_shape_ops_on_sharded_arrays(mesh_2x4):
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    a = jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model")))
+    x = named(a, ("batch", "seq", "embed"))
+
+    @jax.jit
+    def f(x):
+        return {
+            "rearrange": na.rearrange(x, ("embed", ...)),
+            "flatten_outer": na.flatten_axes(x, ("batch", "seq"), "bs"),
+            "flatten_inner": na.flatten_axes(x, ("seq", "embed"), "se"),  # sharded axis not outermost
+            "unflatten": na.unflatten_axis(x, "embed", {"h": 4, "d": 2}),
+            "split": na.split(x, "batch", (1, 3))[0],  # 1 row of a 2-way sharded axis
+            "unbind": na.unbind(x, "batch")[3],
+            "concat": na.concatenate("batch", [x, x]),
+            "stack": na.stack("l", [x, x]),
+        }
+
+    with jax.set_mesh(mesh_2x4):
+        out = f(x)
+    same(out["rearrange"], jnp.transpose(B, (2, 0, 1)), ("embed", "batch", "seq"))
+    same(out["flatten_outer"], B.reshape(16, 8), ("bs", "embed"))
+    same(out["flatten_inner"], B.reshape(4, 32), ("batch", "se"))
+    same(out["unflatten"], B.reshape(4, 4, 4, 2), ("batch", "seq", "h", "d"))
+    same(out["split"], B[:1], ("batch", "seq", "embed"))
+    same(out["unbind"], B[3], ("seq", "embed"))
+    same(out["concat"], jnp.concatenate([B, B]), ("batch", "seq", "embed"))
+    same(out["stack"], jnp.stack([B, B]), ("l", "batch", "seq", "embed"))
+    if explicit:  # shardings are part of the type: each kept axis keeps its mesh axes
+        assert out["rearrange"].sharding.spec == P("model", "data", None)
+        assert out["flatten_outer"].sharding.spec == P("data", "model")
+        assert out["flatten_inner"].sharding.spec == P("data", None)
+        assert out["split"].sharding.spec == P(None, None, "model")
+        assert out["unbind"].sharding.spec == P(None, "model")
+        assert out["stack"].sharding.spec == P(None, "data", None, "model")

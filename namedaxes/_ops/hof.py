@@ -26,6 +26,7 @@ from .._errors import (
     format_axes,
     format_path,
 )
+from .shape import unshard_dims
 
 __all__ = ["fold", "scan", "vmap"]
 
@@ -270,8 +271,12 @@ def _scan(
     def scanned(init: Any, xs: Any) -> tuple[Any, Any]:
         ins = _Mapped(xs, axis, op, "xs", lambda path: format_path(("xs", *path)))
         outs = _Outputs(name, op)
-        # lax.scan walks the leading dimension.
-        leading = [jnp.moveaxis(a, i, 0) if i else a for a, i in zip(ins.arrays, ins.positions)]
+        # lax.scan walks the leading dimension, which must be replicated on Explicit meshes (XLA
+        # gathers it on Auto meshes anyway).
+        leading = [
+            jnp.moveaxis(unshard_dims(a, [i]), i, 0) if i else unshard_dims(a, [0])
+            for a, i in zip(ins.arrays, ins.positions)
+        ]
 
         def body(carry: Any, arrays: list[Any]) -> tuple[Any, list[Any]]:
             out = fn(carry, ins.rebuild(arrays))

@@ -13,6 +13,11 @@ A selection maps axes to indices. Each index is
 
 Static integers out of range raise; traced indices follow JAX (clamped when reading, dropped when
 updating).
+
+On Explicit meshes the result is sharded by name: every output axis keeps the mesh axes it had (in
+``x`` for kept and batch axes, in the index array for gathered axes). An axis of ``x`` that is
+integer-indexed, gathered or sliced is replicated first, which is what XLA does on Auto meshes.
+Updates (``x.at[...]``) keep the sharding of ``x``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, broadcast_axes, find_axis
@@ -36,7 +42,7 @@ from .._errors import (
     format_names,
 )
 from ._align import align_to
-from .shape import expect_named
+from .shape import expect_named, explicit_sharding, unshard_dims
 
 __all__ = ["take", "slice_axis"]
 
@@ -55,6 +61,45 @@ class _Plan:
     index: tuple[Any, ...]
     layout: tuple[Axis, ...]
     out: tuple[Axis, ...]
+    # Where each layout axis comes from: a dimension of x, or (index NamedArray, its dimension).
+    sources: tuple[int | tuple[NamedArray, int], ...]
+    # Dimensions of x that cannot stay sharded (integer-indexed, gathered or sliced).
+    unshard: tuple[int, ...]
+
+    def out_sharding(self, array: jax.Array) -> NamedSharding | None:
+        """The sharding of ``array[index]`` by name, when anything is sharded over Explicit axes.
+
+        Each output axis keeps the mesh axes it had: in ``x`` for kept and batch axes, in the index
+        array for gathered ones; a mesh axis already used by an earlier output axis is dropped.
+        """
+        info = explicit_sharding(array)
+        mesh = info[0] if info else None
+        entries: list[Any] = []
+        for src in self.sources:
+            if isinstance(src, int):
+                entries.append(info[1][src] if info else None)
+            else:
+                index_info = explicit_sharding(src[0].array)
+                entries.append(index_info[1][src[1]] if index_info else None)
+                if mesh is None and index_info is not None:
+                    mesh = index_info[0]
+        if mesh is None:
+            return None
+        used: set[str] = set()
+        for k, e in enumerate(entries):
+            names = set((e,) if isinstance(e, str) else (e or ()))
+            if names & used:
+                entries[k] = None
+            used |= names
+        return NamedSharding(mesh, PartitionSpec(*entries))
+
+    def gather(self, x: NamedArray, **kwargs: Any) -> NamedArray:
+        """``x[index]`` with names, sharded by name on Explicit meshes."""
+        array = unshard_dims(x.array, self.unshard)
+        sharding = self.out_sharding(array)
+        if sharding is not None:
+            kwargs.setdefault("out_sharding", sharding)
+        return self.reorder(array.at[self.index].get(**kwargs))
 
     def reorder(self, array: jax.Array) -> NamedArray:
         """Wrap the result of ``x.array[index]`` with names, in ``out`` order."""
@@ -174,15 +219,25 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
                     "dimensions need names to say where they go. Wrap it first, e.g. "
                     f"named(idx, {tuple(f'axis{i}' for i in range(len(shape)))!r})."
                 )
+    unshard = tuple(
+        i
+        for i in range(n)
+        if i in selection and not (isinstance(entries[i], _builtin_slice) and entries[i] == _builtin_slice(None))
+    )
     if not gathers:
         layout = tuple(a for a in kept if a is not None)
-        return _Plan(tuple(entries), layout, layout)
+        sources = tuple(i for i, a in enumerate(kept) if a is not None)
+        return _Plan(tuple(entries), layout, layout, sources, unshard)
 
     gathered: tuple[Axis, ...] = ()
     for v in gathers.values():
         gathered = broadcast_axes(gathered, v.axes)
     remaining = {a.name: i for i, a in enumerate(kept) if a is not None}
     new = tuple(b for b in gathered if b.name not in remaining)
+    origin: dict[str, int | tuple[NamedArray, int]] = {b.name: remaining[b.name] for b in gathered if b.name in remaining}
+    for v in gathers.values():
+        for d, a in enumerate(v.axes):
+            origin.setdefault(a.name, (v, d))
     for k, b in enumerate(gathered):
         if b.name not in remaining:
             continue
@@ -206,8 +261,14 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
         before = [kept[i] for i in sliced if i < advanced[0]]
         after = [kept[i] for i in sliced if i > advanced[0]]
         layout = tuple(before) + gathered + tuple(after)  # type: ignore[arg-type]
+        sources = (
+            tuple(i for i in sliced if i < advanced[0])
+            + tuple(origin[b.name] for b in gathered)
+            + tuple(i for i in sliced if i > advanced[0])
+        )
     else:
         layout = gathered + tuple(kept[i] for i in sliced)  # type: ignore[misc]
+        sources = tuple(origin[b.name] for b in gathered) + tuple(sliced)
 
     out: list[Axis] = []
     for i in range(n):
@@ -216,13 +277,12 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
                 out.extend(new)
         elif kept[i] is not None:
             out.append(kept[i])  # type: ignore[arg-type]
-    return _Plan(tuple(entries), layout, tuple(out))
+    return _Plan(tuple(entries), layout, tuple(out), sources, unshard)
 
 
 def _getitem(self: NamedArray, key: Any) -> NamedArray:
     """Index by name; see the module docstring of ``namedaxes._ops.indexing``."""
-    plan = _plan(self, _parse_key(self, key))
-    return plan.reorder(self.array[plan.index])
+    return _plan(self, _parse_key(self, key)).gather(self)
 
 
 # -- .at[...] -------------------------------------------------------------------------------
@@ -261,12 +321,15 @@ class _AtRef:
 
     def _update(self, method: str, values: Any, kwargs: dict[str, Any]) -> NamedArray:
         v = self._values(values, method)
+        info = explicit_sharding(self._x.array)
+        if info is not None:  # the update keeps x's sharding
+            kwargs.setdefault("out_sharding", NamedSharding(info[0], PartitionSpec(*info[1])))
         array = getattr(self._x.array.at[self._plan.index], method)(v, **kwargs)
         return NamedArray(array, self._x.axes)
 
     def get(self, **kwargs: Any) -> NamedArray:
         """The selected region (like ``x[selection]``); ``kwargs`` go to JAX (e.g. ``mode="fill"``)."""
-        return self._plan.reorder(self._x.array.at[self._plan.index].get(**kwargs))
+        return self._plan.gather(self._x, **kwargs)
 
     def set(self, values: Any, **kwargs: Any) -> NamedArray:
         """``x`` with the region replaced by ``values`` (a scalar or a NamedArray broadcast by name)."""
@@ -348,8 +411,7 @@ def take(x: NamedArray, axis: AxisSelector, indices: Any) -> NamedArray:
             f"take() needs integer indices for axis {x.axes[pos].name!r}, got {indices!r}. "
             f"Use x[{x.axes[pos].name!r}, start:stop] or namedaxes.slice() for ranges."
         )
-    plan = _plan(x, {pos: indices})
-    return plan.reorder(x.array[plan.index])
+    return _plan(x, {pos: indices}).gather(x)
 
 
 def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> NamedArray:
@@ -408,7 +470,7 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
                 f"slice(): start must be an int or a 0-d integer array, got {start!r}."
             )
         _check_int_dtype(start.dtype, ax, "a start")
-    array = jax.lax.dynamic_slice_in_dim(x.array, start, length, axis=i)
+    array = jax.lax.dynamic_slice_in_dim(unshard_dims(x.array, [i]), start, length, axis=i)
     return NamedArray(array, x.axes[:i] + (Axis(ax.name, length),) + x.axes[i + 1 :])
 
 

@@ -67,6 +67,43 @@ def expect_named(x: Any, op: str, arg: str = "x") -> NamedArray:
     )
 
 
+def explicit_sharding(array: Any) -> tuple[Any, list[Any]] | None:
+    """``(mesh, spec entries)`` of an array sharded over Explicit mesh axes, else ``None``.
+
+    Works on concrete arrays and on tracers (the mesh is then abstract). Auto mesh axes never show
+    up in an array's type, so arrays on Auto meshes (or on no mesh) give ``None``.
+    """
+    try:
+        sharding = jax.typeof(array).sharding
+    except (TypeError, AttributeError):
+        return None
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return None
+    entries = list(spec) + [None] * (len(array.shape) - len(spec))
+    if all(e is None for e in entries):
+        return None
+    return mesh, entries
+
+
+def unshard_dims(array: Any, dims: Sequence[int]) -> Any:
+    """``array`` with ``dims`` replicated when they are sharded over Explicit mesh axes.
+
+    On Explicit meshes JAX refuses ops that would move data across a sharded dimension (an integer
+    index, a slice or split whose size does not divide, unstacking, a scan over it) and asks for an
+    output sharding. On Auto meshes XLA gathers that dimension anyway; replicating it first makes
+    both modes compute the same thing. The other dimensions keep their sharding.
+    """
+    info = explicit_sharding(array)
+    if info is None:
+        return array
+    mesh, entries = info
+    if all(entries[d] is None for d in dims):
+        return array
+    spec = jax.sharding.PartitionSpec(*(None if i in dims else e for i, e in enumerate(entries)))
+    return jax.sharding.reshard(array, jax.sharding.NamedSharding(mesh, spec))
+
+
 def _check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
     """Raise if a new axis name collides with an axis of ``x`` that is not being replaced."""
     clash = [a.name for a in new if a.name not in replaced and x.has_axis(a.name)]
@@ -245,7 +282,9 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
     kept_before = [i for i in range(first) if i not in positions]
     kept_after = [i for i in range(first, x.ndim) if i not in positions]
     perm = kept_before + positions + kept_after
-    array = x.array if perm == list(range(x.ndim)) else jnp.transpose(x.array, perm)
+    # Only the outermost merged dimension can stay sharded through the reshape.
+    array = unshard_dims(x.array, positions[1:])
+    array = array if perm == list(range(x.ndim)) else jnp.transpose(array, perm)
     shape = (
         tuple(x.axes[i].size for i in kept_before) + (size,) + tuple(x.axes[i].size for i in kept_after)
     )
@@ -344,7 +383,7 @@ def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> 
         )
     _check_new_names(x, chunks, [old.name], "split")
     cuts = [sum(a.size for a in chunks[:k]) for k in range(1, len(chunks))]
-    pieces = jnp.split(x.array, cuts, axis=i)
+    pieces = jnp.split(unshard_dims(x.array, [i]), cuts, axis=i)
     return [_named_from(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(pieces, chunks)]
 
 
@@ -371,7 +410,7 @@ def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
     x = expect_named(x, "unbind")
     i = find_axis(x.axes, axis)
     rest = x.axes[:i] + x.axes[i + 1 :]
-    return [_named_from(p, rest) for p in jnp.unstack(x.array, axis=i)]
+    return [_named_from(p, rest) for p in jnp.unstack(unshard_dims(x.array, [i]), axis=i)]
 
 
 # -- join arrays -----------------------------------------------------------------------------
