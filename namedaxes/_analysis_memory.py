@@ -28,7 +28,7 @@ from ._rules_base import (
     spec_problems,
 )
 
-__all__ = ["ShardingAnalyzer", "pair_specs"]
+__all__ = ["ShardingAnalyzer", "pair_specs", "per_device_bytes", "usage_of"]
 
 # Bound the (leaves x dims x devices) index block of the uneven path to ~32 MB of int64.
 _BLOCK_ELEMENTS = 4_000_000
@@ -255,44 +255,61 @@ class ShardingAnalyzer:
             >>> usage["size_per_device"], usage["replicated_bytes"]
             (48, 16)
         """
-        sizes = mesh_axis_sizes(self.mesh)
-        pairs = pair_specs(tree, specs)
-        records = []
-        kept: list[tuple[Leaf, PartitionSpec]] = []
-        problems = []
-        for leaf, spec in pairs:
-            if not leaf.is_array:
-                continue
-            spec = PartitionSpec() if spec is None else spec
+        return usage_of(pair_specs(tree, specs), mesh_axis_sizes(self.mesh))
+
+
+def usage_of(pairs: list[tuple[Leaf, Any]], sizes: Mapping[str, int]) -> dict[str, Any]:
+    """``estimate_memory_usage`` for already-paired ``(leaf, spec)``s."""
+    records = []
+    kept: list[tuple[Leaf, PartitionSpec]] = []
+    problems = []
+    # (shape, spec) -> (problems, entries, replicated?): real trees repeat a few hundred shapes.
+    checked: dict[Any, tuple[list[str], tuple[tuple[str, ...], ...], bool]] = {}
+    replicated_flags = []
+    for leaf, spec in pairs:
+        if not leaf.is_array:
+            continue
+        spec = PartitionSpec() if spec is None else spec
+        key = (leaf.shape, spec)
+        try:
+            found, entries, rep = checked[key]
+        except KeyError:
             found = spec_problems(leaf.shape or (), spec, sizes, divisible=False)
-            if found:
-                problems.extend(f"{leaf.path}: {p}" for p in found)
-                continue
-            entries = tuple(entry_axes(e) for e in spec)
-            records.append((leaf.shape, leaf.dtype.itemsize, entries))  # type: ignore[union-attr]
-            kept.append((leaf, spec))
-        if problems:
-            shown = "; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
-            raise ShardingError(
-                f"Cannot estimate memory: {len(problems)} invalid spec(s): {shown}. Fix the specs "
-                "(ShardingAnalyzer.validate_partition_specs lists every problem)."
-            )
-        total, busiest = per_device_bytes(records, sizes)
-        leaves_out: dict[str, dict[str, Any]] = {}
-        total_size = 0
-        replicated_bytes = 0
-        for (leaf, spec), (shape, itemsize, entries), peak in zip(kept, records, busiest.tolist()):
-            nbytes = math.prod(shape) * itemsize
-            total_size += nbytes
-            if all(math.prod(sizes[a] for a in e) == 1 for e in entries):
-                replicated_bytes += nbytes
-            leaves_out[leaf.path] = {"spec": spec, "total_bytes": nbytes, "bytes_per_device": peak}
-        per_device = total.tolist()
-        return {
-            "total_size": total_size,
-            "size_per_device": max(per_device) if per_device else 0,
-            "per_device": per_device,
-            "replicated_bytes": replicated_bytes,
-            "num_devices": len(per_device),
-            "leaves": leaves_out,
-        }
+            entries = () if found else tuple(entry_axes(e) for e in spec)
+            rep = all(math.prod(sizes[a] for a in e) == 1 for e in entries)
+            checked[key] = (found, entries, rep)
+        except TypeError:  # an unhashable non-spec: report it
+            found, entries, rep = spec_problems(leaf.shape or (), spec, sizes, divisible=False), (), True
+        if found:
+            problems.extend(f"{leaf.path}: {p}" for p in found)
+            continue
+        records.append((leaf.shape, leaf.dtype.itemsize, entries))  # type: ignore[union-attr]
+        kept.append((leaf, spec))
+        replicated_flags.append(rep)
+    if problems:
+        shown = "; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+        raise ShardingError(
+            f"Cannot estimate memory: {len(problems)} invalid spec(s): {shown}. Fix the specs "
+            "(ShardingAnalyzer.validate_partition_specs lists every problem)."
+        )
+    total, busiest = per_device_bytes(records, sizes)
+    leaves_out: dict[str, dict[str, Any]] = {}
+    total_size = 0
+    replicated_bytes = 0
+    for (leaf, spec), (shape, itemsize, _), rep, peak in zip(
+        kept, records, replicated_flags, busiest.tolist()
+    ):
+        nbytes = math.prod(shape) * itemsize
+        total_size += nbytes
+        if rep:
+            replicated_bytes += nbytes
+        leaves_out[leaf.path] = {"spec": spec, "total_bytes": nbytes, "bytes_per_device": peak}
+    per_device = total.tolist()
+    return {
+        "total_size": total_size,
+        "size_per_device": max(per_device) if per_device else 0,
+        "per_device": per_device,
+        "replicated_bytes": replicated_bytes,
+        "num_devices": len(per_device),
+        "leaves": leaves_out,
+    }

@@ -326,6 +326,7 @@ class MeshPartitionHelper(ShardingRule):
 
     def __init__(self, mesh: MeshLike | None = None, min_shard_size: int = 1024) -> None:
         self.mesh = mesh
+        self._sizes: dict[str, int] | None = None  # cached for an explicit mesh
         checked = _check_min_size(min_shard_size, "MeshPartitionHelper")
         self.min_shard_size = 0 if checked is None else checked
 
@@ -335,7 +336,14 @@ class MeshPartitionHelper(ShardingRule):
     @property
     def axis_sizes(self) -> dict[str, int]:
         """``{mesh_axis: size}`` of the helper's mesh (or the context mesh)."""
-        return mesh_axis_sizes(resolve_mesh(self.mesh))
+        return dict(self._axis_sizes())
+
+    def _axis_sizes(self) -> dict[str, int]:
+        if self.mesh is None:
+            return mesh_axis_sizes(resolve_mesh(None))
+        if self._sizes is None:
+            self._sizes = mesh_axis_sizes(self.mesh)
+        return self._sizes
 
     def suggest_methods(self, shape: Sequence[int]) -> list[tuple[str, ...]]:
         """Mesh-axis groups that could shard an array of ``shape``, best first.
@@ -344,7 +352,7 @@ class MeshPartitionHelper(ShardingRule):
             >>> MeshPartitionHelper({"data": 2, "model": 4}).suggest_methods((6, 8))
             [('model',), ('data',)]
         """
-        sizes = self.axis_sizes
+        sizes = self._axis_sizes()
         shape = tuple(int(d) for d in shape)
 
         def divides_some(k: int) -> bool:
@@ -397,7 +405,7 @@ class MeshPartitionHelper(ShardingRule):
             ...     (4096, 1024), [("model",), ("data",)])
             P('model', 'data')
         """
-        sizes = self.axis_sizes
+        sizes = self._axis_sizes()
         shape = tuple(int(d) for d in shape)
         groups = [(m,) if isinstance(m, str) else tuple(m) for m in methods]
         unknown = [a for g in groups for a in g if a not in sizes]
@@ -427,13 +435,13 @@ class MeshPartitionHelper(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """A spec per array leaf: its suggested methods through :meth:`create_partition_spec`."""
-        suggestions = self.analyze_pytree(tree)
         cache: dict[tuple[int, ...], PartitionSpec] = {}
 
         def spec_for(leaf: Leaf) -> PartitionSpec:
             shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]  # arrays only
             if shape not in cache:
-                cache[shape] = self.create_partition_spec(shape, suggestions[shape], self.min_shard_size)
+                methods = self.suggest_methods(shape)
+                cache[shape] = self.create_partition_spec(shape, methods, self.min_shard_size)
             return cache[shape]
 
         return map_array_leaves(tree, spec_for)

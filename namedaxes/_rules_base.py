@@ -134,8 +134,8 @@ class Leaf:
             self.shape: tuple[int, ...] | None = None
             self.dtype = None
             return
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = shape if type(shape) is tuple else tuple(map(int, shape))
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         if isinstance(value, NamedArray):
             self.axes = value.axes
 

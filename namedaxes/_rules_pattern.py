@@ -15,7 +15,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from ._errors import NamedTypeError, ShardingError
-from ._partitioning import current_axis_mapping, resolve
+from ._partitioning import AxisRules, current_axis_mapping, resolve
 from ._rules_base import (
     Leaf,
     MeshLike,
@@ -38,6 +38,13 @@ def _resolve_leaf(leaf: Leaf, rules: Any, mesh: MeshLike, unsatisfied: Any) -> P
         return resolve(leaf.axes, rules, mesh, unsatisfied=unsatisfied)
     except ShardingError as e:
         raise type(e)(f"At leaf {leaf.path!r}: {e}") from e
+
+
+def logical_spec(leaf: Leaf, rules: Any, mesh: MeshLike, unsatisfied: Any = None) -> PartitionSpec:
+    """``LogicalAxisRule``'s spec for one array leaf: resolved names, or replicated if unnamed."""
+    if leaf.axes is None:
+        return replicated(len(leaf.shape or ()))
+    return _resolve_leaf(leaf, rules, mesh, unsatisfied)
 
 
 class LogicalAxisRule(ShardingRule):
@@ -78,21 +85,18 @@ class LogicalAxisRule(ShardingRule):
         mesh = resolve_mesh(self.mesh)
         rules = self.rules if self.rules is not None else current_axis_mapping()
 
-        def spec_for(leaf: Leaf) -> PartitionSpec:
-            if leaf.axes is None:
-                return replicated(len(leaf.shape or ()))
-            return _resolve_leaf(leaf, rules, mesh, self.unsatisfied)
-
-        return map_array_leaves(tree, spec_for)
+        return map_array_leaves(tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied))
 
 
 def _check_spec_value(spec: Any, where: str, *, allow_mapping: bool) -> Any:
     if spec is None or isinstance(spec, PartitionSpec):
         return spec
+    if allow_mapping and isinstance(spec, AxisRules):
+        return spec
     if allow_mapping and isinstance(spec, Mapping):
         return dict(spec)
     allowed = "a PartitionSpec, None (replicated)" + (
-        " or a {axis_name: mesh_axes} mapping for NamedArrays" if allow_mapping else ""
+        " or a {axis_name: mesh_axes} mapping / AxisRules for NamedArrays" if allow_mapping else ""
     )
     raise NamedTypeError(f"{where} has spec {spec!r} ({type(spec).__name__}); expected {allowed}.")
 
@@ -190,7 +194,7 @@ class PathRegexRule(ShardingRule):
     Paths are rendered as ``a/b/0/c`` (a NamedArray is one leaf: its own ``array`` field is not
     part of the path) and matched with ``re.search``; the first matching pattern wins. A spec is a
     ``PartitionSpec`` (positional, checked against the mesh), ``None`` (replicated), or, for
-    NamedArrays, a ``{axis_name: mesh_axes}`` mapping resolved through ``resolve``.
+    NamedArrays, a ``{axis_name: mesh_axes}`` mapping or ``AxisRules`` resolved through ``resolve``.
 
     Args:
         rules: ``[(regex, spec), ...]`` (or a dict in insertion order).
@@ -267,7 +271,7 @@ class PathRegexRule(ShardingRule):
 
     @staticmethod
     def _spec(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike, sizes: Mapping[str, int]) -> PartitionSpec:
-        if isinstance(spec, dict):
+        if isinstance(spec, (dict, AxisRules)):
             if leaf.axes is None:
                 raise ShardingError(
                     f"PathRegexRule pattern {pattern!r} gives leaf {leaf.path!r} the axis mapping "

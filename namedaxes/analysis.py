@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from ._analysis_memory import ShardingAnalyzer as ShardingAnalyzer
-from ._analysis_memory import pair_specs
+from ._analysis_memory import usage_of
 from ._errors import (
     MemoryAnalysisUnavailableError,
     NamedTypeError,
@@ -32,14 +34,16 @@ from ._errors import (
 )
 from ._partitioning import current_axis_mapping
 from ._rules_base import (
+    Leaf,
     MeshLike,
     entry_axes,
+    flatten_leaves,
     format_bytes,
     mesh_axis_sizes,
     mesh_repr,
     resolve_mesh,
 )
-from ._rules_pattern import LogicalAxisRule
+from ._rules_pattern import logical_spec
 
 __all__ = [
     "MemoryReport",
@@ -128,7 +132,7 @@ def memory_report(
 ) -> MemoryReport:
     """Per-device memory of ``tree`` when its NamedArrays are sharded by a logical-axis mapping.
 
-    Specs come from ``resolve`` (via ``LogicalAxisRule``); plain arrays are replicated. Works on
+    Specs come from ``resolve`` (as ``LogicalAxisRule`` gives them); plain arrays are replicated. Works on
     abstract trees (``eqx.filter_eval_shape``) and abstract meshes, so a model far larger than this
     machine can be planned here.
 
@@ -155,40 +159,41 @@ def memory_report(
     mesh = resolve_mesh(mesh)
     sizes = mesh_axis_sizes(mesh)
     rules = mapping_or_rules if mapping_or_rules is not None else current_axis_mapping()
-    specs = LogicalAxisRule(rules, mesh).apply(tree)
-    usage = ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)
+    leaves, _ = flatten_leaves(tree)
+    pairs = [(lf, logical_spec(lf, rules, mesh)) for lf in leaves if lf.is_array]
+    usage = usage_of(pairs, sizes)
     axes: dict[str, dict[str, Any]] = {}
-    largest = []
     replicated_leaves = []
-    for leaf, spec in pair_specs(tree, specs):
-        if not leaf.is_array:
-            continue
-        shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
-        itemsize = leaf.dtype.itemsize  # type: ignore[union-attr]
-        entries = [entry_axes(e) for e in spec] + [()] * (len(shape) - len(spec))
-        ks = [math.prod(sizes[a] for a in e) for e in entries]
-        info = usage["leaves"][leaf.path]
-        if all(k == 1 for k in ks):
+    # Per (axes or shape, dtype, spec): [(axis name, mesh axes, bytes saved)], replicated?
+    breakdown: dict[Any, tuple[list[tuple[str, tuple[str, ...], int]], bool]] = {}
+    for leaf, spec in pairs:
+        key = (leaf.axes or leaf.shape, leaf.dtype, spec)
+        if key not in breakdown:
+            breakdown[key] = _breakdown(leaf, spec, sizes)
+        per_axis, is_replicated = breakdown[key]
+        if is_replicated:
             replicated_leaves.append(leaf.path)
-        largest.append(
-            {
-                "path": leaf.path,
-                "axes": format_axes(leaf.axes) if leaf.axes is not None else str(shape),
-                "spec": str(spec),
-                "total_bytes": info["total_bytes"],
-                "bytes_per_device": info["bytes_per_device"],
-            }
-        )
-        for d, axis in enumerate(leaf.axes or ()):
-            slot = axes.setdefault(axis.name, {"mesh_axes": [], "leaves": 0, "saved_bytes": 0})
+        for name, mesh_axes, saved in per_axis:
+            slot = axes.setdefault(name, {"mesh_axes": [], "leaves": 0, "saved_bytes": 0})
             slot["leaves"] += 1
-            if ks[d] > 1:
-                for a in entries[d]:
-                    if a not in slot["mesh_axes"]:
-                        slot["mesh_axes"].append(a)
-                unsharded = ks[:d] + [1] + ks[d + 1 :]
-                slot["saved_bytes"] += _busiest_bytes(shape, itemsize, unsharded) - info["bytes_per_device"]
-    largest.sort(key=lambda x: (-x["total_bytes"], x["path"]))
+            slot["saved_bytes"] += saved
+            for a in mesh_axes:
+                if a not in slot["mesh_axes"]:
+                    slot["mesh_axes"].append(a)
+    info = usage["leaves"]
+    top_pairs = heapq.nsmallest(
+        top, pairs, key=lambda p: (-info[p[0].path]["total_bytes"], p[0].path)
+    )
+    largest = [
+        {
+            "path": leaf.path,
+            "axes": format_axes(leaf.axes) if leaf.axes is not None else str(leaf.shape),
+            "spec": str(spec),
+            "total_bytes": info[leaf.path]["total_bytes"],
+            "bytes_per_device": info[leaf.path]["bytes_per_device"],
+        }
+        for leaf, spec in top_pairs
+    ]
     return MemoryReport(
         mesh=dict(sizes),
         total_bytes=usage["total_size"],
@@ -197,8 +202,27 @@ def memory_report(
         replicated_bytes=usage["replicated_bytes"],
         replicated_leaves=replicated_leaves,
         axes=axes,
-        largest=largest[:top],
+        largest=largest,
     )
+
+
+def _breakdown(
+    leaf: Leaf, spec: PartitionSpec, sizes: Mapping[str, int]
+) -> tuple[list[tuple[str, tuple[str, ...], int]], bool]:
+    """Per named axis of ``leaf``: its mesh axes and the busiest-device bytes its sharding saves."""
+    shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
+    itemsize = leaf.dtype.itemsize  # type: ignore[union-attr]
+    entries = [entry_axes(e) for e in spec] + [()] * (len(shape) - len(spec))
+    ks = [math.prod(sizes[a] for a in e) for e in entries]
+    with_all = _busiest_bytes(shape, itemsize, ks)
+    per_axis = []
+    for d, axis in enumerate(leaf.axes or ()):
+        if ks[d] > 1:
+            unsharded = ks[:d] + [1] + ks[d + 1 :]
+            per_axis.append((axis.name, entries[d], _busiest_bytes(shape, itemsize, unsharded) - with_all))
+        else:
+            per_axis.append((axis.name, (), 0))
+    return per_axis, all(k == 1 for k in ks)
 
 
 # -- compiled_memory -------------------------------------------------------------------------
