@@ -51,7 +51,7 @@ def _dtype_name(dtype: Any) -> str:
 def _mismatch(ann: _AxesMeta, x: Any) -> str | None:
     """Why ``x`` does not match ``ann``, or ``None`` when it does."""
     if not isinstance(x, NamedArray):
-        return f"got {type(x).__name__}, not a NamedArray"
+        return "not a NamedArray (name its axes with named(x, (...)))"
     have = set(x.axis_names)
     problems = []
     missing = [n for n in sorted(ann._names) if n not in have]
@@ -113,7 +113,7 @@ def _class_getitem(cls: type, item: Any) -> _AxesMeta:
                 f"NamedArray[{spec!r}, {dtype!r}]: {dtype!r} is not a dtype or dtype category "
                 "(e.g. jnp.float32, jnp.floating, jnp.integer)."
             ) from None
-    return _annotation(spec, dtype)
+    return _annotation(" ".join(spec.split()), dtype)
 
 
 NamedArray.__class_getitem__ = classmethod(_class_getitem)  # type: ignore[attr-defined]
@@ -137,6 +137,13 @@ def _matches(member: Any, value: Any) -> bool:
         return True
 
 
+def _describe(value: Any) -> str:
+    if isinstance(value, NamedArray):
+        return f"NamedArray({format_axes(value.axes)})"
+    shape = getattr(value, "shape", None)
+    return type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")
+
+
 def _verify(fn_name: str, ann: Any, value: Any, what: str, sizes: dict[str, tuple[int, str]]) -> None:
     ours = _ours(ann)
     if not ours:
@@ -144,7 +151,7 @@ def _verify(fn_name: str, ann: Any, value: Any, what: str, sizes: dict[str, tupl
     members = typing.get_args(ann) if not isinstance(ann, _AxesMeta) else (ann,)
     matched = next((m for m in members if _matches(m, value)), None)
     if matched is None:
-        got = f"NamedArray({format_axes(value.axes)})" if isinstance(value, NamedArray) else repr(value)
+        got = _describe(value)
         reasons = "; or ".join(f"{a!r}: {_mismatch(a, value)}" for a in ours)
         raise NamedTypeError(f"{fn_name}() {what} is {got}, which does not match {reasons}.")
     if isinstance(matched, _AxesMeta):
