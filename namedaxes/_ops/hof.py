@@ -225,7 +225,8 @@ def scan(
     ``xs`` that has ``axis`` is scanned over it (``fn`` sees it without the axis); everything else in
     ``xs`` is passed unchanged to every step. ``fn(carry, x)`` returns ``(carry, y)``; the carry must
     keep the structure and axes of ``init``. NamedArrays in ``ys`` get ``axis`` back as their first
-    axis; plain arrays get it as dimension 0.
+    axis; plain arrays get it as dimension 0. A scanned axis sharded over Explicit mesh axes is
+    replicated first (``jax.lax.scan`` needs that; XLA does the same on Auto meshes).
 
     Args:
         fn: ``(carry, x) -> (carry, y)``.

@@ -418,7 +418,8 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
     """Take ``length`` consecutive entries of ``axis`` from ``start``, which may be traced.
 
     Exported as ``namedaxes.slice``. Built on ``jax.lax.dynamic_slice_in_dim``, so it works under
-    ``jax.jit`` with a traced ``start``; the size of the result stays static.
+    ``jax.jit`` with a traced ``start``; the size of the result stays static. On Explicit meshes a
+    sharded ``axis`` is replicated first (JAX cannot slice it dynamically in place).
 
     Args:
         x: The array.
