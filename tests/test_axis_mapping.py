@@ -205,3 +205,25 @@ def test_exit_stack_keeps_mapping_across_yield():
     assert current_axis_mapping() == {"batch": "data"}
     next(g, None)
     assert current_axis_mapping() is None
+
+
+def test_one_decorator_active_in_several_threads():
+    barrier = threading.Barrier(2, timeout=10)
+    after = []
+
+    @axis_mapping(batch="data")
+    def work():
+        barrier.wait()  # both threads inside the same axis_mapping object at once
+        seen = current_axis_mapping()
+        barrier.wait()
+        return seen
+
+    def run():
+        after.append((work(), current_axis_mapping()))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert after == [({"batch": "data"}, None)] * 2

@@ -47,6 +47,7 @@ class _Entry(NamedTuple):
     rules: AxisRules  # its normalized form
     frame: FrameType  # the frame whose `with` statement pushed it
     scoped: bool  # generator-scoped: visible only while `frame` is executing
+    owner: object  # the axis_mapping object that pushed it
 
 
 class _Stack(NamedTuple):
@@ -162,7 +163,6 @@ class axis_mapping(contextlib.ContextDecorator):
         self._value = value
         self._rules = as_rules(value)  # validate now, so the error points at the `with` line
         self._merge = merge
-        self._pushed: list[_Entry] = []
 
     def __enter__(self) -> RulesLike:
         value, rules = self._value, self._rules
@@ -175,10 +175,9 @@ class axis_mapping(contextlib.ContextDecorator):
         scoped = bool(caller.f_code.co_flags & _GEN_FLAGS) and not (
             caller.f_back is not None and caller.f_back.f_code in _CM_ENTER_CODES
         )
-        entry = _Entry(value, rules, caller, scoped)
+        entry = _Entry(value, rules, caller, scoped, self)
         stack = _STACK.get()
         _STACK.set(_Stack(stack.entries + (entry,), stack.scoped or scoped))
-        self._pushed.append(entry)
         return value
 
     def __exit__(
@@ -187,12 +186,19 @@ class axis_mapping(contextlib.ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        entry = self._pushed.pop()
+        # Remove the entry this object pushed in *this* context (so one object, e.g. a decorator,
+        # can be active in several threads at once): preferably the one pushed from the frame
+        # exiting now, else (ExitStack enters and exits from different frames) its latest one.
+        # It may be absent if a generator was closed from another context.
         stack = _STACK.get()
-        # Remove this very entry; it may be absent if a generator was closed from another context.
-        kept = tuple(e for e in stack.entries if e is not entry)
-        if len(kept) != len(stack.entries):
-            _STACK.set(_Stack(kept, any(e.scoped for e in kept)))
+        caller = sys._getframe(1)
+        mine = [i for i, e in enumerate(stack.entries) if e.owner is self]
+        if not mine:
+            return
+        same_frame = [i for i in mine if stack.entries[i].frame is caller]
+        drop = (same_frame or mine)[-1]
+        kept = stack.entries[:drop] + stack.entries[drop + 1 :]
+        _STACK.set(_Stack(kept, any(e.scoped for e in kept)))
 
     def __repr__(self) -> str:
         return f"axis_mapping({self._value!r}, merge={self._merge})"

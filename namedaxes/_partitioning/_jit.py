@@ -134,7 +134,12 @@ class _Compiled:
 
 
 def _signature(dyn: Any) -> tuple[Any, ...]:
-    return tuple(jax.typeof(x) for x in dyn)
+    """What tells two traces of one entry apart: the inputs' shapes and dtypes (weak or not)."""
+    out = []
+    for x in dyn:
+        t = jax.typeof(x)
+        out.append((t.shape, t.dtype, getattr(t, "weak_type", False)))
+    return tuple(out)
 
 
 class _Layout:
@@ -461,11 +466,12 @@ def fsdp(
         NamedTypeError: if a mapping is missing or ``fn`` is not callable.
 
     Example:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from namedaxes import named
         >>> step = fsdp(lambda w: w, {"embed": "data"}, {"batch": "data"})
-        >>> step(named(jnp.ones(4), "embed")).axes[0].name
-        'embed'
+        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))):
+        ...     step(named(jnp.ones(4), "embed")).array.sharding.spec
+        P('data',)
     """
     if isinstance(fn, (Mapping, AxisRules)) and compute_mapping is None:
         # fsdp(parameter_mapping, compute_mapping) used as a decorator factory

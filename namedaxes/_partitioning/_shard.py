@@ -113,7 +113,16 @@ def targets_for(
 
 def _already_placed(leaf: jax.Array, target: NamedSharding) -> bool:
     current = leaf.sharding
-    return current == target or current.is_equivalent_to(target, leaf.ndim)
+    if current == target:
+        return True
+    # Same mesh, equivalent layout (e.g. P('data') vs P('data', None)): no need to move. A merely
+    # equivalent placement on another mesh (or a single-device one) is moved, so the result is
+    # typed with the requested mesh.
+    return (
+        isinstance(current, NamedSharding)
+        and current.mesh == target.mesh
+        and current.is_equivalent_to(target, leaf.ndim)
+    )
 
 
 def place_leaves(leaves: list[Any], targets: list[NamedSharding | None]) -> tuple[list[Any], bool]:
