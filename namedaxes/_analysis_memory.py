@@ -179,6 +179,9 @@ class ShardingAnalyzer:
             (``jax.set_mesh``) at each call.
 
     Example:
+        >>> import jax
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import ShardingAnalyzer
         >>> analyzer = ShardingAnalyzer({"data": 2, "model": 4})
         >>> params = {"w": jax.ShapeDtypeStruct((1024, 512), "float32")}
         >>> analyzer.estimate_memory_usage(params, {"w": P("data", "model")})["size_per_device"]
@@ -211,6 +214,9 @@ class ShardingAnalyzer:
                 names the first differing path).
 
         Example:
+            >>> import jax.numpy as jnp
+            >>> from jax.sharding import PartitionSpec as P
+            >>> from namedaxes import ShardingAnalyzer
             >>> ShardingAnalyzer({"data": 2}).validate_partition_specs(
             ...     {"w": jnp.zeros((3, 4))}, {"w": P("data")})  # doctest: +ELLIPSIS
             ["w: dimension 0 of shape (3, 4) has size 3, which is not divisible by 2 ..."]
@@ -250,6 +256,9 @@ class ShardingAnalyzer:
                 repeats a mesh axis, or is not a ``PartitionSpec`` (all problems are listed).
 
         Example:
+            >>> import jax.numpy as jnp
+            >>> from jax.sharding import PartitionSpec as P
+            >>> from namedaxes import ShardingAnalyzer
             >>> usage = ShardingAnalyzer({"data": 8}).estimate_memory_usage(
             ...     {"w": jnp.zeros((16, 4)), "b": jnp.zeros(4)}, {"w": P("data"), "b": P()})
             >>> usage["size_per_device"], usage["replicated_bytes"]

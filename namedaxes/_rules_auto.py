@@ -76,6 +76,8 @@ class AutoShardingRule(ShardingRule):
         ShardingError: (on ``apply``) if ``axis_names`` names a mesh axis the mesh lacks.
 
     Example:
+        >>> import jax
+        >>> from namedaxes import AutoShardingRule
         >>> rule = AutoShardingRule({"data": 2, "model": 4})
         >>> rule.apply({"w": jax.ShapeDtypeStruct((6, 8), "float32")})
         {'w': P('data', 'model')}
@@ -161,6 +163,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
             cannot fit (under ``"error"``), naming the leaf, its bytes and the best achievable.
 
     Example:
+        >>> import jax
+        >>> from namedaxes import MemoryConstrainedShardingRule
         >>> rule = MemoryConstrainedShardingRule(1024, {"data": 2, "model": 4})
         >>> rule.apply({"small": jax.ShapeDtypeStruct((16,), "float32"),
         ...             "big": jax.ShapeDtypeStruct((64, 16), "float32")})
@@ -317,6 +321,8 @@ class MeshPartitionHelper(ShardingRule):
         min_shard_size: Arrays with fewer elements stay replicated (used by :meth:`apply`).
 
     Example:
+        >>> import jax
+        >>> from namedaxes import MeshPartitionHelper
         >>> helper = MeshPartitionHelper({"fsdp": 4, "tp": 2})
         >>> helper.analyze_pytree({"w": jax.ShapeDtypeStruct((1024, 4096), "float32")})
         {(1024, 4096): [('fsdp',), ('tp',)]}
@@ -349,6 +355,7 @@ class MeshPartitionHelper(ShardingRule):
         """Mesh-axis groups that could shard an array of ``shape``, best first.
 
         Example:
+            >>> from namedaxes import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 2, "model": 4}).suggest_methods((6, 8))
             [('model',), ('data',)]
         """
@@ -374,6 +381,8 @@ class MeshPartitionHelper(ShardingRule):
         Shapes appear in the order of their first leaf. NamedArrays count by their array's shape.
 
         Example:
+            >>> import jax.numpy as jnp
+            >>> from namedaxes import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 8}).analyze_pytree([jnp.zeros(16), jnp.zeros(3)])
             {(16,): [('data',)], (3,): []}
         """
@@ -401,6 +410,7 @@ class MeshPartitionHelper(ShardingRule):
             ShardingError: if a method names a mesh axis the mesh lacks.
 
         Example:
+            >>> from namedaxes import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 2, "model": 4}).create_partition_spec(
             ...     (4096, 1024), [("model",), ("data",)])
             P('model', 'data')
@@ -450,6 +460,9 @@ class MeshPartitionHelper(ShardingRule):
         """Place one array (or NamedArray) with ``spec`` on the helper's mesh.
 
         Example:
+            >>> import jax, jax.numpy as jnp
+            >>> from jax.sharding import PartitionSpec as P
+            >>> from namedaxes import MeshPartitionHelper
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
@@ -460,6 +473,8 @@ class MeshPartitionHelper(ShardingRule):
         """Place every array leaf of ``tree`` with the spec :meth:`apply` gives it.
 
         Example:
+            >>> import jax, jax.numpy as jnp
+            >>> from namedaxes import MeshPartitionHelper
             >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
             >>> out = MeshPartitionHelper(mesh).auto_shard_pytree({"w": jnp.zeros((64, 64))})
             >>> out["w"].sharding.spec

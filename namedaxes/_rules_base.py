@@ -285,8 +285,9 @@ class ShardingRule(abc.ABC):
     and ``None`` where a non-array leaf was.
 
     Example:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import ShardingRule
         >>> class ShardFirstDim(ShardingRule):
         ...     def apply(self, tree):
         ...         return jax.tree.map(lambda x: P("data"), tree)
@@ -314,6 +315,7 @@ class ShardingRule(abc.ABC):
 
         Example:
             >>> import jax, jax.numpy as jnp
+            >>> from namedaxes import AutoShardingRule
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
@@ -336,6 +338,7 @@ class ShardingRule(abc.ABC):
 
         Example:
             >>> import jax, jax.numpy as jnp
+            >>> from namedaxes import AutoShardingRule
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> AutoShardingRule(mesh).shard({"w": jnp.zeros(16)})["w"].sharding.spec
             P('data',)

@@ -65,6 +65,8 @@ class LogicalAxisRule(ShardingRule):
             be sharded under the ``"error"`` policy; the message starts with the leaf's path.
 
     Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import LogicalAxisRule, named
         >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
         >>> LogicalAxisRule({"batch": "data"}, {"data": 2, "model": 4}).apply({"x": x})
         {'x': P('data', None)}
@@ -120,6 +122,9 @@ class ShapeBasedShardingRule(ShardingRule):
             invalid for the array on the mesh (unknown or repeated mesh axes, indivisible size).
 
     Example:
+        >>> import jax
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import ShapeBasedShardingRule
         >>> rule = ShapeBasedShardingRule([((None, 1024), P("model", None))], mesh={"model": 4})
         >>> rule.apply({"emb": jax.ShapeDtypeStruct((32000, 1024), "float32")})
         {'emb': P('model', None)}
@@ -165,6 +170,8 @@ class ShapeBasedShardingRule(ShardingRule):
         """The spec of the first pattern matching ``shape`` (``None`` when nothing matches).
 
         Example:
+            >>> from jax.sharding import PartitionSpec as P
+            >>> from namedaxes import ShapeBasedShardingRule
             >>> ShapeBasedShardingRule({(None, 4): P("data")}).match((7, 4))
             P('data',)
         """
@@ -206,6 +213,9 @@ class PathRegexRule(ShardingRule):
             unmatched (all listed), or a spec is invalid for its leaf.
 
     Example:
+        >>> import jax.numpy as jnp
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import PathRegexRule
         >>> rule = PathRegexRule([(r"attn/.*/kernel", P(None, "model")), (r".*", P())],
         ...                      mesh={"model": 4})
         >>> rule.apply({"attn": {"q": {"kernel": jnp.zeros((8, 8))}}, "bias": jnp.zeros(8)})
@@ -302,12 +312,14 @@ class CompositeShardingRule(ShardingRule):
         NamedTypeError: if no rules are given or one is not a ``ShardingRule``.
 
     Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes import AutoShardingRule, CompositeShardingRule, LogicalAxisRule, named
         >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
         >>> mesh = {"data": 2, "model": 4}
         >>> rule = CompositeShardingRule(LogicalAxisRule({"batch": "data"}, mesh),
         ...                              AutoShardingRule(mesh))
         >>> rule.apply({"x": x, "w": jnp.zeros((16, 4))})
-        {'w': P('data', 'model'), 'x': P('data', None)}
+        {'w': P('model', 'data'), 'x': P('data', None)}
     """
 
     def __init__(self, *rules: ShardingRule) -> None:

@@ -151,6 +151,8 @@ def memory_report(
             under the ``"error"`` policy.
 
     Example:
+        >>> import jax
+        >>> from namedaxes import memory_report, named
         >>> params = {"w": named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))}
         >>> report = memory_report(params, {"mlp": "model"}, {"data": 2, "model": 4})
         >>> report.bytes_per_device, report.axes["mlp"]["saved_bytes"]
@@ -253,6 +255,9 @@ def compiled_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[s
         MemoryAnalysisUnavailableError: if the backend does not report memory figures.
 
     Example:
+        >>> import jax
+        >>> from jax.sharding import PartitionSpec as P, NamedSharding
+        >>> from namedaxes import compiled_memory
         >>> mesh = jax.make_mesh((8,), ("data",))
         >>> x = jax.ShapeDtypeStruct((1024,), "float32", sharding=NamedSharding(mesh, P("data")))
         >>> compiled_memory(jax.jit(lambda x: x * 2), x)["argument_bytes"]
@@ -313,6 +318,9 @@ def create_monitored_function(
         when the specs cannot be applied) and ``validation_issues`` (a list of messages).
 
     Example:
+        >>> import jax.numpy as jnp
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import ShardingAnalyzer, create_monitored_function
         >>> analyzer = ShardingAnalyzer({"data": 8})
         >>> step = create_monitored_function(lambda p: p["w"].sum(), {"w": P("data")}, analyzer)
         >>> result, metrics = step({"w": jnp.ones(16)})
