@@ -223,6 +223,7 @@ class ShardingAnalyzer:
         """
         sizes = mesh_axis_sizes(self.mesh)
         issues = []
+        checked: dict[Any, list[str]] = {}  # (shape, spec) -> problems
         for leaf, spec in pair_specs(tree, specs):
             if not leaf.is_array:
                 if spec is not None:
@@ -233,7 +234,15 @@ class ShardingAnalyzer:
                 continue
             if spec is None:
                 continue
-            issues.extend(f"{leaf.path}: {p}" for p in spec_problems(leaf.shape or (), spec, sizes))
+            try:
+                found = checked.get((leaf.shape, spec))
+            except TypeError:  # an unhashable non-spec
+                found = None
+            if found is None:
+                found = spec_problems(leaf.shape or (), spec, sizes)
+                if isinstance(spec, PartitionSpec):
+                    checked[(leaf.shape, spec)] = found
+            issues.extend(f"{leaf.path}: {p}" for p in found)
         return issues
 
     def estimate_memory_usage(self, tree: Any, specs: Any) -> dict[str, Any]:
