@@ -165,6 +165,13 @@ class _Layout:
         return leaves
 
 
+def _lru_touch(cache: collections.OrderedDict[Any, Any], key: Any) -> None:
+    try:
+        cache.move_to_end(key)
+    except KeyError:  # evicted concurrently
+        pass
+
+
 def _lru_put(cache: collections.OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
     cache[key] = value
     while len(cache) > size:
@@ -215,6 +222,8 @@ class NamedJitWrapped:
         if layout is None:
             layout = _Layout(treedef, types, self._donated(args, kwargs, len(leaves)))
             _lru_put(self._layouts, key, layout, self._cache_size)
+        else:
+            _lru_touch(self._layouts, key)
         dyn = layout.get_dyn(leaves)
         statics = layout.get_static(leaves) if layout.static_idx else ()
         mesh = context_mesh()
@@ -231,6 +240,8 @@ class NamedJitWrapped:
         if compiled is None:
             compiled = self._compile(layout, leaves, statics, value, rules, mesh, from_leaves)
             _lru_put(layout.by_key, inner_key, compiled, self._cache_size)
+        elif len(layout.by_key) > 1:
+            _lru_touch(layout.by_key, inner_key)
         return layout, compiled, dyn, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -97,6 +97,11 @@ def targets_for(
             _TARGETS[key] = cached
             if len(_TARGETS) > _MAX_TARGETS:
                 _TARGETS.popitem(last=False)
+    elif len(_TARGETS) > 1:
+        try:
+            _TARGETS.move_to_end(key)  # least recently used goes first
+        except KeyError:  # evicted by another thread meanwhile
+            pass
     if not plan.any_field:
         return list(cached)  # type: ignore[arg-type]
     out: list[NamedSharding | None] = []

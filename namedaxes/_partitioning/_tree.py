@@ -93,6 +93,11 @@ def leaf_plan(tree: Any, treedef: Any) -> Plan:
         _PLANS[treedef] = plan
         if len(_PLANS) > _MAX_PLANS:
             _PLANS.popitem(last=False)
+    elif len(_PLANS) > 1:
+        try:
+            _PLANS.move_to_end(treedef)  # least recently used goes first
+        except KeyError:  # evicted by another thread meanwhile
+            pass
     return plan
 
 
