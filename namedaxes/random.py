@@ -24,6 +24,7 @@ from ._axis import Axis, AxisSelector, AxisSpec, find_axis, to_axes
 from ._errors import AxisError, NamedTypeError, format_axes, format_names
 from ._ops.creation import single_axis
 from ._ops.elementwise import broadcast_into, canonical_dtype
+from ._ops.shape import unshard_dims
 
 __all__ = [
     "bernoulli",
@@ -238,7 +239,8 @@ def permutation(
         x: An ``Axis`` or one-entry ``{name: size}`` dict (returns a shuffled ``arange`` over it),
             or a NamedArray to shuffle.
         axis: For a NamedArray, the axis to shuffle along; may be omitted when it has one axis.
-            Slices along the other axes move together.
+            Slices along the other axes move together. On Explicit meshes a sharded ``axis`` is
+            replicated first; the other axes keep their sharding.
 
     Returns:
         A NamedArray with the same axes as the input (or the single given axis).
@@ -275,4 +277,5 @@ def permutation(
             )
         axis = x.axes[0]
     i = find_axis(x.axes, axis)
-    return NamedArray(jax.random.permutation(key, x.array, axis=i), x.axes)
+    # A shuffle moves data across the axis; on Explicit meshes JAX needs it replicated first.
+    return NamedArray(jax.random.permutation(key, unshard_dims(x.array, (i,)), axis=i), x.axes)

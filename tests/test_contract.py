@@ -164,3 +164,22 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(contract, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_dot_over_a_sharded_axis_keeps_the_other_axes_sharding(mesh_2x4):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    a, b = _r(8, 12), _r(12, 4)
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        y = na.named(jax.device_put(b, NamedSharding(mesh_2x4, P("model", None))), ("embed", "mlp"))
+        out = na.dot(x, y, axis="embed")  # Explicit: JAX needs an out_sharding; we give it by name
+        via_einsum = na.einsum("batch embed, embed mlp -> mlp batch", x, y)
+        chosen = na.dot(x, y, axis="embed", out_sharding=NamedSharding(mesh_2x4, P(None, None)))
+    np.testing.assert_allclose(out.array, a @ b, rtol=1e-4)
+    np.testing.assert_allclose(via_einsum.array, (a @ b).T, rtol=1e-4)
+    spec = tuple(out.sharding.spec) + (None,) * 2
+    assert spec[:2] == ("data", None)
+    assert {s.data.shape for s in out.array.addressable_shards} == {(4, 4)}
+    if mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit:  # JAX honours it on Explicit axes
+        assert {s.data.shape for s in chosen.array.addressable_shards} == {(8, 4)}

@@ -144,3 +144,13 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(creation, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_like_functions_keep_the_sharding(mesh_2x4):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        out = na.zeros_like(x)
+    assert tuple(out.sharding.spec) == ("data", "model")
+    assert {s.data.shape for s in out.array.addressable_shards} == {(2, 2)}

@@ -319,3 +319,22 @@ def test_docstring_examples_run(name):
     for test in doctest.DocTestFinder().find(getattr(na, name), name, globs={}):
         assert runner.run(test).failed == 0
     assert runner.tries > 0
+
+
+def _spec(x):
+    spec = tuple(x.sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
+
+
+def test_sharded_operands_broadcast_by_name(mesh_2x4):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    a = jnp.arange(8 * 12, dtype=jnp.float32).reshape(8, 12)
+    b = jnp.arange(12, dtype=jnp.float32)
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        y = na.named(jax.device_put(b, NamedSharding(mesh_2x4, P("model"))), "embed")
+        out = na.where(x > 50.0, y * x, -y)
+    np.testing.assert_allclose(out.array, jnp.where(a > 50.0, b[None] * a, -b[None]))
+    assert _spec(out) == ("data", "model")
+    assert {s.data.shape for s in out.array.addressable_shards} == {(4, 3)}

@@ -129,3 +129,14 @@ def test_bad_categorical_and_permutation():
 def test_docstring_examples_run():
     result = doctest.testmod(na.random, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_permutation_along_a_sharded_axis(mesh_2x4):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    a = jnp.arange(8 * 4).reshape(8, 4)
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        out = na.random.permutation(KEY, x, "batch")
+    np.testing.assert_array_equal(out.array, jax.random.permutation(KEY, a, axis=0))
+    assert tuple(out.sharding.spec)[1:2] == ("model",)

@@ -192,3 +192,20 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(reductions, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_sharded_reductions_and_cumsum(mesh_2x4):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    a = jnp.arange(8 * 12, dtype=jnp.float32).reshape(8, 12) / 10
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        total = na.sum(x, "embed")
+        running = na.cumsum(x, "batch")  # along a sharded axis: replicated first on Explicit meshes
+        probs = na.softmax(x, "embed")
+    np.testing.assert_allclose(total.array, a.sum(axis=1), rtol=1e-5)
+    assert tuple(total.sharding.spec)[:1] == ("data",)
+    np.testing.assert_allclose(running.array, jnp.cumsum(a, axis=0), rtol=1e-5)
+    assert {s.data.shape for s in running.array.addressable_shards} <= {(8, 3), (4, 3)}
+    assert tuple(running.sharding.spec)[1:2] == ("model",)  # the other axis keeps its sharding
+    np.testing.assert_allclose(probs.array, jax.nn.softmax(a, axis=1), rtol=1e-5)

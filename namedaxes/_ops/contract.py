@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_names, check_unique, index_of
@@ -22,6 +23,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .shape import explicit_sharding
 
 __all__ = ["dot", "einsum"]
 
@@ -69,6 +71,7 @@ def _run(
     out: Sequence[str],
     precision: Any,
     preferred_element_type: Any,
+    out_sharding: Any,
 ) -> NamedArray:
     if len(every) > len(_LETTERS):
         raise AxisError(
@@ -78,14 +81,51 @@ def _run(
     letter = {a.name: _LETTERS[i] for i, a in enumerate(every)}
     inputs = ",".join("".join(letter[a.name] for a in x.axes) for x in arrays)
     subscripts = f"{inputs}->{''.join(letter[n] for n in out)}"
+    if out_sharding is None:
+        out_sharding = _sharding_by_name(arrays, out)
     result = jnp.einsum(
         subscripts,
         *(x.array for x in arrays),
         precision=precision,
         preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
     )
     by_name = {a.name: a for a in every}
     return NamedArray(result, tuple(by_name[n] for n in out))
+
+
+def _sharding_by_name(arrays: Sequence[NamedArray], out: Sequence[str]) -> Any:
+    """The result's sharding when a contracted axis is sharded over Explicit mesh axes, else None.
+
+    JAX cannot guess the result's sharding then and asks for one. Each kept axis keeps the mesh
+    axes it has in the first operand where it is sharded (a mesh axis is used once); the mesh axes
+    of contracted axes are summed over.
+    """
+    mesh = None
+    by_name: dict[str, Any] = {}
+    contracted_sharded = False
+    for x in arrays:
+        info = explicit_sharding(x.array)
+        if info is None:
+            continue
+        mesh, entries = info
+        for a, entry in zip(x.axes, entries):
+            if entry is None:
+                continue
+            by_name.setdefault(a.name, entry)
+            contracted_sharded |= a.name not in out
+    if not contracted_sharded:
+        return None
+    used: set[str] = set()
+    spec = []
+    for name in out:
+        entry = by_name.get(name)
+        mesh_axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        if used.intersection(mesh_axes):
+            entry = None
+        used.update(() if entry is None else mesh_axes)
+        spec.append(entry)
+    return NamedSharding(mesh, PartitionSpec(*spec))
 
 
 def dot(
@@ -93,6 +133,7 @@ def dot(
     axis: AxisSelector | Sequence[AxisSelector] | None,
     precision: Any = None,
     preferred_element_type: Any = None,
+    out_sharding: Any = None,
 ) -> NamedArray:
     """Multiply NamedArrays and sum over the named ``axis`` (or axes).
 
@@ -107,6 +148,9 @@ def dot(
         axis: The axis or axes to contract: a name, an ``Axis``, a sequence of them, or ``None``.
         precision: Passed to ``jnp.einsum``.
         preferred_element_type: Accumulation/result type, passed to ``jnp.einsum``.
+        out_sharding: The result's sharding, passed to ``jnp.einsum``. When ``None`` and a
+            contracted axis is sharded over Explicit mesh axes (where JAX asks for one), every kept
+            axis keeps the mesh axes it has in the operands.
 
     Returns:
         A NamedArray whose axes are the operands' axes in first-appearance order, minus ``axis``.
@@ -144,7 +188,7 @@ def dot(
                 f"{sel.name!r} has size {every[i].size}."
             )
     out = [a.name for a in every if a.name not in contracted]
-    return _run("dot", arrays, every, out, precision, preferred_element_type)
+    return _run("dot", arrays, every, out, precision, preferred_element_type, out_sharding)
 
 
 def _parse_side(spec: str, where: str) -> tuple[list[str], bool]:
@@ -162,6 +206,7 @@ def einsum(
     *arrays: NamedArray,
     precision: Any = None,
     preferred_element_type: Any = None,
+    out_sharding: Any = None,
 ) -> NamedArray:
     """Einstein summation written with axis names: ``"batch embed, embed mlp -> batch mlp"``.
 
@@ -177,6 +222,7 @@ def einsum(
         *arrays: One NamedArray per operand spec.
         precision: Passed to ``jnp.einsum``.
         preferred_element_type: Accumulation/result type, passed to ``jnp.einsum``.
+        out_sharding: The result's sharding; defaults as for :func:`dot`.
 
     Returns:
         A NamedArray with the right side's axes.
@@ -244,4 +290,4 @@ def einsum(
         tokens = rhs.split()
         at = tokens.index("...")
         out_names = out_names[:at] + kept + out_names[at:]
-    return _run("einsum", arrays, every, out_names, precision, preferred_element_type)
+    return _run("einsum", arrays, every, out_names, precision, preferred_element_type, out_sharding)

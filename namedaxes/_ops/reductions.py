@@ -18,6 +18,7 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, check_unique, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
 from .elementwise import broadcast_into, canonical_dtype
+from .shape import unshard_dims
 
 __all__ = [
     "all",
@@ -327,11 +328,16 @@ def log_softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> Nam
 def _cumulative(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any) -> NamedArray:
     x = _need_named(x, op)
     i = find_axis(x.axes, axis)
-    return NamedArray(fn(x.array, axis=i, dtype=canonical_dtype(dtype, op=op)), x.axes)
+    # On Explicit meshes JAX refuses a running sum along a sharded dimension; gather it first.
+    array = unshard_dims(x.array, (i,))
+    return NamedArray(fn(array, axis=i, dtype=canonical_dtype(dtype, op=op)), x.axes)
 
 
 def cumsum(x: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:
     """Running sum along one axis; the result keeps ``x``'s axes.
+
+    On Explicit meshes, an ``axis`` sharded over mesh axes is replicated first (the other axes
+    keep their sharding).
 
     Raises:
         AxisNotFoundError: if the axis is not in ``x``.
