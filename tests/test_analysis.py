@@ -349,3 +349,12 @@ def test_monitored_function_warns_and_still_runs():
     with pytest.warns(SpecValidationWarning, match=r"the first mismatch is leaf 'v', which has no spec"):
         result, metrics = step({"w": jnp.zeros(8), "v": jnp.zeros(2)})
     assert metrics["memory_usage"] is None and len(metrics["validation_issues"]) == 1
+
+
+def test_named_shardings_are_accepted_as_specs(mesh_2x4):
+    tree = {"w": sds(16, 8), "b": sds(8)}
+    rule = na.AutoShardingRule(mesh_2x4)
+    by_sharding = ShardingAnalyzer(mesh_2x4).estimate_memory_usage(tree, rule.to_shardings(tree))
+    by_spec = ShardingAnalyzer(mesh_2x4).estimate_memory_usage(tree, rule.apply(tree))
+    assert by_sharding == by_spec
+    assert by_spec["size_per_device"] == (16 * 8 * 4) // 8 + 8 * 4 // 4

@@ -456,3 +456,11 @@ def test_rules_do_not_depend_on_hash_seed():
         outputs.append(proc.stdout)
     assert outputs[0] == outputs[1]
     assert "AutoShardingRule" in outputs[0] and "P(" in outputs[0]
+
+
+def test_path_rule_accepts_axis_rules_and_helper_uses_context_mesh():
+    x = na.named(jnp.zeros((8, 3)), ("batch", "embed"))
+    relaxed = na.AxisRules({"batch": "data", "embed": "model"}, unsatisfied="replicate")
+    assert PathRegexRule([("x", relaxed)], mesh=MESH).apply({"x": x}) == {"x": P("data", None)}
+    with jax.set_mesh(jax.make_mesh((8,), ("data",))):
+        assert MeshPartitionHelper(min_shard_size=1).apply([sds(16)]) == [P("data")]
