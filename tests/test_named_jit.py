@@ -208,6 +208,8 @@ def test_bad_input():
         na.named_jit(axis_resources={"batch": "data"})(3)
     with pytest.raises(NamedTypeError, match=r"named_jit manages static_argnums itself"):
         na.named_jit(scale, static_argnums=1)
+    with pytest.raises(NamedTypeError, match=r"donate_args must be a pytree prefix of the positional"):
+        na.named_jit(scale, donate_args=(True, True, True))(data())
     with pytest.raises(na.MappingTypeError, match=r"Logical axis 'batch' is mapped to 1"):
         na.named_jit(scale, axis_resources={"batch": 1})
 

@@ -19,7 +19,7 @@ import functools
 import operator
 from collections.abc import Mapping
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -32,8 +32,6 @@ from ._shard import constrain, place_leaves, targets_for
 from ._tree import leaf_plan
 
 __all__ = ["fsdp", "named_jit"]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 _RESERVED_JIT_KWARGS = (
     "in_shardings",
@@ -209,7 +207,9 @@ class NamedJitWrapped:
 
     # -- the hot path -------------------------------------------------------------------------
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Layout, _Compiled, tuple[Any, ...], Any]:
+    def _entry(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[_Layout, _Compiled, tuple[Any, ...], list[Any]]:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         types = tuple(map(type, leaves))
         if self._axis_rules is not None:
@@ -220,7 +220,7 @@ class NamedJitWrapped:
         key = (treedef, types, rules)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(treedef, types, self._donated(args, kwargs, len(leaves)))
+            layout = _Layout(treedef, types, self._donated(args, kwargs))
             _lru_put(self._layouts, key, layout, self._cache_size)
         else:
             _lru_touch(self._layouts, key)
@@ -273,20 +273,26 @@ class NamedJitWrapped:
                 return compiled.jitted.lower(*dyn)
         return compiled.jitted.lower(*dyn)
 
-    def _place_inputs(self, layout: _Layout, compiled: _Compiled, dyn: Any, leaves: list[Any]) -> Any:
+    def _place_inputs(
+        self, layout: _Layout, compiled: _Compiled, dyn: Any, leaves: list[Any]
+    ) -> list[Any]:
         targets = compiled.in_targets
         if compiled.in_plan is not None:  # field(axis_names=...) leaves: sizes come from shapes
-            all_targets = targets_for(layout.treedef, compiled.in_plan, self._in_rules, compiled.mesh, leaves)
+            all_targets = targets_for(
+                layout.treedef, compiled.in_plan, self._in_rules, compiled.mesh, leaves
+            )
             targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
         placed, _ = place_leaves(list(dyn), targets)  # type: ignore[arg-type]
         return placed
 
     # -- building an entry (once per key) ----------------------------------------------------------
 
-    def _donated(self, args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> tuple[int, ...]:
+    def _donated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+        """Positions (among the array leaves) of the donated ones."""
         if self._donate_args is None and self._donate_kwargs is None:
             return ()
-        flags = _donation_flags(args, self._donate_args) + _donation_flags(kwargs, self._donate_kwargs)
+        flags = _donation_flags(args, self._donate_args, "donate_args", "positional arguments")
+        flags += _donation_flags(kwargs, self._donate_kwargs, "donate_kwargs", "keyword arguments")
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         types_dyn = [i for i, leaf in enumerate(leaves) if _is_dynamic_type(type(leaf))]
         return tuple(pos for pos, i in enumerate(types_dyn) if flags[i])
@@ -319,7 +325,9 @@ class NamedJitWrapped:
             if out_rules is not None and mesh is not None:
                 out_leaves = _constrain_outputs(out, out_def, out_leaves, out_rules, mesh)
             dyn_pos = tuple(i for i, v in enumerate(out_leaves) if _is_dynamic_type(type(v)))
-            static_out = tuple((i, v) for i, v in enumerate(out_leaves) if not _is_dynamic_type(type(v)))
+            static_out = tuple(
+                (i, v) for i, v in enumerate(out_leaves) if not _is_dynamic_type(type(v))
+            )
             compiled.record(_signature(dyn), _OutInfo(out_def, dyn_pos, static_out))
             return [out_leaves[i] for i in dyn_pos]
 
@@ -347,7 +355,10 @@ class NamedJitWrapped:
         return functools.partial(self, obj)
 
 
-def _constrain_outputs(out: Any, out_def: Any, out_leaves: list[Any], rules: AxisRules, mesh: AnyMesh) -> list[Any]:
+def _constrain_outputs(
+    out: Any, out_def: Any, out_leaves: list[Any], rules: AxisRules, mesh: AnyMesh
+) -> list[Any]:
+    """Place the named output leaves by ``rules`` (inside the trace)."""
     plan = leaf_plan(out, out_def)
     if not plan.any_named:
         return out_leaves
@@ -359,7 +370,7 @@ def _constrain_outputs(out: Any, out_def: Any, out_leaves: list[Any], rules: Axi
     return new
 
 
-def _donation_flags(tree: Any, prefix: Any) -> list[bool]:
+def _donation_flags(tree: Any, prefix: Any, what: str, of: str) -> list[bool]:
     """One bool per leaf of ``tree`` from a pytree prefix of bools (or of ``leaf -> bool``)."""
     if prefix is None:
         return [False] * len(jax.tree_util.tree_leaves(tree))
@@ -372,8 +383,15 @@ def _donation_flags(tree: Any, prefix: Any) -> list[bool]:
 
     if isinstance(prefix, bool) or callable(prefix):
         return expand(prefix, tree)
-    nested = jax.tree_util.tree_map(expand, prefix, tree, is_leaf=lambda x: x is None)
-    return [f for part in jax.tree_util.tree_leaves(nested, is_leaf=lambda x: isinstance(x, list)) for f in part]
+    try:
+        nested = jax.tree_util.tree_map(expand, prefix, tree, is_leaf=lambda x: x is None)
+    except (ValueError, TypeError) as e:
+        raise NamedTypeError(
+            f"{what} must be a pytree prefix of the {of} (bools, or functions leaf -> bool), got "
+            f"{prefix!r}. E.g. donate_args=(True, False) for f(params, batch). ({e})"
+        ) from None
+    parts = jax.tree_util.tree_leaves(nested, is_leaf=lambda x: isinstance(x, list))
+    return [f for part in parts for f in part]
 
 
 def named_jit(
@@ -396,7 +414,7 @@ def named_jit(
     - Named outputs are placed by ``out_axis_resources`` (default ``axis_resources``).
     - With ``in_axis_resources``, named inputs are first placed by it (an argument committed with
       another sharding is moved). Plain-array inputs and outputs keep their own shardings.
-    - The mesh is the one set with ``jax.set_mesh`` at call time, else the mesh the arguments are on.
+    - The mesh is the one set with ``jax.set_mesh`` at call time, else the arguments' mesh.
     - One trace per distinct call signature, which includes the mapping and the mesh.
 
     Args:
@@ -447,7 +465,13 @@ def named_jit(
                 "@named_jit(axis_resources={...})."
             )
         return NamedJitWrapped(
-            f, axis_resources, in_axis_resources, out_axis_resources, donate_args, donate_kwargs, jit_kwargs
+            f,
+            axis_resources,
+            in_axis_resources,
+            out_axis_resources,
+            donate_args,
+            donate_kwargs,
+            jit_kwargs,
         )
 
     if fn is None:
