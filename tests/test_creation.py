@@ -151,6 +151,9 @@ def test_like_functions_keep_the_sharding(mesh_2x4):
 
     with jax.set_mesh(mesh_2x4):
         x = na.named(jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
-        out = na.zeros_like(x)
-    assert tuple(out.sharding.spec) == ("data", "model")
-    assert {s.data.shape for s in out.array.addressable_shards} == {(2, 2)}
+        bias = na.named(jnp.arange(8.0), "embed")
+        outs = [na.zeros_like(x), na.ones_like(x, jnp.int32), na.full_like(x, 2.0), na.full_like(x, bias)]
+    for out in outs:
+        assert tuple(out.sharding.spec) == ("data", "model")
+        assert {s.data.shape for s in out.array.addressable_shards} == {(2, 2)}
+    np.testing.assert_array_equal(outs[3].array, jnp.broadcast_to(jnp.arange(8.0), (4, 8)))

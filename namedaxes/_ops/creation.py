@@ -147,7 +147,7 @@ def ones_like(x: NamedArray, dtype: Any = None) -> NamedArray:
 
 
 def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
-    """``fill_value`` with ``x``'s axes (and dtype unless ``dtype`` is given).
+    """``fill_value`` with ``x``'s axes and sharding (and dtype unless ``dtype`` is given).
 
     ``fill_value`` may be a NamedArray over some of ``x``'s axes; it is broadcast by name.
 
@@ -159,8 +159,11 @@ def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
     """
     x = _like(x, "full_like")
     fill = broadcast_into(fill_value, x.axes, op="full_like", what="fill_value")
-    dtype = canonical_dtype(dtype, op="full_like")
-    return NamedArray(jnp.full(_shape(x.axes), fill, x.dtype if dtype is None else dtype), x.axes)
+    dtype = canonical_dtype(dtype, op="full_like") or x.dtype
+    if isinstance(fill_value, NamedArray):
+        # jnp.full_like drops x's sharding for an array fill; adding to zeros_like keeps it.
+        return NamedArray(jnp.zeros_like(x.array, dtype) + fill.astype(dtype), x.axes)
+    return NamedArray(jnp.full_like(x.array, fill, dtype), x.axes)
 
 
 def arange(
