@@ -72,18 +72,24 @@ def test_methods_match_functions():
 
 
 def test_where_mask_broadcasts_by_name():
-    x = na.named(A, AXES)
-    mask = na.named(jnp.array([[True, False], [True, True], [False, True]]), ("seq", "batch"))
-    dense = jnp.transpose(mask.array)[:, :, None]  # laid out as (batch, seq, 1)
-    np.testing.assert_allclose(na.sum(x, "seq", where=mask).array, jnp.sum(A, axis=1, where=dense), rtol=1e-6)
-    np.testing.assert_allclose(na.mean(x, ("batch", "seq"), where=mask).array, jnp.mean(A, axis=(0, 1), where=dense), rtol=1e-6)
-    np.testing.assert_allclose(
-        na.max(x, "seq", where=mask, initial=-jnp.inf).array,
-        jnp.max(A, axis=1, where=dense, initial=-jnp.inf),
-    )
-    np.testing.assert_allclose(na.var(x, "embed", where=mask, ddof=1).array, jnp.var(A, axis=2, where=dense, ddof=1), rtol=1e-5)
-    np.testing.assert_allclose(na.logsumexp(x, "seq", where=mask).array, jax.nn.logsumexp(A, axis=1, where=dense), rtol=1e-6)
-    assert na.sum(x, where=False).item() == 0.0  # scalar mask
+    mask_raw = jnp.array([[True, False], [True, True], [False, True]])  # laid out as (seq, batch)
+
+    @jax.jit  # one compilation for all the pairs below
+    def run(a, mask_raw):
+        x = na.named(a, AXES)
+        mask = na.named(mask_raw, ("seq", "batch"))
+        dense = jnp.transpose(mask_raw)[:, :, None]  # laid out as (batch, seq, 1)
+        return [
+            (na.sum(x, "seq", where=mask), jnp.sum(a, axis=1, where=dense)),
+            (na.mean(x, ("batch", "seq"), where=mask), jnp.mean(a, axis=(0, 1), where=dense)),
+            (na.max(x, "seq", where=mask, initial=-jnp.inf), jnp.max(a, axis=1, where=dense, initial=-jnp.inf)),
+            (na.var(x, "embed", where=mask, ddof=1), jnp.var(a, axis=2, where=dense, ddof=1)),
+            (na.logsumexp(x, "seq", where=mask), jax.nn.logsumexp(a, axis=1, where=dense)),
+            (na.sum(x, where=False), jnp.zeros(())),  # scalar mask
+        ]
+
+    for got, want in run(A, mask_raw):
+        np.testing.assert_allclose(got.array, want, rtol=1e-5)
 
 
 def test_ddof():
@@ -109,18 +115,23 @@ def test_argmax_argmin():
 
 
 def test_softmax_and_log_softmax():
-    x = na.named(A, AXES)
-    out = na.softmax(x, "embed")
-    assert out.axes == x.axes
-    np.testing.assert_allclose(out.array, jax.nn.softmax(A, axis=2), rtol=1e-6)
-    np.testing.assert_allclose(na.log_softmax(x, "seq").array, jax.nn.log_softmax(A, axis=1), rtol=1e-6)
-    np.testing.assert_allclose(
-        na.softmax(x, ("embed", "batch")).array, jax.nn.softmax(A, axis=(2, 0)), rtol=1e-6
-    )
-    mask = na.named(jnp.array([True, True, False, True]), "embed")
-    masked = na.softmax(x, "embed", where=mask)
-    np.testing.assert_allclose(masked.array, jax.nn.softmax(A, axis=2, where=mask.array[None, None, :]), rtol=1e-6)
-    assert float(jnp.abs(masked.array[..., 2]).max()) == 0.0
+    mask_raw = jnp.array([True, True, False, True])
+
+    @jax.jit
+    def run(a, mask_raw):
+        x = na.named(a, AXES)
+        return [
+            (na.softmax(x, "embed"), jax.nn.softmax(a, axis=2)),
+            (na.log_softmax(x, "seq"), jax.nn.log_softmax(a, axis=1)),
+            (na.softmax(x, ("embed", "batch")), jax.nn.softmax(a, axis=(2, 0))),
+            (na.softmax(x, "embed", where=na.named(mask_raw, "embed")), jax.nn.softmax(a, axis=2, where=mask_raw[None, None, :])),
+        ]
+
+    results = run(A, mask_raw)
+    for got, want in results:
+        assert got.axis_names == AXES
+        np.testing.assert_allclose(got.array, want, rtol=1e-6)
+    assert float(jnp.abs(results[-1][0].array[..., 2]).max()) == 0.0  # masked out: probability 0
 
 
 def test_cumulative():

@@ -1,4 +1,5 @@
-"""Contractions over named axes: ``dot`` (say which axes to sum) and ``einsum`` (an equation of names).
+"""Contractions over named axes: ``dot`` (say which axes to sum) and ``einsum`` (an equation of
+names).
 
 Both compile to one ``jnp.einsum`` call with generated single-letter subscripts, so JAX picks the
 contraction order. Axes are matched by name across operands; their sizes must agree.

@@ -1,4 +1,5 @@
-"""Creating NamedArrays from axes: ``zeros``/``ones``/``full`` (and ``*_like``), ``arange``, ``linspace``."""
+"""Creating NamedArrays from axes: ``zeros``, ``ones``, ``full`` (and ``*_like``), ``arange``,
+``linspace``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _like(x: Any, op: str) -> NamedArray:
     if not isinstance(x, NamedArray):
         raise NamedTypeError(
             f"{op}() needs a NamedArray to copy axes from, got {type(x).__name__}. "
-            f"For a plain array use {op.replace('_like', '')}(axes) with axes as a {{name: size}} dict."
+            f"For a plain array use {op.replace('_like', '')}(axes) with axes as a "
+            "{name: size} dict."
         )
     return x
 

@@ -154,7 +154,8 @@ _EXAMPLE_DATA = {
 def _source_name(fn: Callable[..., Any]) -> str:
     """Where ``fn`` lives in JAX's public API, for the generated docstring."""
     name = getattr(fn, "__name__", repr(fn))
-    for label, namespace in (("jnp", jnp), ("jax.nn", jax.nn), ("jax.lax", jax.lax), ("jax.scipy.special", jsp)):
+    namespaces = (("jnp", jnp), ("jax.nn", jax.nn), ("jax.lax", jax.lax), ("jax.scipy.special", jsp))
+    for label, namespace in namespaces:
         if getattr(namespace, name, None) is fn:
             return f"{label}.{name}"
     return name
@@ -188,7 +189,9 @@ def _example(name: str, arity: int, domain: str) -> str:
     return "\n".join("        " + line for line in lines)
 
 
-def _lift(name: str, fn: Callable[..., Any], arity: int, domain: str = "real") -> Callable[..., NamedArray]:
+def _lift(
+    name: str, fn: Callable[..., Any], arity: int, domain: str = "real"
+) -> Callable[..., NamedArray]:
     """Build the named version of ``fn`` (``arity`` broadcast operands, keywords passed through)."""
     params = _PARAMS[arity]
 
@@ -213,7 +216,9 @@ def _lift(name: str, fn: Callable[..., Any], arity: int, domain: str = "real") -
             f"        {p}: A NamedArray, a Python scalar or a 0-d array.\n" for p in params
         )
     size_error = (
-        "" if arity == 1 else "        AxisSizeError: if an axis name has two sizes among the operands.\n"
+        ""
+        if arity == 1
+        else "        AxisSizeError: if an axis name has two sizes among the operands.\n"
     )
     op.__doc__ = (
         f"Named ``{name}``: {what}\n\n"
@@ -421,7 +426,14 @@ _BINARY_OPERATORS = {
     "rshift": right_shift,
 }
 # Python reflects comparisons itself (`1 < x` calls `x.__gt__(1)`), so these have no __r*__.
-_COMPARISONS = {"eq": equal, "ne": not_equal, "lt": less, "le": less_equal, "gt": greater, "ge": greater_equal}
+_COMPARISONS = {
+    "eq": equal,
+    "ne": not_equal,
+    "lt": less,
+    "le": less_equal,
+    "gt": greater,
+    "ge": greater_equal,
+}
 _UNARY_OPERATORS = {"neg": negative, "pos": positive, "abs": abs, "invert": invert}
 
 

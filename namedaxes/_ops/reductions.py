@@ -104,7 +104,9 @@ def sum(  # noqa: A001 - mirrors jnp.sum
     return _reduce("sum", jnp.sum, x, axis, where, dtype=canonical_dtype(dtype, op="sum"))
 
 
-def prod(x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None) -> NamedArray:
+def prod(
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None
+) -> NamedArray:
     """Product over ``axis``; arguments as for :func:`sum`.
 
     Example:
@@ -116,7 +118,9 @@ def prod(x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype:
     return _reduce("prod", jnp.prod, x, axis, where, dtype=canonical_dtype(dtype, op="prod"))
 
 
-def mean(x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None) -> NamedArray:
+def mean(
+    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, dtype: Any = None
+) -> NamedArray:
     """Mean over ``axis``; arguments as for :func:`sum` (masked-out elements do not count).
 
     Example:
@@ -325,7 +329,9 @@ def log_softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> Nam
     return _along("log_softmax", jax.nn.log_softmax, x, axis, where)
 
 
-def _cumulative(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any) -> NamedArray:
+def _cumulative(
+    op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any
+) -> NamedArray:
     x = _need_named(x, op)
     i = find_axis(x.axes, axis)
     # On Explicit meshes JAX refuses a running sum along a sharded dimension; gather it first.
