@@ -203,6 +203,7 @@ class NamedJitWrapped:
         self._jit_kwargs = jit_kwargs
         self._cache_size = cache_size
         self._layouts: collections.OrderedDict[Any, _Layout] = collections.OrderedDict()
+        self._fast: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         functools.update_wrapper(self, fn)
 
     # -- the hot path -------------------------------------------------------------------------
@@ -226,11 +227,15 @@ class NamedJitWrapped:
             _lru_touch(self._layouts, key)
         dyn = layout.get_dyn(leaves)
         statics = layout.get_static(leaves) if layout.static_idx else ()
-        mesh = context_mesh()
+        # The abstract mesh is cheap to get and is all the traced program needs (jax.jit itself
+        # keys on the concrete devices); placing inputs before the call needs the concrete one.
+        mesh: AnyMesh | None = jax.sharding.get_abstract_mesh()
         from_leaves = False
-        if mesh is None:
+        if mesh.empty:  # type: ignore[union-attr]
             mesh = mesh_of_leaves(dyn)
             from_leaves = mesh is not None
+        elif self._in_rules is not None:
+            mesh = context_mesh()
         try:
             inner_key = (statics, mesh)
             compiled = layout.by_key.get(inner_key)
@@ -245,7 +250,34 @@ class NamedJitWrapped:
         return layout, compiled, dyn, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Fast path: one flatten, one dict lookup, the jitted call, one unflatten.
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        if self._axis_rules is not None:
+            rules = self._axis_rules
+        else:
+            found = current_mapping_and_rules()
+            rules = None if found is None else found[1]
+        fast_key = (treedef, tuple(map(type, leaves)), rules, jax.sharding.get_abstract_mesh())
+        hit = self._fast.get(fast_key)
+        if hit is not None:
+            get_dyn, compiled = hit
+            dyn = get_dyn(leaves)
+            out = compiled.jitted(*dyn)
+            info = compiled.single
+            return (info if info is not None else compiled.out_info(dyn)).rebuild(out)
+        return self._call_slow(args, kwargs, fast_key)
+
+    def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast_key: Any) -> Any:
         layout, compiled, dyn, leaves = self._entry(args, kwargs)
+        if (
+            not layout.static_idx
+            and compiled.in_targets is None
+            and compiled.set_mesh is None
+            and not fast_key[3].empty
+        ):
+            # Eligible for the fast path: nothing depends on static values or on the arguments'
+            # own mesh. (FIFO-bounded; the slow path remains the source of truth.)
+            _lru_put(self._fast, fast_key, (layout.get_dyn, compiled), self._cache_size)
         if compiled.in_targets is not None:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if compiled.set_mesh is not None:

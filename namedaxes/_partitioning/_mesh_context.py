@@ -68,6 +68,8 @@ def explicit_axes(mesh: AnyMesh) -> frozenset[str]:
 def mesh_of_leaves(leaves: list[Any]) -> Mesh | None:
     """The mesh of the first leaf placed with a ``NamedSharding`` (``None`` if none is)."""
     for leaf in leaves:
+        if isinstance(leaf, jax.core.Tracer):
+            continue
         sharding = getattr(leaf, "sharding", None)
         if isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh):
             return sharding.mesh
