@@ -219,7 +219,14 @@ class NamedJitWrapped:
             found = current_mapping_and_rules()
             value, rules = (None, None) if found is None else found
         key = (treedef, types, rules)
-        layout = self._layouts.get(key)
+        try:
+            layout = self._layouts.get(key)
+        except TypeError as e:
+            raise NamedTypeError(
+                "named_jit needs the arguments' static structure to be hashable, but it holds an "
+                f"unhashable value ({e}); typically an eqx.Module static field holding a list, dict "
+                "or array. Make it a tuple, or a regular (non-static) field."
+            ) from None
         if layout is None:
             layout = _Layout(treedef, types, self._donated(args, kwargs))
             _lru_put(self._layouts, key, layout, self._cache_size)
@@ -258,7 +265,10 @@ class NamedJitWrapped:
             found = current_mapping_and_rules()
             rules = None if found is None else found[1]
         fast_key = (treedef, tuple(map(type, leaves)), rules, jax.sharding.get_abstract_mesh())
-        hit = self._fast.get(fast_key)
+        try:
+            hit = self._fast.get(fast_key)
+        except TypeError:  # unhashable static data in the structure: reported by the slow path
+            hit = None
         if hit is not None:
             get_dyn, compiled = hit
             dyn = get_dyn(leaves)
