@@ -208,7 +208,17 @@ def from_process_local(
             f"{e} (from_process_local resolves process {jax.process_index()}'s local axes against "
             f"its share of each mesh axis: {extents} of {dict(mesh.shape)}.)"
         ) from e
-    array = jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x.array)
+    local_data = x.array
+    if isinstance(local_data, jax.Array):
+        if not local_data.is_fully_addressable:
+            raise ShardingError(
+                f"from_process_local got {x!r}, which is already a global array spanning several "
+                "processes. Pass each process's local data (e.g. a NumPy-backed NamedArray)."
+            )
+        # Host data: JAX slices the local data per device, and slicing a device array under
+        # jax.set_mesh would make the slices mesh-wide arrays instead of local ones.
+        local_data = np.asarray(local_data)
+    array = jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local_data)
     return NamedArray(array, x.axis_names)
 
 

@@ -58,24 +58,34 @@ def check_arrays(out: dict, axis_type: str) -> None:
     mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
     rows = slice(pid * 4, (pid + 1) * 4)
     local = na.named(np.asarray(global_data()[rows]), ("batch", "embed"))
-    x = na.from_process_local(local, {"batch": "data", "embed": "model"}, mesh)
 
-    @jax.jit
+    @na.named_jit
     def reduce(x):
+        x = na.shard(x)  # a no-op here; checks that shard resolves on the global mesh under jit
         # a per-feature sum over the process-spanning batch axis, and a global sum of squares
-        return na.NamedArray(x.array.sum(axis=0), ("embed",)), (x.array**2).sum()
+        return na.sum(x, "batch"), na.sum(na.square(x))
 
-    col_sum, sq_sum = reduce(x)
+    with jax.set_mesh(mesh), na.axis_mapping({"batch": "data", "embed": "model"}):
+        x = na.from_process_local(local)
+        col_sum, sq_sum = reduce(x)
     gathered = na.process_allgather(x)
+    try:
+        na.from_process_local(x, {"batch": "data"}, mesh)
+        global_input_error = None
+    except na.ShardingError as e:
+        global_input_error = str(e)
     out[axis_type] = {
         "global_shape": x.shape,
         "spec": [str(e) for e in x.sharding.spec],
         "shard_shapes": sorted({tuple(s.data.shape) for s in x.array.addressable_shards}),
         "fully_addressable": x.array.is_fully_addressable,
+        "col_sum_axes": list(col_sum.axis_names),
+        "col_sum_spec": [str(e) for e in col_sum.sharding.spec],
         "col_sum": np.asarray(na.process_allgather(col_sum).array).tolist(),
-        "sq_sum": float(np.asarray(sq_sum.addressable_data(0))),
+        "sq_sum": float(np.asarray(na.process_allgather(sq_sum).array)),
         "gathered": np.asarray(gathered.array).tolist(),
         "gathered_fully_addressable": gathered.array.is_fully_addressable,
+        "global_input_error": global_input_error,
     }
 
 

@@ -177,10 +177,13 @@ def test_process_local_arrays_reduce_like_one_process(two_processes, axis_type):
         assert got["spec"] == ["data", "model"]
         assert got["shard_shapes"] == [[4, 2]]
         assert got["fully_addressable"] is False
+        # named_jit placed the named output by the mapping in force: embed -> model
+        assert got["col_sum_axes"] == ["embed"] and got["col_sum_spec"] == ["model"]
         np.testing.assert_allclose(got["col_sum"], data.sum(axis=0), rtol=1e-6)
         np.testing.assert_allclose(got["sq_sum"], (data**2).sum(), rtol=1e-6)
         np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
         assert got["gathered_fully_addressable"] is True
+        assert "which is already a global array spanning several processes" in got["global_input_error"]
     assert two_processes[0][axis_type] == two_processes[1][axis_type]
 
 
