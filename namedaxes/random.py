@@ -24,7 +24,7 @@ from ._axis import Axis, AxisSelector, AxisSpec, find_axis, to_axes
 from ._errors import AxisError, NamedTypeError, format_axes, format_names
 from ._ops.creation import single_axis
 from ._ops.elementwise import broadcast_into, canonical_dtype
-from ._ops.shape import unshard_dims
+from ._ops._common import unshard_dims
 
 __all__ = [
     "bernoulli",

@@ -249,7 +249,7 @@ def test_astype_function_and_method():
     assert na.astype(x, jnp.float16).axis_names == ("embed",)
     with pytest.raises(na.NamedTypeError, match=r"astype\(\): 'flaot32' is not a dtype"):
         x.astype("flaot32")
-    with pytest.raises(na.NamedTypeError, match=r"astype\(\) needs a NamedArray, got ArrayImpl"):
+    with pytest.raises(na.NamedTypeError, match=r"astype\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2,\)"):
         na.astype(jnp.ones(2), jnp.int32)
 
 

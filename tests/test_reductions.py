@@ -194,7 +194,7 @@ def test_bad_arguments():
         na.argmin(x, ("seq", "embed"))
     with pytest.raises(na.NamedTypeError, match=r"softmax\(\) needs the axis to normalize over"):
         na.softmax(x, None)
-    with pytest.raises(na.NamedTypeError, match=r"sum\(\) needs a NamedArray, got ArrayImpl\. Name the array's axes first"):
+    with pytest.raises(na.NamedTypeError, match=r"sum\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)\. Name its axes first"):
         na.sum(A, "seq")
 
 

@@ -24,7 +24,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
-from .shape import explicit_sharding
+from ._common import explicit_sharding
 
 __all__ = ["dot", "einsum"]
 

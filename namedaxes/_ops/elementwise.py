@@ -19,6 +19,7 @@ import jax.scipy.special as jsp
 import numpy as np
 
 from .._array import NamedArray
+from ._common import expect_named
 from .._axis import Axis, broadcast_axes
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to
@@ -404,8 +405,7 @@ def astype(x: NamedArray, dtype: Any) -> NamedArray:
         >>> na.named(jnp.ones(3), "embed").astype(jnp.bfloat16)
         NamedArray(bfloat16, embed=3)
     """
-    if not isinstance(x, NamedArray):
-        raise NamedTypeError(f"astype() needs a NamedArray, got {type(x).__name__}.")
+    x = expect_named(x, "astype")
     return NamedArray(x.array.astype(canonical_dtype(dtype, op="astype")), x.axes)
 
 

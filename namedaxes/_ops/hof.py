@@ -26,7 +26,7 @@ from .._errors import (
     format_axes,
     format_path,
 )
-from .shape import unshard_dims
+from ._common import unshard_dims
 
 __all__ = ["fold", "scan", "vmap"]
 

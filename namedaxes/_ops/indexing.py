@@ -42,7 +42,7 @@ from .._errors import (
     format_names,
 )
 from ._align import align_to
-from .shape import expect_named, explicit_sharding, unshard_dims
+from ._common import expect_named, explicit_sharding, unshard_dims
 
 __all__ = ["take", "slice_axis"]
 

@@ -18,7 +18,7 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, check_unique, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
 from .elementwise import broadcast_into, canonical_dtype
-from .shape import unshard_dims
+from ._common import expect_named, unshard_dims
 
 __all__ = [
     "all",
@@ -43,15 +43,6 @@ __all__ = [
 AxisSelection: TypeAlias = AxisSelector | Sequence[AxisSelector] | None
 
 
-def _need_named(x: Any, op: str) -> NamedArray:
-    if not isinstance(x, NamedArray):
-        raise NamedTypeError(
-            f"{op}() needs a NamedArray, got {type(x).__name__}. Name the array's axes first, "
-            "e.g. named(x, ('batch', 'embed'))."
-        )
-    return x
-
-
 def _positions(x: NamedArray, axis: AxisSelection) -> tuple[int, ...]:
     """Positions of the selected axes in ``x`` (all of them for ``None``), checked and unique."""
     if axis is None:
@@ -64,7 +55,7 @@ def _positions(x: NamedArray, axis: AxisSelection) -> tuple[int, ...]:
 def _reduce(
     op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any, **kwargs: Any
 ) -> NamedArray:
-    x = _need_named(x, op)
+    x = expect_named(x, op)
     pos = _positions(x, axis)
     mask = broadcast_into(where, x.axes, op=op, what="where=")
     if mask is not None:
@@ -233,7 +224,7 @@ def logsumexp(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -
 
 
 def _arg_reduce(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector | None) -> NamedArray:
-    x = _need_named(x, op)
+    x = expect_named(x, op)
     if axis is None:
         if x.ndim != 1:
             raise AxisError(
@@ -286,7 +277,7 @@ def argmin(x: NamedArray, axis: AxisSelector | None = None) -> NamedArray:
 
 def _along(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any) -> NamedArray:
     """Apply an axis-preserving op (softmax family) over the selected axes."""
-    x = _need_named(x, op)
+    x = expect_named(x, op)
     if axis is None:
         raise NamedTypeError(f"{op}() needs the axis to normalize over, e.g. {op}(x, 'vocab').")
     pos = _positions(x, axis)
@@ -332,7 +323,7 @@ def log_softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> Nam
 def _cumulative(
     op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any
 ) -> NamedArray:
-    x = _need_named(x, op)
+    x = expect_named(x, op)
     i = find_axis(x.axes, axis)
     # On Explicit meshes JAX refuses a running sum along a sharded dimension; gather it first.
     array = unshard_dims(x.array, (i,))

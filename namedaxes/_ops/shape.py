@@ -34,6 +34,7 @@ from .._errors import (
     format_names,
 )
 from ._align import align_to
+from ._common import describe_operand, expect_named, unshard_dims
 
 __all__ = [
     "broadcast_axis",
@@ -47,61 +48,6 @@ __all__ = [
     "unbind",
     "unflatten_axis",
 ]
-
-
-def _describe(x: Any) -> str:
-    """A short description of a non-NamedArray operand for error messages."""
-    shape = getattr(x, "shape", None)
-    if shape is not None:
-        return f"{type(x).__name__} of shape {tuple(shape)}"
-    return f"{x!r} ({type(x).__name__})"
-
-
-def expect_named(x: Any, op: str, arg: str = "x") -> NamedArray:
-    """Return ``x`` if it is a NamedArray, else raise a ``NamedTypeError`` that says how to name it."""
-    if isinstance(x, NamedArray):
-        return x
-    raise NamedTypeError(
-        f"{op}() needs a NamedArray for `{arg}`, got {_describe(x)}. "
-        "Name its axes first, e.g. named(array, ('batch', 'embed'))."
-    )
-
-
-def explicit_sharding(array: Any) -> tuple[Any, list[Any]] | None:
-    """``(mesh, spec entries)`` of an array sharded over Explicit mesh axes, else ``None``.
-
-    Works on concrete arrays and on tracers (the mesh is then abstract). Auto mesh axes never show
-    up in an array's type, so arrays on Auto meshes (or on no mesh) give ``None``.
-    """
-    try:
-        sharding = jax.typeof(array).sharding
-    except (TypeError, AttributeError):
-        return None
-    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
-    if spec is None or mesh is None:
-        return None
-    entries = list(spec) + [None] * (len(array.shape) - len(spec))
-    if all(e is None for e in entries):
-        return None
-    return mesh, entries
-
-
-def unshard_dims(array: Any, dims: Sequence[int]) -> Any:
-    """``array`` with ``dims`` replicated when they are sharded over Explicit mesh axes.
-
-    On Explicit meshes JAX refuses ops that would move data across a sharded dimension (an integer
-    index, a slice or split whose size does not divide, unstacking, a scan over it) and asks for an
-    output sharding. On Auto meshes XLA gathers that dimension anyway; replicating it first makes
-    both modes compute the same thing. The other dimensions keep their sharding.
-    """
-    info = explicit_sharding(array)
-    if info is None:
-        return array
-    mesh, entries = info
-    if all(entries[d] is None for d in dims):
-        return array
-    spec = jax.sharding.PartitionSpec(*(None if i in dims else e for i, e in enumerate(entries)))
-    return jax.sharding.reshard(array, jax.sharding.NamedSharding(mesh, spec))
 
 
 def _check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
@@ -423,7 +369,7 @@ def _aligned_operands(
     first array's order. Returns the first array's axes and the transposed arrays."""
     if isinstance(arrays, NamedArray) or not isinstance(arrays, Sequence) or not arrays:
         raise NamedTypeError(
-            f"{op}() takes a non-empty list of NamedArrays, got {_describe(arrays)}."
+            f"{op}() takes a non-empty list of NamedArrays, got {describe_operand(arrays)}."
         )
     arrays = [expect_named(a, op, f"arrays[{k}]") for k, a in enumerate(arrays)]
     first = arrays[0]
