@@ -27,7 +27,7 @@ from ._errors import (
     ShardingError,
     format_mesh,
 )
-from ._partitioning import current_axis_mapping, resolve
+from ._partitioning import AxisRules, ResourceMapping, current_axis_mapping, resolve
 
 __all__ = [
     "barrier_sync",
@@ -155,7 +155,7 @@ def _local_extents(mesh: Mesh) -> dict[str, int]:
 
 
 def from_process_local(
-    x: NamedArray, mapping: Any = None, mesh: Mesh | None = None
+    x: NamedArray, mapping: ResourceMapping | AxisRules | None = None, mesh: Mesh | None = None
 ) -> NamedArray:
     """Build a global, sharded NamedArray from each process's local piece.
 
