@@ -88,6 +88,8 @@ def test_numpy_leaf_is_placed(mesh_2x4):
     x = na.NamedArray(np.ones((8, 4), np.float32), ("batch", "embed"))
     y = na.shard(x, {"batch": "data"}, mesh_2x4)
     assert isinstance(y.array, jax.Array) and spec_of(y) == P("data")
+    shapes = na.shard(jax.eval_shape(data), {"batch": "data"}, mesh_2x4)
+    assert shapes.array.sharding == NamedSharding(mesh_2x4, P("data", None))
 
 
 # -- inside jit ----------------------------------------------------------------------------------
