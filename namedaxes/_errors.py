@@ -113,13 +113,24 @@ def format_axes(axes: Iterable[Any]) -> str:
 
 
 def format_mesh(mesh: Any) -> str:
-    """Render a mesh (concrete or abstract) as ``Mesh(data=2, model=4)``."""
+    """Render a mesh as ``Mesh(data=2, model=4)``.
+
+    Accepts a ``Mesh`` or ``AbstractMesh`` (anything whose ``shape`` is a mapping), a
+    ``{name: size}`` mapping, or ``((name, size), ...)`` pairs; ``None`` gives ``no mesh`` and
+    anything else its ``repr``.
+    """
     if mesh is None:
         return "no mesh"
     shape = getattr(mesh, "shape", None)
     if isinstance(shape, Mapping):
-        return "Mesh(" + ", ".join(f"{k}={v}" for k, v in shape.items()) + ")"
-    return repr(mesh)
+        items: Iterable[Any] = shape.items()
+    elif isinstance(mesh, Mapping):
+        items = mesh.items()
+    elif isinstance(mesh, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in mesh):
+        items = mesh
+    else:
+        return repr(mesh)
+    return "Mesh(" + ", ".join(f"{name}={size}" for name, size in items) + ")"
 
 
 def format_path(path: Iterable[Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-from ._errors import NamedTypeError, ShardingError, ShardingWarning, format_names
+from ._errors import NamedTypeError, ShardingError, ShardingWarning, format_mesh, format_names
 from ._rules_base import (
     Leaf,
     MeshLike,
@@ -26,7 +26,6 @@ from ._rules_base import (
     format_bytes,
     map_array_leaves,
     mesh_axis_sizes,
-    mesh_repr,
     ordered_mesh_axes,
     place_tree,
     replicated,
@@ -254,7 +253,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def _unfit_message(
         self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]
     ) -> str:
-        mesh = mesh_repr(sizes)
+        mesh = format_mesh(sizes)
         return (
             f"MemoryConstrainedShardingRule: leaf {leaf.path!r} (shape {leaf.shape}, {leaf.dtype}) "
             f"holds {leaf.nbytes} bytes ({format_bytes(leaf.nbytes)}); the best valid spec on "
@@ -423,7 +422,7 @@ class MeshPartitionHelper(ShardingRule):
             raise ShardingError(
                 f"create_partition_spec was given methods naming mesh axis "
                 f"{format_names(dict.fromkeys(unknown))}, which the mesh "
-                f"{mesh_repr(sizes)} lacks. Available mesh "
+                f"{format_mesh(sizes)} lacks. Available mesh "
                 f"axes: {format_names(sizes)}."
             )
         n = math.prod(shape)

@@ -23,6 +23,7 @@ from ._errors import (
     MeshError,
     NamedTypeError,
     ShardingError,
+    format_mesh,
     format_names,
     format_path,
 )
@@ -35,7 +36,6 @@ __all__ = [
     "entry_axes",
     "flatten_leaves",
     "mesh_axis_sizes",
-    "mesh_repr",
     "resolve_mesh",
     "spec_problems",
 ]
@@ -45,11 +45,6 @@ MeshLike: TypeAlias = Mesh | AbstractMesh | Mapping[str, int]
 
 
 # -- meshes ------------------------------------------------------------------------------------
-
-
-def mesh_repr(sizes: Mapping[str, int]) -> str:
-    """``Mesh(data=2, model=4)`` for a ``{axis: size}`` mapping."""
-    return "Mesh(" + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")"
 
 
 def resolve_mesh(mesh: MeshLike | None) -> MeshLike:
@@ -94,7 +89,7 @@ def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
         )
     if not sizes or any(s <= 0 for s in sizes.values()):
         raise MeshError(
-            f"The mesh {mesh_repr(sizes) if sizes else repr(mesh)} has no devices. Give every mesh "
+            f"The mesh {format_mesh(sizes) if sizes else repr(mesh)} has no devices. Give every mesh "
             "axis a size of at least 1, e.g. jax.make_mesh((2, 4), ('data', 'model'))."
         )
     return sizes
@@ -209,7 +204,7 @@ def spec_problems(
         if bad:
             problems.append(
                 f"spec {spec} names mesh axis {format_names(bad)}, which is not in the mesh "
-                f"{mesh_repr(sizes)}. Available mesh axes: "
+                f"{format_mesh(sizes)}. Available mesh axes: "
                 f"{format_names(sizes)}"
             )
             continue
@@ -384,7 +379,7 @@ def ordered_mesh_axes(
         if unknown:
             raise ShardingError(
                 f"{owner} was given axis_names {format_names(unknown)}, which the mesh "
-                f"{mesh_repr(sizes)} lacks. Available mesh "
+                f"{format_mesh(sizes)} lacks. Available mesh "
                 f"axes: {format_names(sizes)}."
             )
         if len(set(names)) != len(names):

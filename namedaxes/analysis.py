@@ -31,6 +31,7 @@ from ._errors import (
     ShardingWarning,
     SpecMismatchError,
     format_axes,
+    format_mesh,
 )
 from ._partitioning import current_axis_mapping
 from ._rules_base import (
@@ -40,7 +41,6 @@ from ._rules_base import (
     flatten_leaves,
     format_bytes,
     mesh_axis_sizes,
-    mesh_repr,
     resolve_mesh,
 )
 from ._rules_pattern import logical_spec
@@ -94,7 +94,7 @@ class MemoryReport:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        mesh = mesh_repr(self.mesh)
+        mesh = format_mesh(self.mesh)
         lines = [
             f"Memory report on {mesh}",
             f"  total (unsharded)   {self.total_bytes:>16,d} B  {format_bytes(self.total_bytes)}",

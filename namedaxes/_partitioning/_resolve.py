@@ -15,7 +15,14 @@ from typing import Any, TypeAlias, Union
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._axis import Axis
-from .._errors import MeshError, NamedTypeError, ShardingError, format_axes, format_names
+from .._errors import (
+    MeshError,
+    NamedTypeError,
+    ShardingError,
+    format_axes,
+    format_mesh,
+    format_names,
+)
 from ._rules import AxisRules, RulesLike, UnsatisfiedPolicy, _POLICIES, as_rules
 
 __all__ = ["MeshLike", "MeshShape", "mesh_shape", "resolve"]
@@ -53,10 +60,6 @@ def mesh_shape(mesh: MeshLike) -> MeshShape:
         f"Expected a jax.sharding.Mesh, AbstractMesh or {{axis_name: size}} mapping, got {mesh!r} "
         f"({type(mesh).__name__})."
     )
-
-
-def _format_mesh_shape(shape: MeshShape) -> str:
-    return "Mesh(" + ", ".join(f"{n}={s}" for n, s in shape) + ")"
 
 
 def _entry(target: tuple[str, ...]) -> str | tuple[str, ...]:
@@ -164,7 +167,7 @@ def _check_mesh_axes(rules: AxisRules, sizes: dict[str, int], mesh: MeshShape) -
         users = [n for n in rules.names if any(set(t or ()) & set(missing) for t in rules.candidates(n))]
         raise ShardingError(
             f"The axis mapping names mesh axis {format_names(missing)} (used by logical axis "
-            f"{format_names(dict.fromkeys(users))}), but {_format_mesh_shape(mesh)} has axes "
+            f"{format_names(dict.fromkeys(users))}), but {format_mesh(mesh)} has axes "
             f"{format_names(sizes)}. Fix the mapping's mesh-axis name, or add the axis to the mesh "
             "(a size-1 axis is fine)."
         )
@@ -189,10 +192,9 @@ def _unsatisfied_message(
         else:
             why = f"{size} does not divide {axis.size}"
         reasons.append(f"({shown}): {why}")
-    mesh_desc = "Mesh(" + ", ".join(f"{n}={s}" for n, s in sizes.items()) + ")"
     return (
         f"Cannot shard axis {axis.name!r} (size {axis.size}) of an array with axes "
-        f"({format_axes(axes)}) on {mesh_desc}: no rule applies. Candidates: "
+        f"({format_axes(axes)}) on {format_mesh(sizes)}: no rule applies. Candidates: "
         + "; ".join(reasons)
         + ". Pad the axis with round_axis_for_partitioning, add a fallback rule (e.g. "
         f"({axis.name!r}, None) to replicate), or use unsatisfied='replicate'."

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
-from .._errors import ShardingError
+from .._errors import ShardingError, format_mesh
 from ._context import current_rules
 from ._mesh_context import AnyMesh, require_mesh
 from ._resolve import MeshLike, mesh_shape, resolve
@@ -198,7 +198,7 @@ def physical_axis_size(
     if missing:
         raise ShardingError(
             f"Logical axis {axis_name(axis)!r} is mapped to mesh axis {missing[0]!r}, which the "
-            f"mesh ({', '.join(f'{k}={v}' for k, v in sizes.items())}) lacks. Fix the mapping."
+            f"mesh {format_mesh(sizes)} lacks. Fix the mapping."
         )
     return math.prod(sizes[n] for n in target[0])
 
