@@ -17,6 +17,7 @@ from ._errors import AxisNotFoundError as AxisNotFoundError
 from ._errors import AxisSizeError as AxisSizeError
 from ._errors import DuplicateAxisError as DuplicateAxisError
 from ._errors import MeshError as MeshError
+from ._errors import MeshTypeError as MeshTypeError
 from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import ShardingError as ShardingError

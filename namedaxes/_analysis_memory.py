@@ -18,15 +18,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import ShardingError, SpecMismatchError, format_path
-from ._rules_base import (
-    Leaf,
-    MeshLike,
-    entry_axes,
-    flatten_leaves,
-    mesh_axis_sizes,
-    resolve_mesh,
-    spec_problems,
-)
+from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes
+from ._rules_base import Leaf, entry_axes, flatten_leaves, rule_mesh, spec_problems
 
 __all__ = ["ShardingAnalyzer", "pair_specs", "per_device_bytes", "usage_of"]
 
@@ -196,7 +189,7 @@ class ShardingAnalyzer:
     @property
     def mesh(self) -> MeshLike:
         """The analyzer's mesh, or the context mesh when it was created without one."""
-        return resolve_mesh(self._mesh)
+        return rule_mesh(self._mesh, what="ShardingAnalyzer")
 
     def __repr__(self) -> str:
         return f"ShardingAnalyzer(mesh={self._mesh!r})"

@@ -20,6 +20,7 @@ __all__ = [
     "MappingTypeError",
     "MemoryAnalysisUnavailableError",
     "MeshError",
+    "MeshTypeError",
     "NamedAxesError",
     "NamedTypeError",
     "ShardingError",
@@ -75,6 +76,11 @@ class SpecMismatchError(ShardingError):
 
 class MeshError(NamedAxesError, ValueError):
     """A device mesh cannot be built or parsed as asked."""
+
+
+class MeshTypeError(MeshError, NamedTypeError):
+    """Something given as a mesh is not one (or not the kind needed): both a ``MeshError`` and a
+    ``TypeError``."""
 
 
 class DistributedError(NamedAxesError, RuntimeError):

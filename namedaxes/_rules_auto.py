@@ -15,21 +15,25 @@ from typing import Any, Literal
 
 from jax.sharding import NamedSharding, PartitionSpec
 
-
-from ._errors import NamedTypeError, ShardingError, ShardingWarning, format_mesh, format_names
+from ._errors import (
+    MeshError,
+    NamedTypeError,
+    ShardingError,
+    ShardingWarning,
+    format_mesh,
+    format_names,
+)
+from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes, require_mesh
 from ._rules_base import (
     Leaf,
-    MeshLike,
     ShardingRule,
-    concrete_mesh,
     flatten_leaves,
     format_bytes,
     map_array_leaves,
-    mesh_axis_sizes,
     ordered_mesh_axes,
     place_tree,
     replicated,
-    resolve_mesh,
+    rule_mesh,
 )
 
 __all__ = [
@@ -104,7 +108,7 @@ class AutoShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf of ``tree`` (see the class docstring for the algorithm)."""
-        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+        sizes = mesh_axis_sizes(rule_mesh(self.mesh, what="AutoShardingRule"))
         axes = ordered_mesh_axes(sizes, self.axis_names, owner="AutoShardingRule")
         cache: dict[tuple[int, ...], PartitionSpec] = {}
 
@@ -205,7 +209,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf that fits the budget (see the class docstring)."""
-        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+        sizes = mesh_axis_sizes(rule_mesh(self.mesh, what="MemoryConstrainedShardingRule"))
         axes = ordered_mesh_axes(sizes, self.axis_names, owner="MemoryConstrainedShardingRule")
         cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
 
@@ -345,7 +349,7 @@ class MeshPartitionHelper(ShardingRule):
 
     def _axis_sizes(self) -> dict[str, int]:
         if self.mesh is None:
-            return mesh_axis_sizes(resolve_mesh(None))
+            return mesh_axis_sizes(rule_mesh(None, what="MeshPartitionHelper"))
         if self._sizes is None:
             self._sizes = mesh_axis_sizes(self.mesh)
         return self._sizes
@@ -466,7 +470,8 @@ class MeshPartitionHelper(ShardingRule):
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
         """
-        return place_tree(array, NamedSharding(concrete_mesh(self.mesh, what="shard_array"), spec))
+        mesh = require_mesh(self.mesh, what="shard_array", error=MeshError)
+        return place_tree(array, NamedSharding(mesh, spec))
 
     def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:
         """Place every array leaf of ``tree`` with the spec :meth:`apply` gives it.

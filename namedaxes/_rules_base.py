@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,10 +18,10 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ._array import NamedArray, is_named_array
 from ._axis import Axis
+from ._partitioning._mesh_context import MeshLike, require_mesh
 from ._partitioning._shard import place_leaves  # the engine's placement, shared
 from ._errors import (
     MeshError,
-    NamedTypeError,
     ShardingError,
     format_mesh,
     format_names,
@@ -30,83 +30,27 @@ from ._errors import (
 
 __all__ = [
     "Leaf",
-    "MeshLike",
     "ShardingRule",
     "check_spec",
     "entry_axes",
     "flatten_leaves",
-    "mesh_axis_sizes",
-    "resolve_mesh",
+    "rule_mesh",
     "spec_problems",
 ]
-
-#: A mesh given as a concrete ``Mesh``, an ``AbstractMesh`` or a ``{axis: size}`` mapping.
-MeshLike: TypeAlias = Mesh | AbstractMesh | Mapping[str, int]
 
 
 # -- meshes ------------------------------------------------------------------------------------
 
 
-def resolve_mesh(mesh: MeshLike | None) -> MeshLike:
-    """``mesh`` itself, or the context mesh (``jax.set_mesh``) when ``None``.
+def rule_mesh(mesh: MeshLike | None, *, what: str) -> MeshLike:
+    """The mesh a rule or the analysis plans on: ``mesh`` (a ``{axis: size}`` dict will do), else
+    the context mesh.
 
     Raises:
-        MeshError: if ``mesh`` is ``None`` and no mesh is set, or the mesh has no devices.
+        MeshError: if there is neither, or the mesh has no devices (``MeshTypeError`` if ``mesh``
+            is not a mesh).
     """
-    if mesh is None:
-        mesh = jax.sharding.get_abstract_mesh()
-        if mesh.empty:
-            raise MeshError(
-                "No mesh was given and none is set in the context. Pass mesh=... (a Mesh, an "
-                "AbstractMesh or a {axis: size} dict) or enter `with jax.set_mesh(mesh):`."
-            )
-    mesh_axis_sizes(mesh)  # validates
-    return mesh
-
-
-def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
-    """The ``{axis: size}`` of a mesh, in mesh order.
-
-    Raises:
-        NamedTypeError: if ``mesh`` is not a mesh or a mapping of ints.
-        MeshError: if the mesh has no devices (no axes, or an axis of size 0).
-    """
-    if isinstance(mesh, (Mesh, AbstractMesh)):
-        sizes = dict(mesh.shape)
-    elif isinstance(mesh, Mapping):
-        sizes = {}
-        for name, size in mesh.items():
-            if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
-                raise NamedTypeError(
-                    f"A mesh given as a mapping must map axis names (str) to sizes (int), got "
-                    f"{name!r}: {size!r} in {dict(mesh)!r}. Example: {{'data': 2, 'model': 4}}."
-                )
-            sizes[name] = size
-    else:
-        raise NamedTypeError(
-            f"Expected a jax.sharding.Mesh, an AbstractMesh or a {{axis: size}} dict as mesh, got "
-            f"{mesh!r} ({type(mesh).__name__})."
-        )
-    if not sizes or any(s <= 0 for s in sizes.values()):
-        raise MeshError(
-            f"The mesh {format_mesh(sizes) if sizes else repr(mesh)} has no devices. Give every mesh "
-            "axis a size of at least 1, e.g. jax.make_mesh((2, 4), ('data', 'model'))."
-        )
-    return sizes
-
-
-def concrete_mesh(mesh: MeshLike | None, *, what: str) -> Mesh | AbstractMesh:
-    """A ``Mesh``/``AbstractMesh`` to build ``NamedSharding``s on (a dict cannot hold devices)."""
-    if mesh is None:
-        ctx = jax.sharding.get_mesh()
-        mesh = ctx if not ctx.empty else resolve_mesh(None)
-    if not isinstance(mesh, (Mesh, AbstractMesh)):
-        raise MeshError(
-            f"{what} needs a jax.sharding.Mesh (or AbstractMesh), but the mesh is {mesh!r}. A "
-            "{axis: size} dict can plan specs but cannot place arrays; pass mesh=jax.make_mesh(...)."
-        )
-    mesh_axis_sizes(mesh)
-    return mesh
+    return require_mesh(mesh, what=what, mappings=True, error=MeshError)
 
 
 # -- leaves ------------------------------------------------------------------------------------
@@ -315,7 +259,9 @@ class ShardingRule(abc.ABC):
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
         """
-        target = concrete_mesh(mesh if mesh is not None else self.mesh, what="to_shardings")
+        target = require_mesh(
+            mesh if mesh is not None else self.mesh, what="to_shardings", error=MeshError
+        )
         specs = self.apply(tree)
         leaves, treedef = flatten_leaves(specs, keep_none=True)
         return treedef.unflatten(

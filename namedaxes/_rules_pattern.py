@@ -16,17 +16,16 @@ from jax.sharding import PartitionSpec
 
 from ._errors import NamedTypeError, ShardingError
 from ._partitioning import AxisRules, current_axis_mapping, resolve
+from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes
 from ._rules_base import (
     Leaf,
-    MeshLike,
     ShardingRule,
     check_spec,
     entry_axes,
     flatten_leaves,
     map_array_leaves,
-    mesh_axis_sizes,
     replicated,
-    resolve_mesh,
+    rule_mesh,
 )
 
 __all__ = ["CompositeShardingRule", "LogicalAxisRule", "PathRegexRule", "ShapeBasedShardingRule"]
@@ -84,7 +83,7 @@ class LogicalAxisRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf: resolved names for NamedArrays, replicated otherwise."""
-        mesh = resolve_mesh(self.mesh)
+        mesh = rule_mesh(self.mesh, what="LogicalAxisRule")
         rules = self.rules if self.rules is not None else current_axis_mapping()
 
         return map_array_leaves(tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied))
@@ -182,7 +181,7 @@ class ShapeBasedShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf: its first matching pattern's, else replicated."""
-        sizes = mesh_axis_sizes(resolve_mesh(self.mesh))
+        sizes = mesh_axis_sizes(rule_mesh(self.mesh, what="ShapeBasedShardingRule"))
 
         def spec_for(leaf: Leaf) -> PartitionSpec:
             shape = leaf.shape or ()
@@ -252,7 +251,7 @@ class PathRegexRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf from the first pattern its path matches."""
-        mesh = resolve_mesh(self.mesh)
+        mesh = rule_mesh(self.mesh, what="PathRegexRule")
         sizes = mesh_axis_sizes(mesh)
         leaves, treedef = flatten_leaves(tree)
         out: list[Any] = []

@@ -34,15 +34,8 @@ from ._errors import (
     format_mesh,
 )
 from ._partitioning import current_axis_mapping
-from ._rules_base import (
-    Leaf,
-    MeshLike,
-    entry_axes,
-    flatten_leaves,
-    format_bytes,
-    mesh_axis_sizes,
-    resolve_mesh,
-)
+from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes
+from ._rules_base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ._rules_pattern import logical_spec
 
 __all__ = [
@@ -158,7 +151,7 @@ def memory_report(
         >>> report.bytes_per_device, report.axes["mlp"]["saved_bytes"]
         (524288, 1572864)
     """
-    mesh = resolve_mesh(mesh)
+    mesh = rule_mesh(mesh, what="memory_report")
     sizes = mesh_axis_sizes(mesh)
     rules = mapping_or_rules if mapping_or_rules is not None else current_axis_mapping()
     leaves, _ = flatten_leaves(tree)

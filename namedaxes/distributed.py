@@ -28,6 +28,7 @@ from ._errors import (
     format_mesh,
 )
 from ._partitioning import AxisRules, ResourceMapping, current_axis_mapping, resolve
+from ._partitioning._mesh_context import require_mesh
 
 __all__ = [
     "barrier_sync",
@@ -113,21 +114,6 @@ def barrier_sync(timeout: float = 200.0, *, name: str | None = None) -> None:
         raise DistributedError(f"Barrier {barrier!r} failed: {detail}") from e
 
 
-def _current_mesh(mesh: Mesh | None) -> Mesh:
-    if mesh is not None:
-        if not isinstance(mesh, Mesh):
-            raise NamedTypeError(
-                f"mesh must be a concrete jax.sharding.Mesh, got {mesh!r} ({type(mesh).__name__})."
-            )
-        return mesh
-    current = jax.sharding.get_mesh()
-    if current.empty:
-        raise MeshError(
-            "No mesh given and none is set. Pass mesh=..., or enter `with jax.set_mesh(mesh):`."
-        )
-    return current
-
-
 def _local_extents(mesh: Mesh) -> dict[str, int]:
     """How many positions along each mesh axis hold this process's devices.
 
@@ -192,7 +178,7 @@ def from_process_local(
             f"from_process_local expects a NamedArray, got {type(x).__name__}. "
             "Wrap the local data first: named(local_array, ('batch', ...))."
         )
-    mesh = _current_mesh(mesh)
+    mesh = require_mesh(mesh, what="from_process_local", concrete=True, error=MeshError)
     rules = current_axis_mapping() if mapping is None else mapping
     if rules is None:
         raise ShardingError(

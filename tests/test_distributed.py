@@ -81,7 +81,7 @@ def test_from_process_local_errors(mesh_2x4):
     local = named(jnp.ones((4, 3)), ("batch", "embed"))
     with pytest.raises(ShardingError, match=r"from_process_local needs a mapping to know which axes of NamedArray\(float32, batch=4, embed=3\)"):
         from_process_local(local, mesh=mesh_2x4)
-    with pytest.raises(MeshError, match=r"No mesh given and none is set\. Pass mesh=\.\.\., or enter `with jax.set_mesh"):
+    with pytest.raises(MeshError, match=r"from_process_local needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a concrete jax\.sharding\.Mesh\), or wrap the code in `with jax.set_mesh"):
         from_process_local(local, {"batch": "data"})
     with pytest.raises(NamedTypeError, match=r"from_process_local expects a NamedArray, got ndarray"):
         from_process_local(np.ones((4, 3)), {"batch": "data"}, mesh_2x4)

@@ -125,6 +125,18 @@ def test_bad_inputs_are_typed_errors():
         resolve((B8,), {"batch": "data"}, [("data", 2)])
 
 
+def test_mesh_checks_are_the_shared_ones():
+    # One check for every entry point: a wrongly typed size is both a MeshError and a TypeError,
+    # and a mesh without devices is refused here as it is by the rules.
+    with pytest.raises(MeshError, match=r"needs str axis names and positive int sizes, got 'data': '2'") as info:
+        resolve((B8,), {"batch": "data"}, {"data": "2"})
+    assert isinstance(info.value, NamedTypeError)
+    with pytest.raises(MeshError, match=r"The mesh Mesh\(data=0\) has no devices"):
+        resolve((B8,), {"batch": "data"}, AbstractMesh((0,), ("data",)))
+    with pytest.raises(MeshError, match=r"The mesh Mesh\(\) has no devices: it has no axes"):
+        resolve((B8,), {}, {})
+
+
 def test_deterministic_and_cached():
     a = resolve((B8, M4), {"batch": "data", "mlp": "model"}, MESH)
     b = resolve((B8, M4), {"mlp": "model", "batch": "data"}, dict(reversed(MESH.items())))

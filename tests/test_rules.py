@@ -107,7 +107,7 @@ def test_auto_uses_the_context_mesh_and_needs_one():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     with jax.set_mesh(mesh):
         assert AutoShardingRule().apply([sds(8, 2)]) == [P("model", "data")]
-    with pytest.raises(MeshError, match=r"No mesh was given and none is set in the context"):
+    with pytest.raises(MeshError, match=r"AutoShardingRule needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a jax\.sharding\.Mesh, AbstractMesh or \{axis: size\} mapping\)"):
         AutoShardingRule().apply([sds(8)])
 
 

@@ -2,7 +2,7 @@
 
 from ._context import axis_mapping as axis_mapping
 from ._context import current_axis_mapping as current_axis_mapping
-from ._resolve import MeshLike as MeshLike
+from ._mesh_context import MeshLike as MeshLike
 from ._resolve import resolve as resolve
 from ._rules import AxisRules as AxisRules
 from ._rules import MeshAxes as MeshAxes

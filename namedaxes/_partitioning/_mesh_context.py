@@ -1,21 +1,98 @@
-"""Finding the mesh to place arrays on: the argument, else ``jax.set_mesh``'s, else an error.
+"""Meshes: a mesh-like's validated axis sizes, the context mesh, and "the mesh, or a clear error".
 
-Outside ``jax.jit`` the mesh set with ``jax.set_mesh`` is concrete (``jax.sharding.get_mesh()``);
-while tracing only the abstract one is available (``jax.sharding.get_abstract_mesh()``).
+Every module that takes a mesh (placement, specs, rules, analysis, multi-process helpers) goes
+through these three functions, so a mesh is checked the same way and a missing or wrong mesh gets
+the same message everywhere. Outside ``jax.jit`` the mesh set with ``jax.set_mesh`` is concrete
+(``jax.sharding.get_mesh()``); while tracing only the abstract one is available
+(``jax.sharding.get_abstract_mesh()``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias, overload
 
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 
-from .._errors import NamedTypeError, ShardingError
+from .._errors import (
+    MeshError,
+    MeshTypeError,
+    NamedAxesError,
+    ShardingError,
+    format_mesh,
+)
 
-__all__ = ["context_mesh", "explicit_axes", "require_mesh"]
+__all__ = [
+    "AnyMesh",
+    "MeshLike",
+    "MeshShape",
+    "context_mesh",
+    "explicit_axes",
+    "mesh_axis_sizes",
+    "mesh_of_leaves",
+    "mesh_shape",
+    "require_mesh",
+]
 
-AnyMesh = Mesh | AbstractMesh
+AnyMesh: TypeAlias = Mesh | AbstractMesh
+#: A mesh, concrete or abstract, or just its ``{axis_name: size}``.
+MeshLike: TypeAlias = Mesh | AbstractMesh | Mapping[str, int]
+#: A mesh's axes as ``((name, size), ...)``: the hashable form ``resolve`` caches on.
+MeshShape: TypeAlias = tuple[tuple[str, int], ...]
+
+_EXAMPLE = "e.g. {'data': 2, 'model': 4} or jax.make_mesh((2, 4), ('data', 'model'))"
+
+
+def mesh_shape(mesh: MeshLike) -> MeshShape:
+    """The ``((name, size), ...)`` of a ``Mesh``, ``AbstractMesh`` or ``{name: size}`` mapping.
+
+    Raises:
+        MeshTypeError: if ``mesh`` is none of these, or a mapping holds a non-str name or a
+            non-int size.
+        MeshError: if the mesh has no devices (no axes, or an axis of size < 1).
+
+    Example:
+        >>> mesh_shape({"data": 2, "model": 4})
+        (('data', 2), ('model', 4))
+    """
+    if isinstance(mesh, (Mesh, AbstractMesh)):
+        shape = mesh.shape_tuple
+        if shape and not mesh.empty:  # the common case, kept cheap: shard checks its mesh per call
+            return shape
+    elif isinstance(mesh, Mapping):
+        for name, size in mesh.items():
+            if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+                raise MeshTypeError(
+                    f"A mesh given as a mapping needs str axis names and positive int sizes, got "
+                    f"{name!r}: {size!r} in {dict(mesh)!r}. Use {_EXAMPLE}."
+                )
+        shape = tuple(mesh.items())
+    else:
+        kinds = "jax.sharding.Mesh, AbstractMesh or {axis_name: size} mapping"
+        raise MeshTypeError(_not_a_mesh(mesh, "Expected", kinds) + f" Use {_EXAMPLE}.")
+    if not shape:
+        raise MeshError(
+            f"The mesh {format_mesh(shape)} has no devices: it has no axes. Give it at least one "
+            f"axis, {_EXAMPLE}."
+        )
+    bad = [(n, s) for n, s in shape if s < 1]
+    if bad:
+        raise MeshError(
+            f"The mesh {format_mesh(shape)} has no devices: mesh axes need positive int sizes, got "
+            f"{bad[0][0]!r}: {bad[0][1]!r}. Give every mesh axis a size of at least 1, {_EXAMPLE}."
+        )
+    return shape
+
+
+def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
+    """The ``{axis: size}`` of a mesh-like, in mesh order (checked as ``mesh_shape`` checks it).
+
+    Example:
+        >>> mesh_axis_sizes({"data": 2, "model": 4})
+        {'data': 2, 'model': 4}
+    """
+    return dict(mesh_shape(mesh))
 
 
 def context_mesh() -> AnyMesh | None:
@@ -35,29 +112,118 @@ def context_mesh() -> AnyMesh | None:
     return None if mesh.empty else mesh
 
 
-def require_mesh(mesh: Any, *, what: str, has_mesh_arg: bool = True) -> AnyMesh:
-    """``mesh`` if given (checked), else the context mesh; raise a ``ShardingError`` if neither.
+@overload
+def require_mesh(
+    mesh: Any,
+    *,
+    what: str,
+    mappings: bool = False,
+    concrete: Literal[True],
+    has_mesh_arg: bool = True,
+    error: type[NamedAxesError] = ShardingError,
+) -> Mesh: ...
+
+
+@overload
+def require_mesh(
+    mesh: Any,
+    *,
+    what: str,
+    mappings: Literal[False] = False,
+    concrete: bool = False,
+    has_mesh_arg: bool = True,
+    error: type[NamedAxesError] = ShardingError,
+) -> AnyMesh: ...
+
+
+@overload
+def require_mesh(
+    mesh: Any,
+    *,
+    what: str,
+    mappings: Literal[True],
+    concrete: bool = False,
+    has_mesh_arg: bool = True,
+    error: type[NamedAxesError] = ShardingError,
+) -> MeshLike: ...
+
+
+def require_mesh(
+    mesh: Any,
+    *,
+    what: str,
+    mappings: bool = False,
+    concrete: bool = False,
+    has_mesh_arg: bool = True,
+    error: type[NamedAxesError] = ShardingError,
+) -> MeshLike:
+    """``mesh`` if given (checked), else the context mesh; a clear error if there is neither.
 
     Args:
-        mesh: A ``Mesh``, ``AbstractMesh`` or ``None``.
-        what: The caller's name for the message (``"shard"``).
+        mesh: The caller's ``mesh`` argument (``None``: use the context mesh).
+        what: The caller's name for messages (``"shard"``).
+        mappings: Whether a ``{axis: size}`` mapping is enough (planning specs, not placing).
+        concrete: Whether only a concrete ``Mesh`` will do (building arrays from host data).
         has_mesh_arg: Whether the caller takes ``mesh=`` (to suggest it).
+        error: The type raised when there is no mesh at all (each caller keeps its own).
+
+    Raises:
+        MeshTypeError: if ``mesh`` is not a kind of mesh the caller accepts.
+        MeshError: if the mesh has no devices (see ``mesh_shape``).
+        error: if ``mesh`` is ``None`` and no mesh is set.
+
+    Example:
+        >>> require_mesh({"data": 2}, what="pspec_for", mappings=True)
+        {'data': 2}
     """
     if mesh is not None:
-        if not isinstance(mesh, (Mesh, AbstractMesh)):
-            raise NamedTypeError(
-                f"{what}: mesh must be a jax.sharding.Mesh or AbstractMesh, got {mesh!r} "
-                f"({type(mesh).__name__})."
-            )
+        accepted = isinstance(mesh, Mesh) or (
+            not concrete
+            and (isinstance(mesh, AbstractMesh) or (mappings and isinstance(mesh, Mapping)))
+        )
+        if not accepted:
+            raise MeshTypeError(_wrong_mesh(mesh, what, _kinds(mappings, concrete)))
+        mesh_shape(mesh)  # validates
         return mesh
     found = context_mesh()
     if found is None:
-        hint = "Pass mesh=..., or wrap" if has_mesh_arg else "Wrap"
-        raise ShardingError(
+        kinds = _kinds(mappings, concrete)
+        hint = f"Pass mesh=... (a {kinds}), or wrap" if has_mesh_arg else "Wrap"
+        raise error(
             f"{what} needs a device mesh, but none was given and none is set. {hint} the code in "
             "`with jax.set_mesh(mesh):` (e.g. mesh = jax.make_mesh((2, 4), ('data', 'model')))."
         )
+    if concrete and not isinstance(found, Mesh):
+        raise error(
+            f"{what} needs a concrete jax.sharding.Mesh, but only the abstract mesh "
+            f"{format_mesh(found)} is known here (inside jax.jit, or under use_abstract_mesh). "
+            "Call it outside jit, or pass mesh=..."
+        )
     return found
+
+
+def _kinds(mappings: bool, concrete: bool) -> str:
+    if concrete:
+        return "concrete jax.sharding.Mesh"
+    if mappings:
+        return "jax.sharding.Mesh, AbstractMesh or {axis: size} mapping"
+    return "jax.sharding.Mesh or AbstractMesh"
+
+
+def _not_a_mesh(mesh: Any, lead: str, kinds: str) -> str:
+    return f"{lead} a {kinds}, got {mesh!r} ({type(mesh).__name__})."
+
+
+def _wrong_mesh(mesh: Any, what: str, kinds: str) -> str:
+    message = _not_a_mesh(mesh, f"{what} needs", kinds)
+    if isinstance(mesh, Mapping):
+        return message + (
+            " A {axis: size} dict can plan specs but cannot place arrays; pass "
+            "mesh=jax.make_mesh(...)."
+        )
+    if isinstance(mesh, AbstractMesh):
+        return message + " An AbstractMesh has no devices to hold data; pass jax.make_mesh(...)."
+    return message + " Pass e.g. mesh=jax.make_mesh((2, 4), ('data', 'model'))."
 
 
 def explicit_axes(mesh: AnyMesh) -> frozenset[str]:

@@ -9,57 +9,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias, Union
+from collections.abc import Sequence
+from typing import Any
 
-from jax.sharding import AbstractMesh, Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from .._axis import Axis
-from .._errors import (
-    MeshError,
-    NamedTypeError,
-    ShardingError,
-    format_axes,
-    format_mesh,
-    format_names,
-)
+from .._errors import NamedTypeError, ShardingError, format_axes, format_mesh, format_names
+from ._mesh_context import MeshLike, MeshShape, mesh_shape
 from ._rules import AxisRules, RulesLike, UnsatisfiedPolicy, _POLICIES, as_rules
 
-__all__ = ["MeshLike", "MeshShape", "mesh_shape", "resolve"]
-
-#: A mesh, concrete or abstract, or just its ``{axis_name: size}``.
-MeshLike: TypeAlias = Union[Mesh, AbstractMesh, Mapping[str, int]]
-#: A mesh's axes as ``((name, size), ...)``: the hashable form ``resolve`` caches on.
-MeshShape: TypeAlias = tuple[tuple[str, int], ...]
-
-
-def mesh_shape(mesh: MeshLike) -> MeshShape:
-    """The ``((name, size), ...)`` of a ``Mesh``, ``AbstractMesh`` or ``{name: size}`` mapping.
-
-    Raises:
-        NamedTypeError: if ``mesh`` is none of these.
-        MeshError: if a mapping has a non-string name or a size that is not a positive int.
-
-    Example:
-        >>> mesh_shape({"data": 2, "model": 4})
-        (('data', 2), ('model', 4))
-    """
-    if isinstance(mesh, (Mesh, AbstractMesh)):
-        return mesh.shape_tuple
-    if isinstance(mesh, Mapping):
-        out = []
-        for name, size in mesh.items():
-            if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise MeshError(
-                    f"A mesh given as a mapping needs str axis names and positive int sizes, got "
-                    f"{name!r}: {size!r} in {dict(mesh)!r}. Use e.g. {{'data': 2, 'model': 4}}."
-                )
-            out.append((name, size))
-        return tuple(out)
-    raise NamedTypeError(
-        f"Expected a jax.sharding.Mesh, AbstractMesh or {{axis_name: size}} mapping, got {mesh!r} "
-        f"({type(mesh).__name__})."
-    )
+__all__ = ["resolve"]
 
 
 def _entry(target: tuple[str, ...]) -> str | tuple[str, ...]:
@@ -95,6 +55,7 @@ def resolve(
         ShardingError: if the rules name a mesh axis the mesh lacks (the message lists the mesh's
             axes), or, under the ``"error"`` policy, when no rule applies to an axis (the message
             names the axis, its size, each candidate's mesh axes and sizes and why it was skipped).
+        MeshError: if the mesh has no devices (``MeshTypeError`` if it is not a mesh at all).
 
     Example:
         >>> from namedaxes import Axis, AxisRules

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -11,10 +11,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
-from .._errors import ShardingError, format_mesh
+from .._errors import ShardingError, format_mesh, format_names
 from ._context import current_rules
-from ._mesh_context import AnyMesh, require_mesh
-from ._resolve import MeshLike, mesh_shape, resolve
+from ._mesh_context import AnyMesh, MeshLike, mesh_axis_sizes, require_mesh
+from ._resolve import resolve
 from ._rules import AxisRules, MeshAxes, RulesLike, as_rules
 from ._tree import FieldAxes, leaf_axes, leaf_plan
 
@@ -68,7 +68,7 @@ def _specs(tree: Any, rules: AxisRules, mesh: Any, what: str) -> tuple[Any, list
             specs.append(_plain_spec(leaf))
             continue
         if resolved_mesh is None:
-            resolved_mesh = mesh if isinstance(mesh, Mapping) else require_mesh(mesh, what=what)
+            resolved_mesh = require_mesh(mesh, what=what, mappings=True)
         axes = leaf_axes(info, leaf) if isinstance(info, FieldAxes) else info
         specs.append(None if axes is None else resolve(axes, rules, resolved_mesh))
     # Rebuild with each NamedArray replaced by its spec (a valid jit in/out_shardings prefix).
@@ -189,16 +189,13 @@ def physical_axis_size(
     target = rules.candidates(axis_name(axis))
     if not target or target[0] is None:
         return 1
-    if isinstance(mesh, Mapping):
-        sizes = dict(mesh_shape(mesh))
-    else:
-        m = require_mesh(mesh, what="physical_axis_size")
-        sizes = dict(m.shape_tuple)
+    sizes = mesh_axis_sizes(require_mesh(mesh, what="physical_axis_size", mappings=True))
     missing = [n for n in target[0] if n not in sizes]
     if missing:
         raise ShardingError(
             f"Logical axis {axis_name(axis)!r} is mapped to mesh axis {missing[0]!r}, which the "
-            f"mesh {format_mesh(sizes)} lacks. Fix the mapping."
+            f"mesh {format_mesh(sizes)} lacks. Available mesh axes: {format_names(sizes)}. Fix "
+            "the mapping."
         )
     return math.prod(sizes[n] for n in target[0])
 
