@@ -50,39 +50,42 @@ def mesh_shape(mesh: MeshLike) -> MeshShape:
     Raises:
         MeshTypeError: if ``mesh`` is none of these, or a mapping holds a non-str name or a
             non-int size.
-        MeshError: if the mesh has no devices (no axes, or an axis of size < 1).
+        MeshError: if the mesh has no devices (an axis of size < 1; for a mapping, also no axes).
 
     Example:
         >>> mesh_shape({"data": 2, "model": 4})
         (('data', 2), ('model', 4))
     """
     if isinstance(mesh, (Mesh, AbstractMesh)):
-        shape = mesh.shape_tuple
-        if shape and not mesh.empty:  # the common case, kept cheap: shard checks its mesh per call
-            return shape
-    elif isinstance(mesh, Mapping):
-        for name, size in mesh.items():
-            if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
-                raise MeshTypeError(
-                    f"A mesh given as a mapping needs str axis names and positive int sizes, got "
-                    f"{name!r}: {size!r} in {dict(mesh)!r}. Use {_EXAMPLE}."
-                )
-        shape = tuple(mesh.items())
-    else:
+        if mesh.size:  # 0 when an axis has size 0, and for the empty AbstractMesh
+            return mesh.shape_tuple
+        raise _no_devices(mesh.shape_tuple)
+    if not isinstance(mesh, Mapping):
         kinds = "jax.sharding.Mesh, AbstractMesh or {axis_name: size} mapping"
         raise MeshTypeError(_not_a_mesh(mesh, "Expected", kinds) + f" Use {_EXAMPLE}.")
+    for name, size in mesh.items():
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int):
+            raise MeshTypeError(
+                f"A mesh given as a mapping needs str axis names and positive int sizes, got "
+                f"{name!r}: {size!r} in {dict(mesh)!r}. Use {_EXAMPLE}."
+            )
+    shape = tuple(mesh.items())
+    if not shape or any(s < 1 for _, s in shape):
+        raise _no_devices(shape)
+    return shape
+
+
+def _no_devices(shape: MeshShape) -> MeshError:
     if not shape:
-        raise MeshError(
+        return MeshError(
             f"The mesh {format_mesh(shape)} has no devices: it has no axes. Give it at least one "
             f"axis, {_EXAMPLE}."
         )
-    bad = [(n, s) for n, s in shape if s < 1]
-    if bad:
-        raise MeshError(
-            f"The mesh {format_mesh(shape)} has no devices: mesh axes need positive int sizes, got "
-            f"{bad[0][0]!r}: {bad[0][1]!r}. Give every mesh axis a size of at least 1, {_EXAMPLE}."
-        )
-    return shape
+    name, size = next((n, s) for n, s in shape if s < 1)
+    return MeshError(
+        f"The mesh {format_mesh(shape)} has no devices: mesh axes need positive int sizes, got "
+        f"{name!r}: {size!r}. Give every mesh axis a size of at least 1, {_EXAMPLE}."
+    )
 
 
 def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
@@ -176,12 +179,12 @@ def require_mesh(
         >>> require_mesh({"data": 2}, what="pspec_for", mappings=True)
         {'data': 2}
     """
+    if isinstance(mesh, Mesh) or (isinstance(mesh, AbstractMesh) and not concrete):
+        if mesh.size:  # mesh_shape's check, inlined: shard comes here on every call
+            return mesh
+        raise _no_devices(mesh.shape_tuple)
     if mesh is not None:
-        accepted = isinstance(mesh, Mesh) or (
-            not concrete
-            and (isinstance(mesh, AbstractMesh) or (mappings and isinstance(mesh, Mapping)))
-        )
-        if not accepted:
+        if not (mappings and not concrete and isinstance(mesh, Mapping)):
             raise MeshTypeError(_wrong_mesh(mesh, what, _kinds(mappings, concrete)))
         mesh_shape(mesh)  # validates
         return mesh
