@@ -26,6 +26,7 @@ import numpy as np
 
 from .._errors import NamedTypeError
 from ._context import axis_mapping, current_mapping_and_rules
+from ._lru import lru_put, lru_touch
 from ._mesh_context import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._rules import AxisRules, RulesLike, as_rules
 from ._shard import constrain, place_leaves, targets_for
@@ -163,22 +164,6 @@ class _Layout:
         return leaves
 
 
-def _lru_touch(cache: collections.OrderedDict[Any, Any], key: Any) -> None:
-    try:
-        cache.move_to_end(key)
-    except KeyError:  # evicted concurrently
-        pass
-
-
-def _lru_put(cache: collections.OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
-    cache[key] = value
-    while len(cache) > size:
-        try:
-            cache.popitem(last=False)
-        except KeyError:  # emptied concurrently
-            break
-
-
 class NamedJitWrapped:
     """The callable ``named_jit`` returns. Call it like the function; ``.lower`` to inspect."""
 
@@ -229,9 +214,9 @@ class NamedJitWrapped:
             ) from None
         if layout is None:
             layout = _Layout(treedef, types, self._donated(args, kwargs))
-            _lru_put(self._layouts, key, layout, self._cache_size)
+            lru_put(self._layouts, key, layout, self._cache_size)
         else:
-            _lru_touch(self._layouts, key)
+            lru_touch(self._layouts, key)
         dyn = layout.get_dyn(leaves)
         statics = layout.get_static(leaves) if layout.static_idx else ()
         # The abstract mesh is cheap to get and is all the traced program needs (jax.jit itself
@@ -251,9 +236,9 @@ class NamedJitWrapped:
             compiled = layout.by_key.get(inner_key)
         if compiled is None:
             compiled = self._compile(layout, leaves, statics, value, rules, mesh, from_leaves)
-            _lru_put(layout.by_key, inner_key, compiled, self._cache_size)
-        elif len(layout.by_key) > 1:
-            _lru_touch(layout.by_key, inner_key)
+            lru_put(layout.by_key, inner_key, compiled, self._cache_size)
+        else:
+            lru_touch(layout.by_key, inner_key)
         return layout, compiled, dyn, leaves
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -287,7 +272,7 @@ class NamedJitWrapped:
         ):
             # Eligible for the fast path: nothing depends on static values or on the arguments'
             # own mesh. (FIFO-bounded; the slow path remains the source of truth.)
-            _lru_put(self._fast, fast_key, (layout.get_dyn, compiled), self._cache_size)
+            lru_put(self._fast, fast_key, (layout.get_dyn, compiled), self._cache_size)
         if compiled.in_targets is not None:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if compiled.set_mesh is not None:

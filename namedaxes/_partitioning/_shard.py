@@ -18,6 +18,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from .._errors import ShardingError
 from ._context import current_rules
+from ._lru import lru_put, lru_touch
 from ._mesh_context import AnyMesh, context_mesh, require_mesh
 from ._resolve import resolve
 from ._rules import AxisRules, RulesLike, as_rules
@@ -94,14 +95,9 @@ def targets_for(
             for info in plan.infos
         )
         if key is not None:
-            _TARGETS[key] = cached
-            if len(_TARGETS) > _MAX_TARGETS:
-                _TARGETS.popitem(last=False)
-    elif len(_TARGETS) > 1:
-        try:
-            _TARGETS.move_to_end(key)  # least recently used goes first
-        except KeyError:  # evicted by another thread meanwhile
-            pass
+            lru_put(_TARGETS, key, cached, _MAX_TARGETS)
+    else:
+        lru_touch(_TARGETS, key)
     if not plan.any_field:
         return list(cached)  # type: ignore[arg-type]
     out: list[NamedSharding | None] = []

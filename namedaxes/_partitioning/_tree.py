@@ -17,6 +17,7 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisError, format_names
 from ._field import annotated_fields
+from ._lru import lru_put, lru_touch
 
 __all__ = ["FieldAxes", "LeafInfo", "leaf_axes", "leaf_plan"]
 
@@ -90,14 +91,9 @@ def leaf_plan(tree: Any, treedef: Any) -> Plan:
         return _build(tree)
     if plan is None:
         plan = _build(tree)
-        _PLANS[treedef] = plan
-        if len(_PLANS) > _MAX_PLANS:
-            _PLANS.popitem(last=False)
-    elif len(_PLANS) > 1:
-        try:
-            _PLANS.move_to_end(treedef)  # least recently used goes first
-        except KeyError:  # evicted by another thread meanwhile
-            pass
+        lru_put(_PLANS, treedef, plan, _MAX_PLANS)
+    else:
+        lru_touch(_PLANS, treedef)
     return plan
 
 
