@@ -23,11 +23,10 @@ def lru_touch(cache: OrderedDict[Any, Any], key: Any) -> None:
         >>> list(cache)
         ['b', 'a']
     """
-    if len(cache) > 1:  # nothing to reorder otherwise
-        try:
-            cache.move_to_end(key)
-        except KeyError:  # evicted by another thread meanwhile
-            pass
+    try:
+        cache.move_to_end(key)
+    except KeyError:  # evicted by another thread meanwhile
+        pass
 
 
 def lru_put(cache: OrderedDict[Any, Any], key: Any, value: Any, maxsize: int) -> None:
