@@ -27,13 +27,14 @@ from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes, require_mesh
 from ._rules_base import (
     Leaf,
     ShardingRule,
+    axis_names_arg,
     flatten_leaves,
     format_bytes,
     map_array_leaves,
-    ordered_mesh_axes,
     place_tree,
     replicated,
     rule_mesh,
+    rule_mesh_axes,
 )
 
 __all__ = [
@@ -94,9 +95,7 @@ class AutoShardingRule(ShardingRule):
         reverse: bool = False,
     ) -> None:
         self.mesh = mesh
-        self.axis_names = None if axis_names is None else tuple(
-            (axis_names,) if isinstance(axis_names, str) else axis_names
-        )
+        self.axis_names = axis_names_arg(axis_names)
         self.min_shard_size = _check_min_size(min_shard_size, "AutoShardingRule")
         self.reverse = bool(reverse)
 
@@ -108,8 +107,7 @@ class AutoShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf of ``tree`` (see the class docstring for the algorithm)."""
-        sizes = mesh_axis_sizes(rule_mesh(self.mesh, what="AutoShardingRule"))
-        axes = ordered_mesh_axes(sizes, self.axis_names, owner="AutoShardingRule")
+        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, owner="AutoShardingRule")
         cache: dict[tuple[int, ...], PartitionSpec] = {}
 
         def spec_for(leaf: Leaf) -> PartitionSpec:
@@ -196,9 +194,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
             raise ShardingError(f"on_unfit must be 'error' or 'warn', got {on_unfit!r}.")
         self.max_memory_per_device = budget
         self.mesh = mesh
-        self.axis_names = None if axis_names is None else tuple(
-            (axis_names,) if isinstance(axis_names, str) else axis_names
-        )
+        self.axis_names = axis_names_arg(axis_names)
         self.on_unfit = on_unfit
 
     def __repr__(self) -> str:
@@ -209,8 +205,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf that fits the budget (see the class docstring)."""
-        sizes = mesh_axis_sizes(rule_mesh(self.mesh, what="MemoryConstrainedShardingRule"))
-        axes = ordered_mesh_axes(sizes, self.axis_names, owner="MemoryConstrainedShardingRule")
+        owner = "MemoryConstrainedShardingRule"
+        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, owner=owner)
         cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
 
         def spec_for(leaf: Leaf) -> PartitionSpec:

@@ -18,7 +18,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ._array import NamedArray, is_named_array
 from ._axis import Axis
-from ._partitioning._mesh_context import MeshLike, require_mesh
+from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes, require_mesh
 from ._partitioning._shard import place_leaves  # the engine's placement, shared
 from ._errors import (
     MeshError,
@@ -307,20 +307,28 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} TiB"  # pragma: no cover
 
 
-def ordered_mesh_axes(
-    sizes: Mapping[str, int], axis_names: Sequence[str] | None, *, owner: str
-) -> tuple[str, ...]:
-    """Mesh axes a shape-driven rule may use, in the order it tries them; size-1 axes dropped.
+def axis_names_arg(axis_names: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """A shape-driven rule's ``axis_names`` argument as a tuple (one bare name allowed)."""
+    if axis_names is None:
+        return None
+    return (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+
+
+def rule_mesh_axes(
+    mesh: MeshLike | None, axis_names: str | Sequence[str] | None, *, owner: str
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """A shape-driven rule's mesh sizes (``rule_mesh``) and the mesh axes it may use, in the
+    order it tries them; size-1 axes dropped.
 
     ``axis_names`` keeps its given order; by default the largest axes come first (ties in mesh
     order), which is deterministic whatever ``PYTHONHASHSEED`` is.
     """
-    if axis_names is None:
+    sizes = mesh_axis_sizes(rule_mesh(mesh, what=owner))
+    given = axis_names_arg(axis_names)
+    if given is None:
         names = sorted(sizes, key=lambda n: -sizes[n])  # stable: ties keep mesh order
     else:
-        if isinstance(axis_names, str):
-            axis_names = (axis_names,)
-        names = list(axis_names)
+        names = list(given)
         unknown = [n for n in names if n not in sizes]
         if unknown:
             raise ShardingError(
@@ -333,4 +341,4 @@ def ordered_mesh_axes(
                 f"{owner} was given axis_names {format_names(names)}, which repeat a mesh axis. "
                 "List each mesh axis once."
             )
-    return tuple(n for n in names if sizes[n] > 1)
+    return sizes, tuple(n for n in names if sizes[n] > 1)
