@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec
 from ._errors import NamedTypeError, ShardingError
 from ._partitioning import AxisRules, current_axis_mapping, resolve
 from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes
+from ._partitioning._resolve import check_rules_mesh_axes
 from ._rules_base import (
     Leaf,
     ShardingRule,
@@ -85,7 +86,7 @@ class LogicalAxisRule(ShardingRule):
         """Return a spec per array leaf: resolved names for NamedArrays, replicated otherwise."""
         mesh = rule_mesh(self.mesh, what="LogicalAxisRule")
         rules = self.rules if self.rules is not None else current_axis_mapping()
-
+        check_rules_mesh_axes(rules, mesh)  # a typo must fail even on a tree of plain leaves
         return map_array_leaves(tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied))
 
 

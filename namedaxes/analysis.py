@@ -35,6 +35,7 @@ from ._errors import (
 )
 from ._partitioning import current_axis_mapping
 from ._partitioning._mesh_context import MeshLike, mesh_axis_sizes
+from ._partitioning._resolve import check_rules_mesh_axes
 from ._rules_base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ._rules_pattern import logical_spec
 
@@ -154,6 +155,7 @@ def memory_report(
     mesh = rule_mesh(mesh, what="memory_report")
     sizes = mesh_axis_sizes(mesh)
     rules = mapping_or_rules if mapping_or_rules is not None else current_axis_mapping()
+    check_rules_mesh_axes(rules, mesh)
     leaves, _ = flatten_leaves(tree)
     pairs = [(lf, logical_spec(lf, rules, mesh)) for lf in leaves if lf.is_array]
     usage = usage_of(pairs, sizes)

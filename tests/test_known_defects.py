@@ -16,7 +16,7 @@ docstring. Defects already pinned down elsewhere are not tested twice:
 
 The tests below cover what those leave open: the user-visible consequence through ``named_jit``,
 both mesh axis types, and XLA's own figures. The last section holds gaps found while auditing the
-issues against the code (two are ``xfail(strict=True)``: real gaps awaiting a fix).
+issues against the code.
 """
 
 import threading
@@ -315,24 +315,14 @@ def test_pspec_for_plain_array_without_a_spec_is_none():
     assert specs == {"p": None, "x": P("data", None)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="named_jit silently skips out_axis_resources when no mesh is set or found on the "
-    "arguments (_jit.py NamedJitWrapped._compile: `if out_rules is not None and mesh is not None`)",
-)
 def test_named_jit_out_axis_resources_without_a_mesh_is_an_error():
     """DESIGN: "Never silently ignore a bad mapping": outputs that the given out_axis_resources
     shards cannot be placed without a mesh; say so as in_axis_resources and shard do."""
     f = na.named_jit(lambda x: na.named(x.array * 2, x.axes), out_axis_resources={"batch": "data"})
-    with pytest.raises(na.ShardingError, match=r"named_jit.*needs a device mesh"):
+    with pytest.raises(na.ShardingError, match=r"named_jit was given axis resources that shard the output axes .batch., but it needs a device mesh"):
         f(data())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LogicalAxisRule only resolves NamedArray leaves, so a mapping naming a mesh axis the "
-    "mesh lacks passes silently when the tree has none (_rules_pattern.py LogicalAxisRule.apply)",
-)
 def test_logical_rule_typo_in_mapping_is_an_error_without_named_leaves():
     """Issue 3/5: "Every mesh axis named anywhere in the rules must exist in the mesh, else a
     `ShardingError`" / bad input: "rules that name mesh axes the mesh lacks"."""

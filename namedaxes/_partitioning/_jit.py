@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from .._errors import NamedTypeError
+from .._array import is_named_array
+from .._errors import NamedTypeError, ShardingError, format_names
 from ._context import axis_mapping, current_mapping_and_rules
 from ._lru import lru_put, lru_touch
 from ._mesh_context import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
@@ -339,6 +340,8 @@ class NamedJitWrapped:
         compiled.mesh = mesh
         fn = self._fn
         out_rules = self._out_rules if self._out_rules is not None else rules
+        # Rules given to named_jit itself (not found in the context) are a request to place outputs.
+        explicit_out = self._out_rules is not None or self._axis_rules is not None
         treedef = layout.treedef
 
         def flat(*dyn: Any) -> list[Any]:
@@ -351,6 +354,8 @@ class NamedJitWrapped:
             out_leaves, out_def = jax.tree_util.tree_flatten(out)
             if out_rules is not None and mesh is not None:
                 out_leaves = _constrain_outputs(out, out_def, out_leaves, out_rules, mesh)
+            elif explicit_out and out_rules is not None:
+                _refuse_unplaceable_outputs(out, out_rules)
             dyn_pos = tuple(i for i, v in enumerate(out_leaves) if _is_dynamic_type(type(v)))
             static_out = tuple(
                 (i, v) for i, v in enumerate(out_leaves) if not _is_dynamic_type(type(v))
@@ -395,6 +400,18 @@ def _constrain_outputs(
         if target is not None and isinstance(leaf, (jax.Array, jax.core.Tracer)):
             new[i] = constrain(leaf, target.spec, target.mesh)
     return new
+
+
+def _refuse_unplaceable_outputs(out: Any, rules: AxisRules) -> None:
+    """Raise when ``rules`` would shard a named output but there is no mesh to place it on."""
+    named = [x for x in jax.tree_util.tree_leaves(out, is_leaf=is_named_array) if is_named_array(x)]
+    sharded = sorted({a.name for x in named for a in x.axes if any(rules.candidates(a.name))})
+    if sharded:
+        raise ShardingError(
+            f"named_jit was given axis resources that shard the output axes {format_names(sharded)}, "
+            "but it needs a device mesh to place them and none is set or found on the arguments. "
+            "Call it inside `with jax.set_mesh(mesh):`, or pass arguments already placed on a mesh."
+        )
 
 
 def _donation_flags(tree: Any, prefix: Any, what: str, of: str) -> list[bool]:

@@ -19,7 +19,7 @@ from .._errors import NamedTypeError, ShardingError, format_axes, format_mesh, f
 from ._mesh_context import MeshLike, MeshShape, mesh_shape
 from ._rules import AxisRules, RulesLike, UnsatisfiedPolicy, _POLICIES, as_rules
 
-__all__ = ["resolve"]
+__all__ = ["check_rules_mesh_axes", "resolve"]
 
 
 def _entry(target: tuple[str, ...]) -> str | tuple[str, ...]:
@@ -120,6 +120,22 @@ def _resolve_cached(
                     raise ShardingError(_unsatisfied_message(axes, axis, candidates, sizes, used))
         entries.append(chosen)
     return PartitionSpec(*entries)
+
+
+def check_rules_mesh_axes(rules: RulesLike | None, mesh: MeshLike) -> None:
+    """Raise if ``rules`` name a mesh axis that ``mesh`` lacks, whatever arrays they meet.
+
+    ``resolve`` checks this for every array it sees; planners that may see no named array at all
+    (a tree of plain leaves) call this so a typo in a mapping is never silently ignored.
+
+    Raises:
+        ShardingError: naming the missing mesh axes, the logical axes using them and the mesh's axes.
+
+    Example:
+        >>> check_rules_mesh_axes({"batch": "data"}, {"data": 2})
+    """
+    shape = mesh_shape(mesh)
+    _check_mesh_axes(as_rules(rules), dict(shape), shape)
 
 
 def _check_mesh_axes(rules: AxisRules, sizes: dict[str, int], mesh: MeshShape) -> None:
