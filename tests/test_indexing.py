@@ -15,17 +15,14 @@ from namedaxes import (
     named,
 )
 
+from _helpers import same
+
 A = jnp.arange(24.0).reshape(2, 3, 4)
 
 
 @pytest.fixture
 def x():
     return named(A, ("batch", "seq", "embed"))
-
-
-def same(named_array, expected, axes):
-    assert named_array.axis_names == tuple(axes)
-    np.testing.assert_array_equal(np.asarray(named_array.array), np.asarray(expected))
 
 
 # -- basic indexing ---------------------------------------------------------------------------

@@ -30,23 +30,11 @@ from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 
+from _helpers import spec_of, shard_shapes
+
 
 def make_mesh(shape, names, axis_type):
     return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
-
-
-def spec_of(x):
-    """A placed array's spec without trailing Nones (Auto-mode jit outputs drop them)."""
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    entries = list(arr.sharding.spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return P(*entries)
-
-
-def shard_shapes(x):
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    return sorted({s.data.shape for s in arr.addressable_shards})
 
 
 def data():

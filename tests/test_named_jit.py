@@ -9,18 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import namedaxes as na
 from namedaxes import NamedTypeError, axis_mapping, named
 
-
-def spec_of(x):
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    entries = list(arr.sharding.spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return P(*entries)
-
-
-def shard_shapes(x):
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    return sorted({s.data.shape for s in arr.addressable_shards})
+from _helpers import spec_of, shard_shapes
 
 
 def data(rows=8, cols=12):

@@ -11,19 +11,7 @@ import namedaxes as na
 from namedaxes import Axis, ShardingError, axis_mapping, named
 from namedaxes._errors import AxisError
 
-
-def spec_of(x):
-    """A placed array's spec without trailing Nones (jit drops them on Auto meshes)."""
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    entries = list(arr.sharding.spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return P(*entries)
-
-
-def shard_shapes(x):
-    arr = x.array if isinstance(x, na.NamedArray) else x
-    return sorted({s.data.shape for s in arr.addressable_shards})
+from _helpers import spec_of, shard_shapes
 
 
 def mapping_for(mesh):

@@ -23,7 +23,7 @@ Updates (``x.at[...]``) keep the sharding of ``x``.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
