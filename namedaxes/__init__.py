@@ -51,12 +51,12 @@ from ._ops.indexing import slice_axis as slice
 from ._ops.indexing import take as take
 from ._ops.shape import broadcast_axis as broadcast_axis
 from ._ops.shape import broadcast_to as broadcast_to
-from ._ops.shape import concatenate as concatenate
+from ._ops.join import concatenate as concatenate
 from ._ops.shape import flatten_axes as flatten_axes
 from ._ops.shape import rearrange as rearrange
 from ._ops.shape import rename as rename
 from ._ops.shape import split as split
-from ._ops.shape import stack as stack
+from ._ops.join import stack as stack
 from ._ops.shape import unbind as unbind
 from ._ops.shape import unflatten_axis as unflatten_axis
 # -- end shape/indexing/hof --

@@ -1,5 +1,6 @@
 """Assertion helpers shared by the test files (imported as ``from _helpers import ...``)."""
 
+import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -27,3 +28,8 @@ def same(named_array, expected, axes):
     """``named_array`` has exactly ``axes`` (in order) and the values of ``expected``."""
     assert named_array.axis_names == tuple(axes)
     np.testing.assert_array_equal(np.asarray(named_array.array), np.asarray(expected))
+
+
+def sds(*shape, dtype="float32"):
+    """An abstract array (``jax.ShapeDtypeStruct``) of ``shape``."""
+    return jax.ShapeDtypeStruct(shape, dtype)

@@ -24,11 +24,9 @@ from namedaxes import (
     memory_report,
 )
 
+from _helpers import sds
+
 MESH = {"data": 2, "model": 4}
-
-
-def sds(*shape, dtype="float32"):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 # -- validate_partition_specs ------------------------------------------------------------------

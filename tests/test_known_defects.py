@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 
-from _helpers import spec_of, shard_shapes
+from _helpers import spec_of, shard_shapes, sds
 
 
 def make_mesh(shape, names, axis_type):
@@ -39,10 +39,6 @@ def make_mesh(shape, names, axis_type):
 
 def data():
     return na.named(jnp.arange(8 * 4, dtype=jnp.float32).reshape(8, 4), ("batch", "embed"))
-
-
-def sds(*shape, dtype="float32"):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 # -- eformer: rules and analysis --------------------------------------------------------------

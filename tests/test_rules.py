@@ -30,11 +30,9 @@ from namedaxes.rules import (
     ShardingRule,
 )
 
+from _helpers import sds
+
 MESH = {"data": 2, "model": 4}
-
-
-def sds(*shape, dtype="float32"):
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def shard_shapes(x):

@@ -4,6 +4,7 @@ operator and method protocol (the submodules attach dunders such as ``__add__`` 
 # shape, indexing, higher-order (issue 2, part 2)
 from . import hof as hof
 from . import indexing as indexing
+from . import join as join
 from . import shape as shape
 
 # creation, elementwise (installs operators and astype), reductions (installs methods), contractions
