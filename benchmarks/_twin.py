@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 import sys
 from collections import Counter
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -122,7 +122,18 @@ PARAM_SPECS: dict[str, P] = {
 }
 BATCH_SPEC = P("data", None)
 STACKED = (
-    "ln1_w", "ln1_b", "q", "k", "v", "o", "ln2_w", "ln2_b", "up_w", "up_b", "down_w", "down_b"
+    "ln1_w",
+    "ln1_b",
+    "q",
+    "k",
+    "v",
+    "o",
+    "ln2_w",
+    "ln2_b",
+    "up_w",
+    "up_b",
+    "down_w",
+    "down_b",
 )
 
 
@@ -161,8 +172,16 @@ def plain_forward(params: dict[str, jax.Array], tokens: jax.Array, explicit: boo
             return jax.sharding.reshard(x, P(*spec))
         return jax.lax.with_sharding_constraint(x, P(*spec))
 
-    def dense(eq: str, x: jax.Array, w: jax.Array, w_spec: tuple, out_spec: tuple, b: Any = None,
-              b_spec: tuple = (), contracts_sharded: bool = False) -> jax.Array:
+    def dense(
+        eq: str,
+        x: jax.Array,
+        w: jax.Array,
+        w_spec: tuple,
+        out_spec: tuple,
+        b: Any = None,
+        b_spec: tuple = (),
+        contracts_sharded: bool = False,
+    ) -> jax.Array:
         """A linear layer: weight gathered to its compute layout, bias, output constrained."""
         w = put(w, *w_spec)
         if explicit and contracts_sharded:  # Explicit meshes ask for the result's sharding
@@ -195,11 +214,22 @@ def plain_forward(params: dict[str, jax.Array], tokens: jax.Array, explicit: boo
         h = h + put(o, *act)
         x = layer_norm(h, p["ln2_w"], p["ln2_b"])
         u = dense(
-            "bte,em->btm", x, p["up_w"], (None, "model"), ("data", None, "model"), p["up_b"],
+            "bte,em->btm",
+            x,
+            p["up_w"],
+            (None, "model"),
+            ("data", None, "model"),
+            p["up_b"],
             ("model",),
         )
         d = dense(
-            "btm,me->bte", jax.nn.gelu(u), p["down_w"], ("model", None), act, p["down_b"], (None,),
+            "btm,me->bte",
+            jax.nn.gelu(u),
+            p["down_w"],
+            ("model", None),
+            act,
+            p["down_b"],
+            (None,),
             contracts_sharded=True,
         )
         return h + d, None

@@ -43,8 +43,12 @@ def model(mb: float, mesh: jax.sharding.Mesh) -> dict:
         "embed": na.named(jax.random.normal(k1, (32000, embed)), ("vocab", "embed")),
         "blocks": {
             "stacked": {
-                "up": na.named(jax.random.normal(k2, (12, embed, 4 * embed)), ("layer", "embed", "mlp")),
-                "down": na.named(jax.random.normal(k3, (12, 4 * embed, embed)), ("layer", "mlp", "embed")),
+                "up": na.named(
+                    jax.random.normal(k2, (12, embed, 4 * embed)), ("layer", "embed", "mlp")
+                ),
+                "down": na.named(
+                    jax.random.normal(k3, (12, 4 * embed, embed)), ("layer", "mlp", "embed")
+                ),
                 "norm": na.named(jnp.ones((12, embed)), ("layer", "embed")),
             }
         },
@@ -75,7 +79,9 @@ def main() -> None:
         print(f"model: {nbytes / 1e6:.0f} MB float32 on {dict(mesh.shape)}, files in {root}")
         timed("save (synchronous, committed)", lambda: save(f"{root}/one", tree))
         with CheckpointManager(f"{root}/run", max_to_keep=2) as mgr:
-            timed("CheckpointManager.save (returns, writes in background)", lambda: mgr.save(1, tree))
+            timed(
+                "CheckpointManager.save (returns, writes in background)", lambda: mgr.save(1, tree)
+            )
             timed("  ... wait() until committed", mgr.wait)
         like = jax.eval_shape(lambda: tree)
         mesh8 = jax.make_mesh((8,), ("data",))
@@ -88,7 +94,9 @@ def main() -> None:
         mesh4 = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
         timed(
             "restore onto 4 devices, mlp/vocab->model",
-            lambda: restore(f"{root}/run", like, mapping={"mlp": "model", "vocab": "model"}, mesh=mesh4),
+            lambda: restore(
+                f"{root}/run", like, mapping={"mlp": "model", "vocab": "model"}, mesh=mesh4
+            ),
         )
         timed("restore without like (saved structure, one device)", lambda: restore(f"{root}/one"))
     finally:

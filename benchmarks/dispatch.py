@@ -74,15 +74,21 @@ def main() -> None:
             jj = jax.jit(body, out_shardings=shardings)
             calls = 300 if n == 1 else 40
             t_a, t_b, med = compare(lambda: jj(tree), lambda: jj(tree), calls)
-            print(f"{f'A/A: jax.jit vs itself, {n} leaves':<44}{t_a:>14.1f}{t_b:>10.1f}{t_a / t_b:>8.2f}{med:>14.2f}")
+            print(
+                f"{f'A/A: jax.jit vs itself, {n} leaves':<44}{t_a:>14.1f}{t_b:>10.1f}{t_a / t_b:>8.2f}{med:>14.2f}"
+            )
             t_na, t_jax, med = compare(lambda: nj(tree), lambda: jj(tree), calls)
-            print(f"{f'named_jit vs jax.jit, {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}")
+            print(
+                f"{f'named_jit vs jax.jit, {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}"
+            )
 
         for n in (1, 200):
             # fsdp: parameters by one mapping (embed on data), batch and body by another.
             params_map = {"embed": "data"}
             compute_map = {"batch": "data"}
-            params = na.shard([na.named(jnp.ones((8, 4)), ("embed", "mlp")) for _ in range(n)], params_map, mesh)
+            params = na.shard(
+                [na.named(jnp.ones((8, 4)), ("embed", "mlp")) for _ in range(n)], params_map, mesh
+            )
             batch = na.shard(na.named(jnp.ones((8, 8)), ("batch", "embed")), compute_map, mesh)
             p_shardings = [x.array.sharding for x in params]
 
@@ -93,7 +99,9 @@ def main() -> None:
             jj = jax.jit(step, out_shardings=p_shardings)
             calls = 300 if n == 1 else 40
             t_na, t_jax, med = compare(lambda: fs(params, batch), lambda: jj(params, batch), calls)
-            print(f"{f'fsdp vs jax.jit, {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}")
+            print(
+                f"{f'fsdp vs jax.jit, {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}"
+            )
 
         for n in (1, 200):
             tree = tree_of(n, mesh)
@@ -102,7 +110,9 @@ def main() -> None:
             t_na, t_jax, med = compare(
                 lambda: na.shard(tree), lambda: jax.device_put(tree, shardings), calls
             )
-            print(f"{f'shard vs device_put (placed), {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}")
+            print(
+                f"{f'shard vs device_put (placed), {n} leaves':<44}{t_na:>14.1f}{t_jax:>10.1f}{t_na / t_jax:>8.2f}{med:>14.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -116,10 +116,14 @@ def run(cfg: tw.Config, kind: AxisType, steps: int, rounds: int) -> dict[str, An
 def report(res: dict[str, Any]) -> None:
     print(f"\n== mesh {res['mesh']}")
     n0, n1, p0, p1 = res["losses"]
-    print(f"loss      namedaxes {n0:.5f} -> {n1:.5f}   plain {p0:.5f} -> {p1:.5f}   "
-          f"max |diff| {res['max_loss_diff']:.2e}")
-    print(f"step time namedaxes {res['named_ms']:.2f} ms   plain {res['plain_ms']:.2f} ms   "
-          f"median ratio {res['ratio']:.3f}   A/A plain/plain {res['aa_ratio']:.3f}")
+    print(
+        f"loss      namedaxes {n0:.5f} -> {n1:.5f}   plain {p0:.5f} -> {p1:.5f}   "
+        f"max |diff| {res['max_loss_diff']:.2e}"
+    )
+    print(
+        f"step time namedaxes {res['named_ms']:.2f} ms   plain {res['plain_ms']:.2f} ms   "
+        f"median ratio {res['ratio']:.3f}   A/A plain/plain {res['aa_ratio']:.3f}"
+    )
     print(f"first call namedaxes {res['first_named_s']:.2f} s   plain {res['first_plain_s']:.2f} s")
     print(f"traces per step {res['traces_per_step']}")
     named, plain = res["collectives"]

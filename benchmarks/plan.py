@@ -56,7 +56,15 @@ def init_params(key: jax.Array, cfg: Config, dtype: Any = jnp.bfloat16) -> dict[
     def w(shape: tuple[int, ...], axes: tuple[str, ...]) -> na.NamedArray:
         return na.named(jax.random.normal(next(keys), shape, dtype), axes)
 
-    L, E, M, H, K, D, V = (cfg.layers, cfg.embed, cfg.mlp, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab)
+    L, E, M, H, K, D, V = (
+        cfg.layers,
+        cfg.embed,
+        cfg.mlp,
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.vocab,
+    )
     return {
         "embed": w((V, E), ("vocab", "embed")),
         "layers": {
@@ -98,7 +106,9 @@ def take_state(state: Any) -> None:
 
 def _rms(x: jax.Array, scale: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-5)).astype(x.dtype) * scale
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-5)).astype(
+        x.dtype
+    ) * scale
 
 
 def _layer(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
@@ -112,7 +122,9 @@ def _layer(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
     att = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     x = x + jnp.einsum("bshd,hde->bse", att, p["o"])
     h = _rms(x, p["mlp_norm"])
-    up = jax.nn.silu(jnp.einsum("bse,em->bsm", h, p["gate"])) * jnp.einsum("bse,em->bsm", h, p["up"])
+    up = jax.nn.silu(jnp.einsum("bse,em->bsm", h, p["gate"])) * jnp.einsum(
+        "bse,em->bsm", h, p["up"]
+    )
     return x + jnp.einsum("bsm,me->bse", up, p["down"])
 
 
@@ -140,7 +152,13 @@ def train_step(state: dict[str, Any], tokens: na.NamedArray) -> tuple[dict[str, 
 
 
 LAYOUTS = {
-    "fsdp+tp": {"embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model", "vocab": "model"},
+    "fsdp+tp": {
+        "embed": "data",
+        "mlp": "model",
+        "heads": "model",
+        "kv_heads": "model",
+        "vocab": "model",
+    },
     "fsdp over all": {"embed": ("data", "model")},
     "tp only": {"mlp": "model", "heads": "model", "kv_heads": "model", "vocab": "model"},
     "layers+fsdp": {"layers": "model", "embed": "data"},
@@ -152,7 +170,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny model on cpu:data=4,model=2")
     parser.add_argument("--no-compile", action="store_true", help="skip the XLA comparison")
     parser.add_argument(
-        "--train-step", action="store_true",
+        "--train-step",
+        action="store_true",
         help="only: plan a train step of the ~1B model on cpu:data=16,model=4 (batch 16 x 2048)",
     )
     opts = parser.parse_args()
@@ -199,12 +218,21 @@ def main() -> None:
 def train_step_check(small: bool) -> None:
     """XLA's temporaries and a verdict for a real train step on a simulated 64-device mesh."""
     cfg, target, batch, seq = (
-        (SMALL, "cpu:data=4,model=2", 8, 32) if small else (LLAMA_1B, "cpu:data=16,model=4", 16, 2048)
+        (SMALL, "cpu:data=4,model=2", 8, 32)
+        if small
+        else (LLAMA_1B, "cpu:data=16,model=4", 16, 2048)
     )
     state = abstract_state(cfg)
     tokens = na.named(jax.ShapeDtypeStruct((batch, seq), "int32"), ("batch", "seq"))
     rules = na.AxisRules(
-        {"batch": "data", "embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model", "vocab": "model"},
+        {
+            "batch": "data",
+            "embed": "data",
+            "mlp": "model",
+            "heads": "model",
+            "kv_heads": "model",
+            "vocab": "model",
+        },
         unsatisfied="replicate",
     )
     t0 = time.perf_counter()

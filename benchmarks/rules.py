@@ -108,9 +108,16 @@ def main() -> None:
     uneven = jax.tree.map(
         lambda x: P(*(["model"] + [None] * (x.ndim - 1))), tree, is_leaf=na.is_named_array
     )
-    for label, s in (("estimate_memory_usage (Auto specs)", specs), ("estimate_memory_usage (uneven)", uneven)):
+    for label, s in (
+        ("estimate_memory_usage (Auto specs)", specs),
+        ("estimate_memory_usage (uneven)", uneven),
+    ):
         report(label, lambda: analyzer.estimate_memory_usage(tree, s), args.repeat)
-    report("validate_partition_specs", lambda: analyzer.validate_partition_specs(tree, specs), args.repeat)
+    report(
+        "validate_partition_specs",
+        lambda: analyzer.validate_partition_specs(tree, specs),
+        args.repeat,
+    )
     relaxed = na.AxisRules(mapping, unsatisfied="replicate")
     report("memory_report", lambda: na.memory_report(tree, relaxed, mesh), args.repeat)
 

@@ -20,7 +20,6 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 import equinox as eqx
-import jax.numpy as jnp
 
 import namedaxes as na
 
@@ -83,8 +82,10 @@ def main() -> None:
                 print(f"step {step:2d}  loss {float(loss):.4f}")
 
     w = model.w_in.array
-    print(f"w_in spec {w.sharding.spec}, per-device shape {w.addressable_shards[0].data.shape} "
-          f"of {w.shape}")
+    print(
+        f"w_in spec {w.sharding.spec}, per-device shape {w.addressable_shards[0].data.shape} "
+        f"of {w.shape}"
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 
 import equinox as eqx
-import jax.numpy as jnp
 import optax
 from jax.sharding import AxisType
 from rich.console import Console

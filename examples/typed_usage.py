@@ -40,7 +40,7 @@ def main() -> None:
 
     # Arithmetic broadcasts by name; Python scalars work on either side.
     y = assert_type(2.0 * x + 1.0, NamedArray)
-    scaled = assert_type(-(y / 4) ** 2, NamedArray)
+    scaled = assert_type(-((y / 4) ** 2), NamedArray)
     mask = assert_type(x > 2.0, NamedArray)
 
     # Reductions and shape methods take names.

@@ -6,61 +6,63 @@ names into ``PartitionSpec``s.
 
 __version__ = "0.1.0"
 
+# sharding rules and memory analysis
+from . import analysis as analysis
+
+# meshes and multiple hosts
+from . import distributed as distributed
+from . import mesh as mesh
+
+# neural-network layers
+from . import nn as nn
+from . import random as random
+from . import rules as rules
 from ._array import NamedArray as NamedArray
 from ._array import is_named_array as is_named_array
 from ._array import named as named
 from ._axis import Axis as Axis
-from ._caches import clear_caches as clear_caches
 from ._axis import AxisSelector as AxisSelector
 from ._axis import AxisSpec as AxisSpec
+
+# axis-tuple helpers
+from ._axis import eliminate_axes as eliminate_axes
+from ._axis import replace_axis as replace_axis
+from ._axis import without_axes as without_axes
+from ._caches import clear_caches as clear_caches
 from ._errors import AxisError as AxisError
 from ._errors import AxisIndexError as AxisIndexError
 from ._errors import AxisNotFoundError as AxisNotFoundError
 from ._errors import AxisSizeError as AxisSizeError
+from ._errors import BarrierTimeoutError as BarrierTimeoutError
+
+# checkpoints (errors only: namedaxes.checkpoint itself needs the [checkpoint] extra)
+from ._errors import CheckpointAxisError as CheckpointAxisError
+from ._errors import CheckpointDtypeError as CheckpointDtypeError
+from ._errors import CheckpointError as CheckpointError
+from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CheckpointStructureError as CheckpointStructureError
+
+# planning: plan, plan_search
+from ._errors import CompileTargetError as CompileTargetError
+from ._errors import DeviceOutOfMemoryError as DeviceOutOfMemoryError
+from ._errors import DistributedError as DistributedError
 from ._errors import DuplicateAxisError as DuplicateAxisError
+from ._errors import LayerError as LayerError
+
+# partitioning
+from ._errors import MappingTypeError as MappingTypeError
+from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError
 from ._errors import MeshError as MeshError
 from ._errors import MeshTypeError as MeshTypeError
 from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import NoMeshError as NoMeshError
+from ._errors import PlanError as PlanError
 from ._errors import ShardingError as ShardingError
+from ._errors import ShardingWarning as ShardingWarning
 from ._errors import SpecMismatchError as SpecMismatchError
-
-# partitioning
-from ._errors import MappingTypeError as MappingTypeError
-from ._partitioning import AxisRules as AxisRules
-from ._partitioning import ResourceMapping as ResourceMapping
-from ._partitioning import axis_mapping as axis_mapping
-from ._partitioning import current_axis_mapping as current_axis_mapping
-from ._partitioning import auto_sharded as auto_sharded
-from ._partitioning import field as field
-from ._partitioning import fsdp as fsdp
-from ._partitioning import infer_resource_partitions as infer_resource_partitions
-from ._partitioning import named_jit as named_jit
-from ._partitioning import physical_axis_name as physical_axis_name
-from ._partitioning import physical_axis_size as physical_axis_size
-from ._partitioning import pspec_for as pspec_for
-from ._partitioning import resolve as resolve
-from ._partitioning import round_axis_for_partitioning as round_axis_for_partitioning
-from ._partitioning import shard as shard
-from ._partitioning import sharding_for_axis as sharding_for_axis
-
-# named ops: shape, indexing, higher-order
-from ._ops.hof import fold as fold
-from ._ops.hof import scan as scan
-from ._ops.hof import vmap as vmap
-from ._ops.indexing import slice_axis as slice
-from ._ops.indexing import take as take
-from ._ops.shape import broadcast_axis as broadcast_axis
-from ._ops.shape import broadcast_to as broadcast_to
-from ._ops.join import concatenate as concatenate
-from ._ops.shape import flatten_axes as flatten_axes
-from ._ops.shape import rearrange as rearrange
-from ._ops.shape import rename as rename
-from ._ops.shape import split as split
-from ._ops.join import stack as stack
-from ._ops.shape import unbind as unbind
-from ._ops.shape import unflatten_axis as unflatten_axis
+from ._ops.contract import dot as dot
+from ._ops.contract import einsum as einsum
 
 # named ops: creation, elementwise, reductions, contractions, random, typing
 from ._ops.creation import arange as arange
@@ -71,6 +73,10 @@ from ._ops.creation import ones as ones
 from ._ops.creation import ones_like as ones_like
 from ._ops.creation import zeros as zeros
 from ._ops.creation import zeros_like as zeros_like
+
+# named ops: dynamic slices
+from ._ops.dynamic import ds as ds
+from ._ops.dynamic import updated_slice as updated_slice
 from ._ops.elementwise import abs as abs
 from ._ops.elementwise import absolute as absolute
 from ._ops.elementwise import add as add
@@ -129,9 +135,9 @@ from ._ops.elementwise import left_shift as left_shift
 from ._ops.elementwise import less as less
 from ._ops.elementwise import less_equal as less_equal
 from ._ops.elementwise import log as log
-from ._ops.elementwise import log10 as log10
 from ._ops.elementwise import log1p as log1p
 from ._ops.elementwise import log2 as log2
+from ._ops.elementwise import log10 as log10
 from ._ops.elementwise import log_sigmoid as log_sigmoid
 from ._ops.elementwise import logaddexp as logaddexp
 from ._ops.elementwise import logaddexp2 as logaddexp2
@@ -175,7 +181,34 @@ from ._ops.elementwise import tan as tan
 from ._ops.elementwise import tanh as tanh
 from ._ops.elementwise import true_divide as true_divide
 from ._ops.elementwise import trunc as trunc
-from ._ops.sets import where as where  # (condition, x, y) elementwise; (condition, size=) nonzero
+
+# named ops: shape, indexing, higher-order
+from ._ops.hof import fold as fold
+from ._ops.hof import scan as scan
+from ._ops.hof import vmap as vmap
+from ._ops.indexing import slice_axis as slice  # noqa: F401  (to be removed: shadows a builtin)
+from ._ops.indexing import take as take
+from ._ops.join import concatenate as concatenate
+from ._ops.join import stack as stack
+
+# named ops: two-axis (matrix-shaped) ops
+from ._ops.linalg_like import diagonal as diagonal
+from ._ops.linalg_like import trace as trace
+from ._ops.linalg_like import tril as tril
+from ._ops.linalg_like import triu as triu
+
+# named ops: NaN-ignoring reductions
+from ._ops.nan_reductions import nanargmax as nanargmax
+from ._ops.nan_reductions import nanargmin as nanargmin
+from ._ops.nan_reductions import nancumprod as nancumprod
+from ._ops.nan_reductions import nancumsum as nancumsum
+from ._ops.nan_reductions import nanmax as nanmax
+from ._ops.nan_reductions import nanmean as nanmean
+from ._ops.nan_reductions import nanmin as nanmin
+from ._ops.nan_reductions import nanprod as nanprod
+from ._ops.nan_reductions import nanstd as nanstd
+from ._ops.nan_reductions import nansum as nansum
+from ._ops.nan_reductions import nanvar as nanvar
 from ._ops.reductions import all as all
 from ._ops.reductions import any as any
 from ._ops.reductions import argmax as argmax
@@ -192,15 +225,26 @@ from ._ops.reductions import softmax as softmax
 from ._ops.reductions import std as std
 from ._ops.reductions import sum as sum
 from ._ops.reductions import var as var
-from ._ops.contract import dot as dot
-from ._ops.contract import einsum as einsum
-from ._typing import check_axes as check_axes
-from . import random as random
 
-# axis-tuple helpers
-from ._axis import eliminate_axes as eliminate_axes
-from ._axis import replace_axis as replace_axis
-from ._axis import without_axes as without_axes
+# named ops: sets, counts and static-size data-dependent ops
+from ._ops.sets import allclose as allclose
+from ._ops.sets import array_equal as array_equal
+from ._ops.sets import bincount as bincount
+from ._ops.sets import nonzero as nonzero
+from ._ops.sets import unique as unique
+from ._ops.sets import unique_all as unique_all
+from ._ops.sets import unique_counts as unique_counts
+from ._ops.sets import unique_inverse as unique_inverse
+from ._ops.sets import unique_values as unique_values
+from ._ops.sets import where as where  # (condition, x, y) elementwise; (condition, size=) nonzero
+from ._ops.shape import broadcast_axis as broadcast_axis
+from ._ops.shape import broadcast_to as broadcast_to
+from ._ops.shape import flatten_axes as flatten_axes
+from ._ops.shape import rearrange as rearrange
+from ._ops.shape import rename as rename
+from ._ops.shape import split as split
+from ._ops.shape import unbind as unbind
+from ._ops.shape import unflatten_axis as unflatten_axis
 
 # named ops: sorting
 from ._ops.sorting import argsort as argsort
@@ -214,40 +258,22 @@ from ._ops.tiling import ravel as ravel
 from ._ops.tiling import repeat as repeat
 from ._ops.tiling import roll as roll
 from ._ops.tiling import tile as tile
-
-# named ops: two-axis (matrix-shaped) ops
-from ._ops.linalg_like import diagonal as diagonal
-from ._ops.linalg_like import trace as trace
-from ._ops.linalg_like import tril as tril
-from ._ops.linalg_like import triu as triu
-
-# named ops: sets, counts and static-size data-dependent ops
-from ._ops.sets import allclose as allclose
-from ._ops.sets import array_equal as array_equal
-from ._ops.sets import bincount as bincount
-from ._ops.sets import nonzero as nonzero
-from ._ops.sets import unique as unique
-from ._ops.sets import unique_all as unique_all
-from ._ops.sets import unique_counts as unique_counts
-from ._ops.sets import unique_inverse as unique_inverse
-from ._ops.sets import unique_values as unique_values
-
-# named ops: NaN-ignoring reductions
-from ._ops.nan_reductions import nanargmax as nanargmax
-from ._ops.nan_reductions import nanargmin as nanargmin
-from ._ops.nan_reductions import nancumprod as nancumprod
-from ._ops.nan_reductions import nancumsum as nancumsum
-from ._ops.nan_reductions import nanmax as nanmax
-from ._ops.nan_reductions import nanmean as nanmean
-from ._ops.nan_reductions import nanmin as nanmin
-from ._ops.nan_reductions import nanprod as nanprod
-from ._ops.nan_reductions import nanstd as nanstd
-from ._ops.nan_reductions import nansum as nansum
-from ._ops.nan_reductions import nanvar as nanvar
-
-# named ops: dynamic slices
-from ._ops.dynamic import ds as ds
-from ._ops.dynamic import updated_slice as updated_slice
+from ._partitioning import AxisRules as AxisRules
+from ._partitioning import ResourceMapping as ResourceMapping
+from ._partitioning import auto_sharded as auto_sharded
+from ._partitioning import axis_mapping as axis_mapping
+from ._partitioning import current_axis_mapping as current_axis_mapping
+from ._partitioning import field as field
+from ._partitioning import fsdp as fsdp
+from ._partitioning import infer_resource_partitions as infer_resource_partitions
+from ._partitioning import named_jit as named_jit
+from ._partitioning import physical_axis_name as physical_axis_name
+from ._partitioning import physical_axis_size as physical_axis_size
+from ._partitioning import pspec_for as pspec_for
+from ._partitioning import resolve as resolve
+from ._partitioning import round_axis_for_partitioning as round_axis_for_partitioning
+from ._partitioning import shard as shard
+from ._partitioning import sharding_for_axis as sharding_for_axis
 
 # shard_map by name and collectives by logical axis name
 from ._partitioning._shard_map import all_gather as all_gather
@@ -260,12 +286,22 @@ from ._partitioning._shard_map import psum as psum
 from ._partitioning._shard_map import psum_scatter as psum_scatter
 from ._partitioning._shard_map import shard_count as shard_count
 from ._partitioning._shard_map import shard_map as shard_map
+from ._typing import check_axes as check_axes
+from .analysis import LeafUsage as LeafUsage
+from .analysis import MemoryReport as MemoryReport
+from .analysis import Plan as Plan
+from .analysis import PlanSearch as PlanSearch
+from .analysis import ShardingAnalyzer as ShardingAnalyzer
+from .analysis import SpecValidationWarning as SpecValidationWarning
+from .analysis import compiled_memory as compiled_memory
+from .analysis import create_monitored_function as create_monitored_function
+from .analysis import memory_report as memory_report
+from .analysis import plan as plan
+from .analysis import plan_search as plan_search
 
-# meshes and multiple hosts
-from . import distributed as distributed
-from . import mesh as mesh
-from ._errors import BarrierTimeoutError as BarrierTimeoutError
-from ._errors import DistributedError as DistributedError
+# seeing placement: a table per tree, a device grid per array
+from .analysis import visualize_array as visualize_array
+from .analysis import visualize_sharding as visualize_sharding
 from .distributed import barrier_sync as barrier_sync
 from .distributed import from_process_local as from_process_local
 from .distributed import is_multiprocess as is_multiprocess
@@ -279,19 +315,6 @@ from .mesh import create_mesh as create_mesh
 from .mesh import force_cpu as force_cpu
 from .mesh import parse_mesh_from_string as parse_mesh_from_string
 from .mesh import parse_mesh_shape as parse_mesh_shape
-
-# sharding rules and memory analysis
-from . import analysis as analysis
-from . import rules as rules
-from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError
-from ._errors import ShardingWarning as ShardingWarning
-from .analysis import LeafUsage as LeafUsage
-from .analysis import MemoryReport as MemoryReport
-from .analysis import ShardingAnalyzer as ShardingAnalyzer
-from .analysis import SpecValidationWarning as SpecValidationWarning
-from .analysis import compiled_memory as compiled_memory
-from .analysis import create_monitored_function as create_monitored_function
-from .analysis import memory_report as memory_report
 from .rules import AutoShardingRule as AutoShardingRule
 from .rules import CompositeShardingRule as CompositeShardingRule
 from .rules import LogicalAxisRule as LogicalAxisRule
@@ -301,27 +324,3 @@ from .rules import MeshPartitionHelper as MeshPartitionHelper
 from .rules import PathRegexRule as PathRegexRule
 from .rules import ShapeBasedShardingRule as ShapeBasedShardingRule
 from .rules import ShardingRule as ShardingRule
-
-# planning: plan, plan_search
-from ._errors import CompileTargetError as CompileTargetError
-from ._errors import DeviceOutOfMemoryError as DeviceOutOfMemoryError
-from ._errors import PlanError as PlanError
-from .analysis import Plan as Plan
-from .analysis import PlanSearch as PlanSearch
-from .analysis import plan as plan
-from .analysis import plan_search as plan_search
-
-# seeing placement: a table per tree, a device grid per array
-from .analysis import visualize_array as visualize_array
-from .analysis import visualize_sharding as visualize_sharding
-
-# neural-network layers
-from . import nn as nn
-from ._errors import LayerError as LayerError
-
-# checkpoints (errors only: namedaxes.checkpoint itself needs the [checkpoint] extra)
-from ._errors import CheckpointAxisError as CheckpointAxisError
-from ._errors import CheckpointDtypeError as CheckpointDtypeError
-from ._errors import CheckpointError as CheckpointError
-from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
-from ._errors import CheckpointStructureError as CheckpointStructureError

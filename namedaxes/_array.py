@@ -489,11 +489,15 @@ class NamedArray:
         """Mean over ``axis``; see ``namedaxes.mean``."""
         return _reductions.mean(self, axis, where=where, dtype=dtype)
 
-    def max(self, axis: AxisSelection = None, *, where: Any = None, initial: Any = None) -> NamedArray:
+    def max(
+        self, axis: AxisSelection = None, *, where: Any = None, initial: Any = None
+    ) -> NamedArray:
         """Maximum over ``axis``; see ``namedaxes.max``."""
         return _reductions.max(self, axis, where=where, initial=initial)
 
-    def min(self, axis: AxisSelection = None, *, where: Any = None, initial: Any = None) -> NamedArray:
+    def min(
+        self, axis: AxisSelection = None, *, where: Any = None, initial: Any = None
+    ) -> NamedArray:
         """Minimum over ``axis``; see ``namedaxes.min``."""
         return _reductions.min(self, axis, where=where, initial=initial)
 
@@ -545,7 +549,9 @@ class NamedArray:
 
     # -- shape (see namedaxes.rename etc.) ---------------------------------------------------
 
-    def rearrange(self, axes: Sequence[AxisSelector | EllipsisType] | str, **sizes: int) -> NamedArray:
+    def rearrange(
+        self, axes: Sequence[AxisSelector | EllipsisType] | str, **sizes: int
+    ) -> NamedArray:
         """Axes in a new order, or split/merged by a pattern; see ``namedaxes.rearrange``."""
         return _shape.rearrange(self, axes, **sizes)
 

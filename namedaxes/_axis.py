@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 from ._errors import (
     AxisError,
@@ -85,9 +85,9 @@ class Axis:
 
 
 #: An axis given by name or as an ``Axis``.
-AxisSelector: TypeAlias = Union[str, Axis]
+AxisSelector: TypeAlias = str | Axis
 #: Axes given with sizes: a sequence of ``Axis`` or a ``{name: size}`` mapping.
-AxisSpec: TypeAlias = Union[Sequence[Axis], Mapping[str, int], Axis]
+AxisSpec: TypeAlias = Sequence[Axis] | Mapping[str, int] | Axis
 
 
 def axis_name(axis: AxisSelector) -> str:

@@ -32,7 +32,9 @@ def _load(spec: str) -> dict[str, Any]:
         hint="Run from the directory holding the module.",
     )
     if not callable(obj):
-        raise PlanError(f"{spec!r} is not callable; give a function that returns the abstract tree.")
+        raise PlanError(
+            f"{spec!r} is not callable; give a function that returns the abstract tree."
+        )
     try:
         inspect.signature(obj).bind()
     except TypeError as e:
@@ -52,8 +54,8 @@ def _rules(text: str | None) -> AxisRules | None:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanError(
-            f"--rules is not JSON ({e}); give e.g. '{{\"embed\": \"data\", \"mlp\": \"model\"}}' or "
-            "'[[\"embed\", \"data\"], [\"embed\", null]]'."
+            f'--rules is not JSON ({e}); give e.g. \'{{"embed": "data", "mlp": "model"}}\' or '
+            '\'[["embed", "data"], ["embed", null]]\'.'
         ) from e
 
     def target(v: Any) -> Any:
@@ -63,7 +65,9 @@ def _rules(text: str | None) -> AxisRules | None:
         return AxisRules([(k, target(v)) for k, v in data.items()])
     if isinstance(data, list) and all(isinstance(p, list) and len(p) == 2 for p in data):
         return AxisRules([(k, target(v)) for k, v in data])
-    raise PlanError(f"--rules must be a JSON object or a list of [name, mesh_axes] pairs, got {text!r}.")
+    raise PlanError(
+        f"--rules must be a JSON object or a list of [name, mesh_axes] pairs, got {text!r}."
+    )
 
 
 def _mesh(text: str) -> Any:
@@ -91,12 +95,24 @@ def _show(obj: Any, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m namedaxes", description="Plan sharded state before you rent it.")
+    parser = argparse.ArgumentParser(
+        prog="python -m namedaxes", description="Plan sharded state before you rent it."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="per-device memory of a tree under a mapping, or search mappings")
-    p.add_argument("factory", metavar="MODULE:FACTORY", help="returns the abstract tree (or a dict with 'tree', 'step', 'args', 'rules')")
-    p.add_argument("--mesh", required=True, help="'data=32,model=8', or a target 'cpu:data=32,model=8' / 'tpu-v5e-256:data=32,model=8'")
-    p.add_argument("--rules", help="JSON: {\"embed\": \"data\"} or [[\"embed\", \"data\"], ...]")
+    p = sub.add_parser(
+        "plan", help="per-device memory of a tree under a mapping, or search mappings"
+    )
+    p.add_argument(
+        "factory",
+        metavar="MODULE:FACTORY",
+        help="returns the abstract tree (or a dict with 'tree', 'step', 'args', 'rules')",
+    )
+    p.add_argument(
+        "--mesh",
+        required=True,
+        help="'data=32,model=8', or a target 'cpu:data=32,model=8' / 'tpu-v5e-256:data=32,model=8'",
+    )
+    p.add_argument("--rules", help='JSON: {"embed": "data"} or [["embed", "data"], ...]')
     p.add_argument("--budget", help="bytes per device: 16GiB, 512MB, or an int")
     p.add_argument("--search", action="store_true", help="search mappings instead of planning one")
     p.add_argument("--top", type=int, default=3, help="plans to show with --search (default 3)")
@@ -108,12 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         rules = _rules(opts.rules) or inputs.get("rules")
         step, args = inputs.get("step"), tuple(inputs.get("args") or ())
         if opts.search:
-            found = plan_search(inputs["tree"], mesh, step=step, args=args, budget=opts.budget, top=opts.top)
+            found = plan_search(
+                inputs["tree"], mesh, step=step, args=args, budget=opts.budget, top=opts.top
+            )
             _show(found, opts.json)
             fits = found[0].fits
         else:
             if rules is None:
-                raise PlanError("plan needs --rules (or 'rules' from the factory), or --search to find some.")
+                raise PlanError(
+                    "plan needs --rules (or 'rules' from the factory), or --search to find some."
+                )
             result = plan(inputs["tree"], mesh, rules, step=step, args=args, budget=opts.budget)
             _show(result, opts.json)
             fits = result.fits

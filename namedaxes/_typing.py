@@ -63,7 +63,9 @@ def _mismatch(ann: _AxesMeta, x: Any) -> str | None:
     if not ann._extra_ok:
         extra = [n for n in x.axis_names if n not in ann._names]
         if extra:
-            problems.append(f"unexpected axes {format_names(extra)} (add '...' to allow extra axes)")
+            problems.append(
+                f"unexpected axes {format_names(extra)} (add '...' to allow extra axes)"
+            )
     if ann._dtype is not None:
         dtype = getattr(x.array, "dtype", None)
         if dtype is not None and not jnp.issubdtype(dtype, ann._dtype):
@@ -94,7 +96,7 @@ def parse_axes(spec: str) -> tuple[tuple[str, ...], bool]:
     return names, len(names) != len(tokens)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _annotation(spec: str, dtype: Any) -> _AxesMeta:
     names, extra_ok = parse_axes(spec)
 
@@ -144,7 +146,6 @@ def annotation_class(cls: type, item: Any) -> _AxesMeta:
     return _annotation(" ".join(spec.replace(",", " ").split()), dtype)
 
 
-
 def _ours(ann: Any) -> list[_AxesMeta]:
     """Annotation classes in ``ann`` itself or in its ``Union``/``Optional`` members."""
     if isinstance(ann, _AxesMeta):
@@ -170,7 +171,9 @@ def _describe(value: Any) -> str:
     return type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")
 
 
-def _verify(fn_name: str, ann: Any, value: Any, what: str, sizes: dict[str, tuple[int, str]]) -> None:
+def _verify(
+    fn_name: str, ann: Any, value: Any, what: str, sizes: dict[str, tuple[int, str]]
+) -> None:
     ours = _ours(ann)
     if not ours:
         return

@@ -27,9 +27,9 @@ from ._errors import (
     ShardingError,
     format_mesh,
 )
+from ._mesh import require_mesh
 from ._partitioning import AxisRules, ResourceMapping, resolve
 from ._partitioning._context import rules_in_force
-from ._mesh import require_mesh
 
 __all__ = [
     "barrier_sync",
@@ -225,9 +225,7 @@ def process_allgather(x: NamedArray) -> NamedArray:
         ({'batch': 8, 'embed': 3}, True)
     """
     if not isinstance(x, NamedArray):
-        raise NamedTypeError(
-            f"process_allgather expects a NamedArray, got {type(x).__name__}."
-        )
+        raise NamedTypeError(f"process_allgather expects a NamedArray, got {type(x).__name__}.")
     array = x.array
     if not isinstance(array, jax.Array) or array.is_fully_addressable:
         return x

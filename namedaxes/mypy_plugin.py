@@ -26,7 +26,7 @@ __all__ = ["plugin"]
 
 _NAMED_ARRAY = "namedaxes._array.NamedArray"
 _USAGE = (
-    'NamedArray[...] takes a string of axis names and optionally a dtype, e.g. '
+    "NamedArray[...] takes a string of axis names and optionally a dtype, e.g. "
     'NamedArray["batch embed"] or NamedArray["batch embed", jnp.float32]'
 )
 

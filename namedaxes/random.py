@@ -26,10 +26,10 @@ import jax.numpy as jnp
 from ._array import NamedArray
 from ._axis import Axis, AxisSelector, AxisSpec, find_axis, to_axes
 from ._errors import AxisError, NamedTypeError, format_axes, format_names
-from ._ops.creation import single_axis
-from ._ops.elementwise import broadcast_into
 from ._ops._checks import check_key, check_nonempty, dtype_arg
 from ._ops._common import unshard_dims
+from ._ops.creation import single_axis
+from ._ops.elementwise import broadcast_into
 
 __all__ = [
     "SAMPLERS",
@@ -244,9 +244,7 @@ def categorical(
             f"categorical() needs logits as a NamedArray, got {type(logits).__name__}."
         )
     i = find_axis(logits.axes, axis)
-    check_nonempty(
-        "categorical", logits, (i,), "Sample from an axis with at least one category."
-    )
+    check_nonempty("categorical", logits, (i,), "Sample from an axis with at least one category.")
     sampled = logits.axes[i]
     rest = logits.axes[:i] + logits.axes[i + 1 :]
     target = rest if axes is None else to_axes(axes)
@@ -394,7 +392,7 @@ def _sampler(name: str, fn: Any, params: tuple[str, ...], example: str) -> Any:
         "    Example:\n"
         "        >>> import jax\n"
         "        >>> import namedaxes as na\n"
-        f"        >>> axes = {{\"batch\": 2, \"embed\": 3}}\n"
+        f'        >>> axes = {{"batch": 2, "embed": 3}}\n'
         f"        >>> na.random.{name}(jax.random.key(0), axes{example})\n"
         f"        NamedArray({'int32' if kind == 'integer' else 'float32'}, batch=2, embed=3)\n"
     )

@@ -76,8 +76,10 @@ def run_two_processes(worker, *args, timeout):
     results = []
     for i, (p, (stdout, stderr)) in enumerate(zip(procs, outputs)):
         lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, f"worker {i} failed (rc={p.returncode}):\n{stdout}\n{stderr[-3000:]}"
-        result = json.loads(lines[-1][len("RESULT "):])
+        assert p.returncode == 0 and lines, (
+            f"worker {i} failed (rc={p.returncode}):\n{stdout}\n{stderr[-3000:]}"
+        )
+        result = json.loads(lines[-1][len("RESULT ") :])
         assert "error" not in result, f"worker {i} raised:\n{result['error']}"
         results.append(result)
     return results

@@ -92,7 +92,9 @@ def check_manager(out: dict, directory: str) -> None:
 def main() -> None:
     process_id, port, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes=NUM_PROCESSES, process_id=process_id,
+        f"127.0.0.1:{port}",
+        num_processes=NUM_PROCESSES,
+        process_id=process_id,
         initialization_timeout=30,
     )
     out: dict = {"process_index": jax.process_index()}

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import sds
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -24,8 +25,6 @@ from namedaxes import (
     memory_report,
 )
 
-from _helpers import sds
-
 MESH = {"data": 2, "model": 4}
 
 
@@ -33,7 +32,11 @@ MESH = {"data": 2, "model": 4}
 
 
 def test_validate_reports_each_problem_with_its_path():
-    tree = {"layer": {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}, "x": na.named(jnp.zeros((8, 2)), ("a", "b")), "lr": 0.1}
+    tree = {
+        "layer": {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)},
+        "x": na.named(jnp.zeros((8, 2)), ("a", "b")),
+        "lr": 0.1,
+    }
     specs = {
         "layer": {"w": P("data"), "b": P("model", "data")},
         "x": P(("data", "tensor"), None),
@@ -58,18 +61,27 @@ def test_validate_duplicates_and_valid_specs():
         "0: spec P('model', ('data', 'model')) uses mesh axis 'model' more than once; each mesh axis "
         "may shard at most one dimension of an array"
     ]
-    assert analyzer.validate_partition_specs([jnp.zeros((4, 8)), 1], [P("model", "data"), None]) == []
+    assert (
+        analyzer.validate_partition_specs([jnp.zeros((4, 8)), 1], [P("model", "data"), None]) == []
+    )
     assert analyzer.validate_partition_specs([jnp.zeros(4)], [None]) == []  # None: replicated
 
 
 def test_spec_tree_mismatch_names_the_first_path():
     analyzer = ShardingAnalyzer(MESH)
     tree = {"a": jnp.zeros(4), "b": {"c": jnp.zeros(4), "d": jnp.zeros(4)}}
-    with pytest.raises(SpecMismatchError, match=r"the first mismatch is leaf 'b/d', which has no spec \(3 leaves vs 2 specs\)"):
+    with pytest.raises(
+        SpecMismatchError,
+        match=r"the first mismatch is leaf 'b/d', which has no spec \(3 leaves vs 2 specs\)",
+    ):
         analyzer.validate_partition_specs(tree, {"a": P(), "b": {"c": P()}})
-    with pytest.raises(SpecMismatchError, match=r"leaf 'b/d', which has no spec \(the specs have 'b/e' instead\)"):
+    with pytest.raises(
+        SpecMismatchError, match=r"leaf 'b/d', which has no spec \(the specs have 'b/e' instead\)"
+    ):
         analyzer.estimate_memory_usage(tree, {"a": P(), "b": {"c": P(), "e": P()}})
-    with pytest.raises(SpecMismatchError, match=r"the first mismatch is 'z' in the specs, which is not a leaf"):
+    with pytest.raises(
+        SpecMismatchError, match=r"the first mismatch is 'z' in the specs, which is not a leaf"
+    ):
         analyzer.estimate_memory_usage({"a": jnp.zeros(4)}, {"a": P(), "z": P()})
 
 
@@ -109,15 +121,25 @@ def test_estimate_matches_per_device_oracle_on_random_specs():
         dtype = str(rng.choice(["int8", "bfloat16", "float32"]))
         tree.append(sds(*shape, dtype=dtype))
         specs.append(P(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in entries]))
-    usage = ShardingAnalyzer(AbstractMesh((2, 3, 4), ("a", "b", "c"))).estimate_memory_usage(tree, specs)
+    usage = ShardingAnalyzer(AbstractMesh((2, 3, 4), ("a", "b", "c"))).estimate_memory_usage(
+        tree, specs
+    )
     per_leaf = [_oracle(x.shape, np.dtype(x.dtype).itemsize, s, mesh) for x, s in zip(tree, specs)]
     assert usage["per_device"] == [sum(col) for col in zip(*per_leaf)]
     assert usage["size_per_device"] == max(usage["per_device"])
-    assert [usage["leaves"][str(i)]["bytes_per_device"] for i in range(len(tree))] == [max(p) for p in per_leaf]
+    assert [usage["leaves"][str(i)]["bytes_per_device"] for i in range(len(tree))] == [
+        max(p) for p in per_leaf
+    ]
 
 
 def test_estimate_counts_replicated_in_full_and_tuple_entries():
-    tree = {"rep": sds(8, 8), "t": sds(64, dtype="bfloat16"), "x": na.named(sds(8, 4), ("a", "b")), "n": None, "s": "str"}
+    tree = {
+        "rep": sds(8, 8),
+        "t": sds(64, dtype="bfloat16"),
+        "x": na.named(sds(8, 4), ("a", "b")),
+        "n": None,
+        "s": "str",
+    }
     specs = {"rep": P(), "t": P(("data", "model")), "x": P("model"), "n": None, "s": None}
     usage = ShardingAnalyzer(MESH).estimate_memory_usage(tree, specs)
     assert usage["total_size"] == 256 + 128 + 128
@@ -125,7 +147,11 @@ def test_estimate_counts_replicated_in_full_and_tuple_entries():
     assert usage["size_per_device"] == 304
     assert usage["replicated_bytes"] == 256
     assert usage["num_devices"] == 8
-    assert usage["leaves"]["t"] == {"spec": P(("data", "model")), "total_bytes": 128, "bytes_per_device": 16}
+    assert usage["leaves"]["t"] == {
+        "spec": P(("data", "model")),
+        "total_bytes": 128,
+        "bytes_per_device": 16,
+    }
 
 
 def test_estimate_uneven_shards_in_device_order():
@@ -142,7 +168,11 @@ def test_estimate_uneven_shards_in_device_order():
 def test_estimate_matches_real_shards(mesh):
     names = mesh.axis_names
     tree = {"w": jnp.zeros((16, 8)), "b": jnp.zeros(8, jnp.int8), "t": jnp.zeros(32, jnp.bfloat16)}
-    specs = {"w": P(names[-1], names[0] if len(names) > 1 else None), "b": P(), "t": P(tuple(names))}
+    specs = {
+        "w": P(names[-1], names[0] if len(names) > 1 else None),
+        "b": P(),
+        "t": P(tuple(names)),
+    }
     placed = jax.device_put(tree, {k: NamedSharding(mesh, s) for k, s in specs.items()})
     usage = ShardingAnalyzer(mesh).estimate_memory_usage(placed, specs)
     by_device = {d: 0 for d in mesh.devices.flat}
@@ -153,19 +183,32 @@ def test_estimate_matches_real_shards(mesh):
 
 
 def test_estimate_rejects_specs_it_cannot_count():
-    with pytest.raises(ShardingError, match=r"Cannot estimate memory: 2 invalid spec\(s\): a: spec P\(None, None\) has 2 entries but the array has rank 1.*b: spec P\('replica',\) names mesh axis 'replica'"):
-        ShardingAnalyzer(MESH).estimate_memory_usage({"a": sds(4), "b": sds(4)}, {"a": P(None, None), "b": P("replica")})
+    with pytest.raises(
+        ShardingError,
+        match=r"Cannot estimate memory: 2 invalid spec\(s\): a: spec P\(None, None\) has 2 entries but the array has rank 1.*b: spec P\('replica',\) names mesh axis 'replica'",
+    ):
+        ShardingAnalyzer(MESH).estimate_memory_usage(
+            {"a": sds(4), "b": sds(4)}, {"a": P(None, None), "b": P("replica")}
+        )
 
 
 def test_analyzer_meshes():
     tree, specs = [sds(16)], [P("data")]
     expect = [32] * 2
     assert ShardingAnalyzer({"data": 2}).estimate_memory_usage(tree, specs)["per_device"] == expect
-    assert ShardingAnalyzer(AbstractMesh((2,), ("data",))).estimate_memory_usage(tree, specs)["per_device"] == expect
+    assert (
+        ShardingAnalyzer(AbstractMesh((2,), ("data",))).estimate_memory_usage(tree, specs)[
+            "per_device"
+        ]
+        == expect
+    )
     analyzer = ShardingAnalyzer()  # the context mesh, looked up at each call
     with jax.set_mesh(jax.make_mesh((8,), ("data",))):
         assert analyzer.estimate_memory_usage(tree, specs)["per_device"] == [8] * 8
-    with pytest.raises(MeshError, match=r"ShardingAnalyzer needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a jax\.sharding\.Mesh, AbstractMesh or \{axis: size\} mapping\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"ShardingAnalyzer needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a jax\.sharding\.Mesh, AbstractMesh or \{axis: size\} mapping\)",
+    ):
         analyzer.estimate_memory_usage(tree, specs)
     with pytest.raises(MeshError, match=r"The mesh Mesh\(data=0\) has no devices"):
         ShardingAnalyzer({"data": 0})
@@ -179,7 +222,9 @@ def test_plans_a_256_device_model_abstractly():
     def init():
         return {
             "emb": na.named(jnp.zeros((256_000, 16_384), jnp.bfloat16), ("vocab", "embed")),
-            "mlp": na.named(jnp.zeros((64, 16_384, 65_536), jnp.bfloat16), ("layer", "embed", "mlp")),
+            "mlp": na.named(
+                jnp.zeros((64, 16_384, 65_536), jnp.bfloat16), ("layer", "embed", "mlp")
+            ),
         }
 
     params = jax.eval_shape(init)  # ~145 GB: never allocated
@@ -237,7 +282,10 @@ def test_compiled_memory_of_concrete_arguments_and_named_jit():
     x = jax.device_put(jnp.zeros((64, 4)), NamedSharding(mesh, P("data")))
     out = compiled_memory(lambda a: a.sum(axis=1), x)
     assert out["argument_bytes"] == 128 and out["output_bytes"] == 32
-    assert out["total_bytes"] == out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    assert (
+        out["total_bytes"]
+        == out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    )
     named_jit = getattr(na, "named_jit", None)
     if named_jit is not None:
         f = named_jit(lambda t: t.array * 2, in_axis_resources={"batch": "data"})
@@ -268,9 +316,15 @@ class _FakeJitted:
 
 
 def test_compiled_memory_unavailable_is_a_typed_error():
-    with pytest.raises(MemoryAnalysisUnavailableError, match=r"memory_analysis\(\) returned None\. Use ShardingAnalyzer.estimate_memory_usage"):
+    with pytest.raises(
+        MemoryAnalysisUnavailableError,
+        match=r"memory_analysis\(\) returned None\. Use ShardingAnalyzer.estimate_memory_usage",
+    ):
         compiled_memory(_FakeJitted(None), jnp.zeros(3))
-    with pytest.raises(MemoryAnalysisUnavailableError, match=r"memory_analysis\(\) raised RuntimeError: UNIMPLEMENTED"):
+    with pytest.raises(
+        MemoryAnalysisUnavailableError,
+        match=r"memory_analysis\(\) raised RuntimeError: UNIMPLEMENTED",
+    ):
         compiled_memory(_FakeJitted(RuntimeError("UNIMPLEMENTED")), jnp.zeros(3))
     assert issubclass(MemoryAnalysisUnavailableError, NotImplementedError)
 
@@ -318,7 +372,10 @@ def test_memory_report_table_dict_and_context():
 
 
 def test_memory_report_bad_mapping():
-    with pytest.raises(ShardingError, match=r"^The axis mapping names mesh axis 'tensor' \(used by logical axis 'mlp'\)"):
+    with pytest.raises(
+        ShardingError,
+        match=r"^The axis mapping names mesh axis 'tensor' \(used by logical axis 'mlp'\)",
+    ):
         memory_report(_report_tree(), {"mlp": "tensor"}, MESH)
 
 
@@ -340,11 +397,16 @@ def test_monitored_function_returns_metrics():
 def test_monitored_function_warns_and_still_runs():
     analyzer = ShardingAnalyzer(MESH)
     step = create_monitored_function(lambda p: p["w"] + 1, {"w": P("model")}, analyzer)
-    with pytest.warns(SpecValidationWarning, match=r"1 partition spec issue\(s\): w: dimension 0 of shape \(6,\) has size 6, which is not divisible by 4"):
+    with pytest.warns(
+        SpecValidationWarning,
+        match=r"1 partition spec issue\(s\): w: dimension 0 of shape \(6,\) has size 6, which is not divisible by 4",
+    ):
         result, metrics = step({"w": jnp.zeros(6)})
     np.testing.assert_array_equal(result, np.ones(6))
     assert metrics["memory_usage"]["size_per_device"] == 8  # uneven: blocks of 2
-    with pytest.warns(SpecValidationWarning, match=r"the first mismatch is leaf 'v', which has no spec"):
+    with pytest.warns(
+        SpecValidationWarning, match=r"the first mismatch is leaf 'v', which has no spec"
+    ):
         result, metrics = step({"w": jnp.zeros(8), "v": jnp.zeros(2)})
     assert metrics["memory_usage"] is None and len(metrics["validation_issues"]) == 1
 
@@ -364,8 +426,16 @@ def test_named_shardings_are_accepted_as_specs(mesh_2x4):
 @pytest.mark.parametrize(
     "top, error, message",
     [
-        (-1, ShardingError, r"memory_report: top must be >= 0 \(how many of the largest leaves to list\), got -1\. Pass top=0 to list none"),
-        ("3", na.NamedTypeError, r"memory_report: top must be an int \(how many of the largest leaves to list\), got '3' \(str\)\. Pass e\.g\. top=10"),
+        (
+            -1,
+            ShardingError,
+            r"memory_report: top must be >= 0 \(how many of the largest leaves to list\), got -1\. Pass top=0 to list none",
+        ),
+        (
+            "3",
+            na.NamedTypeError,
+            r"memory_report: top must be an int \(how many of the largest leaves to list\), got '3' \(str\)\. Pass e\.g\. top=10",
+        ),
         (2.0, na.NamedTypeError, r"top must be an int .*got 2\.0 \(float\)"),
         (True, na.NamedTypeError, r"top must be an int .*got True \(bool\)"),
     ],
@@ -377,7 +447,10 @@ def test_memory_report_refuses_bad_top(top, error, message):
 
 def test_memory_report_top_zero_and_some():
     assert memory_report(_report_tree(), {"mlp": "model"}, MESH, top=0).largest == []
-    assert [leaf["path"] for leaf in memory_report(_report_tree(), {"mlp": "model"}, MESH, top=2).largest] == ["w", "b"]
+    assert [
+        leaf["path"]
+        for leaf in memory_report(_report_tree(), {"mlp": "model"}, MESH, top=2).largest
+    ] == ["w", "b"]
 
 
 def test_estimate_keeps_leaves_whose_rendered_paths_collide():
@@ -389,13 +462,22 @@ def test_estimate_keeps_leaves_whose_rendered_paths_collide():
     DK = jax.tree_util.DictKey
     assert list(leaves) == [(DK("a"), DK("b")), (DK("a/b"),)]  # key paths, in tree order
     assert leaves[(DK("a/b"),)] == {"spec": P(), "total_bytes": 32, "bytes_per_device": 32}
-    assert leaves[(DK("a"), DK("b"))] == {"spec": P("data"), "total_bytes": 64, "bytes_per_device": 32}
+    assert leaves[(DK("a"), DK("b"))] == {
+        "spec": P("data"),
+        "total_bytes": 64,
+        "bytes_per_device": 32,
+    }
     assert usage["total_size"] == 96 and usage["size_per_device"] == 64
     # a rendered path is a key only when it names one leaf
-    with pytest.raises(KeyError, match=r"Path 'a/b' names 2 leaves \(\['a'\]\['b'\], \['a/b'\]\); index by key path"):
+    with pytest.raises(
+        KeyError,
+        match=r"Path 'a/b' names 2 leaves \(\['a'\]\['b'\], \['a/b'\]\); index by key path",
+    ):
         leaves["a/b"]
     assert "a/b" not in leaves and (DK("a/b"),) in leaves
-    one = ShardingAnalyzer(MESH).estimate_memory_usage({"w": jnp.zeros(8)}, {"w": P("data")})["leaves"]
+    one = ShardingAnalyzer(MESH).estimate_memory_usage({"w": jnp.zeros(8)}, {"w": P("data")})[
+        "leaves"
+    ]
     assert one["w"] == {"spec": P("data"), "total_bytes": 32, "bytes_per_device": 16} and "w" in one
     with pytest.raises(KeyError):
         one["v"]
@@ -404,19 +486,28 @@ def test_estimate_keeps_leaves_whose_rendered_paths_collide():
 def test_memory_report_on_colliding_paths_counts_both():
     tree = {"a/b": na.named(sds(8), "embed"), "a": {"b": na.named(sds(16), "embed")}}
     report = memory_report(tree, {"embed": "model"}, MESH)
-    assert [(leaf["path"], leaf["total_bytes"], leaf["bytes_per_device"]) for leaf in report.largest] == [
-        ("a/b", 64, 16), ("a/b", 32, 8)
-    ]
+    assert [
+        (leaf["path"], leaf["total_bytes"], leaf["bytes_per_device"]) for leaf in report.largest
+    ] == [("a/b", 64, 16), ("a/b", 32, 8)]
     assert report.total_bytes == 96 and report.bytes_per_device == 24
 
 
 def test_compiled_memory_and_monitor_refuse_non_functions():
     analyzer = ShardingAnalyzer(MESH)
-    with pytest.raises(na.NamedTypeError, match=r"compiled_memory needs the function first, got 3 \(int\)\. Call compiled_memory\(fn, \*args\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"compiled_memory needs the function first, got 3 \(int\)\. Call compiled_memory\(fn, \*args\)",
+    ):
         compiled_memory(3, jnp.zeros(4))
-    with pytest.raises(na.NamedTypeError, match=r"create_monitored_function needs the function first, got 3 \(int\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"create_monitored_function needs the function first, got 3 \(int\)",
+    ):
         create_monitored_function(3, {"w": P()}, analyzer)
-    with pytest.raises(na.NamedTypeError, match=r"create_monitored_function needs a ShardingAnalyzer as analyzer, got \{'data': 2, 'model': 4\} \(dict\)\. Pass e\.g\. ShardingAnalyzer\(mesh\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"create_monitored_function needs a ShardingAnalyzer as analyzer, got \{'data': 2, 'model': 4\} \(dict\)\. Pass e\.g\. ShardingAnalyzer\(mesh\)",
+    ):
         create_monitored_function(lambda p: p, {"w": P()}, MESH)
 
 

@@ -58,7 +58,9 @@ def test_wrong_number_of_axes_is_refused():
 
 
 def test_wrong_axis_size_is_refused():
-    with pytest.raises(AxisError, match=r"Axis 'embed' was given size 4, but dimension 1 .* size 3"):
+    with pytest.raises(
+        AxisError, match=r"Axis 'embed' was given size 4, but dimension 1 .* size 3"
+    ):
         NamedArray(jnp.ones((2, 3)), (Axis("batch", 2), Axis("embed", 4)))
 
 
@@ -104,7 +106,7 @@ def test_tree_util_flattens_to_one_leaf_with_key_path():
     x = _x()
     leaves, treedef = jax.tree_util.tree_flatten(x)
     assert len(leaves) == 1 and leaves[0] is x.array
-    (path, _), = jax.tree_util.tree_flatten_with_path(x)[0]
+    ((path, _),) = jax.tree_util.tree_flatten_with_path(x)[0]
     assert jax.tree_util.keystr(path) == ".array"
     back = jax.tree_util.tree_unflatten(treedef, leaves)
     assert back.axes == x.axes
@@ -243,7 +245,10 @@ def test_repr_and_nbytes_of_typed_prng_keys_and_shape_structs():
     assert repr(NamedArray(spec, ("layer",))) == "NamedArray(key<fry>, layer=4)"
     out = jax.eval_shape(lambda k: named(k, "layer"), keys)
     assert repr(out) == "NamedArray(key<fry>, layer=4)"
-    assert repr(NamedArray(jax.ShapeDtypeStruct((2,), jnp.bfloat16), ("a",))) == "NamedArray(bfloat16, a=2)"
+    assert (
+        repr(NamedArray(jax.ShapeDtypeStruct((2,), jnp.bfloat16), ("a",)))
+        == "NamedArray(bfloat16, a=2)"
+    )
 
 
 def test_named_places_numpy_input_without_compiling(caplog):
@@ -262,9 +267,30 @@ def test_named_places_numpy_input_without_compiling(caplog):
 
 @pytest.mark.parametrize(
     "name",
-    ["astype", "sum", "prod", "mean", "max", "min", "var", "std", "any", "all", "argmax", "argmin",
-     "cumsum", "cumprod", "rearrange", "rename", "flatten_axes", "unflatten_axis", "unbind", "split",
-     "broadcast_axis", "take"],
+    [
+        "astype",
+        "sum",
+        "prod",
+        "mean",
+        "max",
+        "min",
+        "var",
+        "std",
+        "any",
+        "all",
+        "argmax",
+        "argmin",
+        "cumsum",
+        "cumprod",
+        "rearrange",
+        "rename",
+        "flatten_axes",
+        "unflatten_axis",
+        "unbind",
+        "split",
+        "broadcast_axis",
+        "take",
+    ],
 )
 def test_methods_take_the_same_arguments_as_their_functions(name):
     import inspect
@@ -272,7 +298,9 @@ def test_methods_take_the_same_arguments_as_their_functions(name):
     import namedaxes as na
 
     def params(fn):
-        return [(p.name, p.kind, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]]
+        return [
+            (p.name, p.kind, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]
+        ]
 
     assert params(getattr(NamedArray, name)) == params(getattr(na, name))
 
@@ -281,7 +309,7 @@ def test_methods_and_operators_match_the_functions():
     x = named(jnp.arange(6.0).reshape(2, 3), ("batch", "embed"))
     y = named(jnp.arange(3.0) + 1, "embed")
     assert (x + y).axes == x.axes and (y + x).axes == x.axes
-    np.testing.assert_array_equal((2 ** y).array, 2 ** (jnp.arange(3.0) + 1))
+    np.testing.assert_array_equal((2**y).array, 2 ** (jnp.arange(3.0) + 1))
     np.testing.assert_array_equal((x < 2).array, x.array < 2)
     np.testing.assert_array_equal(x.sum("embed").array, x.array.sum(1))
     np.testing.assert_array_equal(x["embed", 1].array, x.array[:, 1])

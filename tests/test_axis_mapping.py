@@ -29,7 +29,11 @@ def test_restored_after_exception():
 
 def test_kwargs_add_and_override():
     with axis_mapping({"batch": "data", "embed": None}, embed="model", mlp=("data", "model")):
-        assert current_axis_mapping() == {"batch": "data", "embed": "model", "mlp": ("data", "model")}
+        assert current_axis_mapping() == {
+            "batch": "data",
+            "embed": "model",
+            "mlp": ("data", "model"),
+        }
     with axis_mapping(batch="data"):
         assert current_axis_mapping() == {"batch": "data"}
     rules = AxisRules([("batch", "replica"), ("batch", "data"), ("embed", "model")])
@@ -97,7 +101,12 @@ def test_threads_are_isolated():
         for t in threads:
             t.join()
         assert current_axis_mapping() == {"batch": "main"}
-    assert seen == {"t1": {"batch": "t1"}, "t2": {"batch": "t2"}, "t1_after": None, "t2_after": None}
+    assert seen == {
+        "t1": {"batch": "t1"},
+        "t2": {"batch": "t2"},
+        "t1_after": None,
+        "t2_after": None,
+    }
 
 
 def test_asyncio_tasks_are_isolated_and_inherit():

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _helpers import run_two_processes
+from conftest import make_mesh
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
@@ -33,8 +35,6 @@ from namedaxes.checkpoint import (
     save_safetensors,
     to_state_dict,
 )
-from _helpers import run_two_processes
-from conftest import make_mesh
 
 MAPPING = {"batch": "data", "embed": "model"}
 DATA = np.arange(64, dtype=np.float32).reshape(8, 8)
@@ -55,8 +55,12 @@ def _model(mesh, mapping=MAPPING):
 def _values(tree):
     """Every leaf as a list of floats (strings as they are), to compare trees by value."""
     leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, na.NamedArray))
-    return [x if isinstance(x, str) else np.asarray(x.array if isinstance(x, na.NamedArray) else x, dtype=np.float32).tolist()
-            for x in leaves]
+    return [
+        x
+        if isinstance(x, str)
+        else np.asarray(x.array if isinstance(x, na.NamedArray) else x, dtype=np.float32).tolist()
+        for x in leaves
+    ]
 
 
 # -- resharding ---------------------------------------------------------------------------------
@@ -64,7 +68,10 @@ def _values(tree):
 
 def test_saved_structure_comes_back_without_like(tmp_path, mesh_2x4):
     save(tmp_path / "c", _model(mesh_2x4))
-    with jax.set_mesh(make_mesh((8,), ("data",), mesh_2x4.axis_types[0])), na.axis_mapping({"batch": "data"}):
+    with (
+        jax.set_mesh(make_mesh((8,), ("data",), mesh_2x4.axis_types[0])),
+        na.axis_mapping({"batch": "data"}),
+    ):
         out = restore(tmp_path / "c")
     assert set(out) == {"x", "bias", "layers", "step", "name"}
     assert out["x"].axis_names == ("batch", "embed") and out["x"].sharding.spec == P("data", None)
@@ -81,16 +88,24 @@ def test_saved_structure_comes_back_without_like(tmp_path, mesh_2x4):
     [
         ((8,), ("data",), {"batch": "data"}),  # (data=2, model=4) -> (data=8)
         ((4,), ("model",), {"embed": "model"}),  # -> 4 devices
-        ((2, 4), ("data", "model"), {"batch": "model", "embed": "data"}),  # same mesh, other mapping
+        (
+            (2, 4),
+            ("data", "model"),
+            {"batch": "model", "embed": "data"},
+        ),  # same mesh, other mapping
         ((2, 2, 2), ("data", "model", "replica"), {"batch": ("data", "replica"), "embed": "model"}),
     ],
     ids=["8", "4dev", "other-mapping", "2x2x2"],
 )
-def test_restore_reshards_onto_another_mesh_and_mapping(tmp_path, mesh_2x4, axis_type, shape, names, mapping):
+def test_restore_reshards_onto_another_mesh_and_mapping(
+    tmp_path, mesh_2x4, axis_type, shape, names, mapping
+):
     saved = _model(mesh_2x4)
     save(tmp_path / "c", saved)
     n = int(np.prod(shape))
-    mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names), devices=jax.devices()[:n])
+    mesh = jax.make_mesh(
+        shape, names, axis_types=(axis_type,) * len(names), devices=jax.devices()[:n]
+    )
     like = eqx.filter_eval_shape(lambda: saved)
     out = restore(tmp_path / "c", like, mapping=mapping, mesh=mesh)
     assert jax.tree.structure(out) == jax.tree.structure(saved)
@@ -98,9 +113,15 @@ def test_restore_reshards_onto_another_mesh_and_mapping(tmp_path, mesh_2x4, axis
     x = out["x"]
     expected = na.resolve(x.axes, mapping, mesh)
     assert x.sharding == NamedSharding(mesh, expected)
-    factors = [1 if e is None else int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)]))
-               for e in tuple(expected) + (None,) * (2 - len(expected))]
-    assert {s.data.shape for s in x.array.addressable_shards} == {(8 // factors[0], 8 // factors[1])}
+    factors = [
+        1
+        if e is None
+        else int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)]))
+        for e in tuple(expected) + (None,) * (2 - len(expected))
+    ]
+    assert {s.data.shape for s in x.array.addressable_shards} == {
+        (8 // factors[0], 8 // factors[1])
+    }
     for s in x.array.addressable_shards:  # every device holds exactly its slice
         np.testing.assert_array_equal(np.asarray(s.data), DATA[s.index])
     # plain leaves of an eval_shape like have no sharding: replicated on the new mesh
@@ -145,8 +166,10 @@ def test_equinox_module_and_optax_adamw_state_round_trip(tmp_path, mesh_2x4):
         b: jax.Array
         act: object = jax.nn.gelu  # not data: restored from like
 
-    params = Block(na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh_2x4),
-                   jnp.ones(3))
+    params = Block(
+        na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh_2x4),
+        jnp.ones(3),
+    )
     opt = optax.adamw(1e-2)
     arrays = eqx.filter(params, eqx.is_array)
     state = opt.init(arrays)
@@ -156,7 +179,9 @@ def test_equinox_module_and_optax_adamw_state_round_trip(tmp_path, mesh_2x4):
     like = eqx.filter_eval_shape(lambda: {"params": params, "opt": state, "epoch": 0})
     like = {**like, "epoch": 0}
     out = restore(tmp_path / "c", like, mapping=MAPPING, mesh=mesh_2x4)
-    assert jax.tree.structure(out) == jax.tree.structure({"params": params, "opt": state, "epoch": 2})
+    assert jax.tree.structure(out) == jax.tree.structure(
+        {"params": params, "opt": state, "epoch": 2}
+    )
     assert out["params"].act is jax.nn.gelu and out["epoch"] == 2
     assert _values(out["opt"]) == _values(state)
     assert int(out["opt"][0].count) == 1 and out["opt"][0].count.dtype == jnp.int32
@@ -172,9 +197,19 @@ def test_python_scalars_into_a_jax_eval_shape_like(tmp_path, mesh_2x4):
     assert out["step"].sharding == NamedSharding(mesh_2x4, P())
     assert out["x"].sharding.spec == P("model")
     bad = {**like, "step": jax.ShapeDtypeStruct((), jnp.float32)}
-    with pytest.raises(CheckpointDtypeError, match=r"Leaf 'step' is a Python int \(7\) in the checkpoint but an array of float32 in like\. Build like with a matching scalar, or pass cast=True\."):
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"Leaf 'step' is a Python int \(7\) in the checkpoint but an array of float32 in like\. Build like with a matching scalar, or pass cast=True\.",
+    ):
         restore(tmp_path / "c", bad, mapping={"embed": "model"}, mesh=mesh_2x4)
-    assert float(restore(tmp_path / "c", bad, mapping={"embed": "model"}, mesh=mesh_2x4, cast=True)["step"]) == 7.0
+    assert (
+        float(
+            restore(tmp_path / "c", bad, mapping={"embed": "model"}, mesh=mesh_2x4, cast=True)[
+                "step"
+            ]
+        )
+        == 7.0
+    )
 
 
 # -- bad input ----------------------------------------------------------------------------------
@@ -190,49 +225,80 @@ def saved(tmp_path, mesh_2x4):
 def test_axis_name_and_size_mismatch(saved):
     path, tree = saved
     renamed = {**tree, "x": na.named(tree["x"].array, ("batch", "hidden"))}
-    with pytest.raises(CheckpointAxisError, match=r"Leaf 'x': the checkpoint has axes \(batch=8, embed=8\) but like has \(batch=8, hidden=8\)"):
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"Leaf 'x': the checkpoint has axes \(batch=8, embed=8\) but like has \(batch=8, hidden=8\)",
+    ):
         restore(path, renamed)
     resized = {**tree, "x": na.named(jax.ShapeDtypeStruct((8, 4), jnp.float32), ("batch", "embed"))}
-    with pytest.raises(CheckpointAxisError, match=r"Leaf 'x': axis 'embed' has size 8 in the checkpoint but 4 in like"):
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"Leaf 'x': axis 'embed' has size 8 in the checkpoint but 4 in like",
+    ):
         restore(path, resized)
-    with pytest.raises(CheckpointAxisError, match=r"Leaf 'bias' has shape \(4,\) in the checkpoint but \(5,\) in like"):
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"Leaf 'bias' has shape \(4,\) in the checkpoint but \(5,\) in like",
+    ):
         restore(path, {**tree, "bias": jnp.zeros(5, jnp.int32)})
 
 
 def test_missing_extra_and_kind_mismatch(saved):
     path, tree = saved
-    with pytest.raises(CheckpointStructureError, match=r"like has 1 leaf/leaves the checkpoint lacks: 'extra'"):
+    with pytest.raises(
+        CheckpointStructureError, match=r"like has 1 leaf/leaves the checkpoint lacks: 'extra'"
+    ):
         restore(path, {**tree, "extra": jnp.zeros(2)})
     short = {k: v for k, v in tree.items() if k != "bias"}
-    with pytest.raises(CheckpointStructureError, match=r"The checkpoint has 1 leaf/leaves that like lacks: 'bias'"):
+    with pytest.raises(
+        CheckpointStructureError, match=r"The checkpoint has 1 leaf/leaves that like lacks: 'bias'"
+    ):
         restore(path, short)
-    with pytest.raises(CheckpointStructureError, match=r"Leaf 'x' is a NamedArray in the checkpoint but a plain array in like \(ArrayImpl\)"):
+    with pytest.raises(
+        CheckpointStructureError,
+        match=r"Leaf 'x' is a NamedArray in the checkpoint but a plain array in like \(ArrayImpl\)",
+    ):
         restore(path, {**tree, "x": tree["x"].array})
 
 
 def test_dtype_mismatch_and_cast(saved):
     path, tree = saved
     like = {**tree, "bias": jnp.zeros(4, jnp.float32), "step": 0.0}
-    with pytest.raises(CheckpointDtypeError, match=r"Leaf 'bias' is int32 in the checkpoint but like has float32\. Pass cast=True"):
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"Leaf 'bias' is int32 in the checkpoint but like has float32\. Pass cast=True",
+    ):
         restore(path, like)
     out = restore(path, like, cast=True)
     assert out["bias"].dtype == jnp.float32 and out["bias"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert out["step"] == 7.0 and type(out["step"]) is float
-    with pytest.raises(CheckpointDtypeError, match=r"Leaf 'step' is a Python int \(7\) in the checkpoint but a float in like"):
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"Leaf 'step' is a Python int \(7\) in the checkpoint but a float in like",
+    ):
         restore(path, {**tree, "step": 0.0})
 
 
 def test_paths_without_a_checkpoint(tmp_path, saved):
     path, tree = saved
-    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint at '.*nowhere': the path does not exist"):
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"No checkpoint at '.*nowhere': the path does not exist"
+    ):
         restore(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointNotFoundError, match=r"empty': it is an unfinished save \(no 'commit_success.txt'"):
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"empty': it is an unfinished save \(no 'commit_success.txt'"
+    ):
         restore(tmp_path / "empty")
     assert issubclass(CheckpointNotFoundError, FileNotFoundError)
-    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint of step 3 in .*: the path does not exist"):
+    with pytest.raises(
+        CheckpointNotFoundError, match=r"No checkpoint of step 3 in .*: the path does not exist"
+    ):
         restore(path, step=3)
-    with pytest.raises(CheckpointError, match=r"already exists\. Save to a new path or step, or pass overwrite=True"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"already exists\. Save to a new path or step, or pass overwrite=True",
+    ):
         save(path, tree)
     save(path, {"only": 1}, overwrite=True)
     assert restore(path) == {"only": 1}
@@ -240,20 +306,37 @@ def test_paths_without_a_checkpoint(tmp_path, saved):
 
 def test_other_bad_input(tmp_path, saved, mesh_2x4):
     path, tree = saved
-    with pytest.raises(MeshError, match=r"restore has a mapping \(\{'batch': 'data'\}\) to place NamedArrays with but no mesh"):
+    with pytest.raises(
+        MeshError,
+        match=r"restore has a mapping \(\{'batch': 'data'\}\) to place NamedArrays with but no mesh",
+    ):
         restore(path, mapping={"batch": "data"})
-    with pytest.raises(MeshTypeError, match=r"restore needs a concrete jax.sharding.Mesh.*got dict"):
+    with pytest.raises(
+        MeshTypeError, match=r"restore needs a concrete jax.sharding.Mesh.*got dict"
+    ):
         restore(path, mesh={"data": 8})
-    with pytest.raises(na.ShardingError, match=r"Cannot place leaf 'layers.0.scale': The axis mapping names mesh axis 'nope'"):
+    with pytest.raises(
+        na.ShardingError,
+        match=r"Cannot place leaf 'layers.0.scale': The axis mapping names mesh axis 'nope'",
+    ):
         restore(path, mapping={"embed": "nope"}, mesh=mesh_2x4)
-    with pytest.raises(NamedTypeError, match=r"Leaf 'a' is ShapeDtypeStruct .* which holds no values to save"):
+    with pytest.raises(
+        NamedTypeError, match=r"Leaf 'a' is ShapeDtypeStruct .* which holds no values to save"
+    ):
         save(tmp_path / "abstract", {"a": jax.ShapeDtypeStruct((2,), jnp.float32)})
-    with pytest.raises(NamedTypeError, match=r"Leaf 'k' holds typed PRNG keys \(key<fry>\)\. Save jax.random.key_data\(key\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Leaf 'k' holds typed PRNG keys \(key<fry>\)\. Save jax.random.key_data\(key\)",
+    ):
         save(tmp_path / "key", {"k": jax.random.key(0)})
-    with pytest.raises(CheckpointStructureError, match=r"Leaves 'a/b' and 'a\.b' both have the dotted key 'a\.b'"):
+    with pytest.raises(
+        CheckpointStructureError, match=r"Leaves 'a/b' and 'a\.b' both have the dotted key 'a\.b'"
+    ):
         save(tmp_path / "clash", {"a.b": 1, "a": {"b": 2}})
     save(tmp_path / "fn", {"f": jax.nn.relu, "w": jnp.ones(2)})
-    with pytest.raises(CheckpointStructureError, match=r"Leaves 'f' are not data .*restore needs like=\.\.\."):
+    with pytest.raises(
+        CheckpointStructureError, match=r"Leaves 'f' are not data .*restore needs like=\.\.\."
+    ):
         restore(tmp_path / "fn")
     with pytest.raises(NamedTypeError, match=r"save step must be an int >= 0, got -1"):
         save(tmp_path, tree, step=-1)
@@ -269,7 +352,10 @@ def test_interrupted_save_is_never_restored(tmp_path):
     shutil.copytree(tmp_path / "1", tmp_path / "2")
     (tmp_path / "2" / "commit_success.txt").unlink()
     assert restore(tmp_path)["w"].tolist() == [1.0, 1.0, 1.0]  # the latest complete step is 1
-    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint of step 2 in .*: it is an unfinished save \(no 'commit_success.txt' commit marker\)\. Complete steps there: \[1\]"):
+    with pytest.raises(
+        CheckpointNotFoundError,
+        match=r"No checkpoint of step 2 in .*: it is an unfinished save \(no 'commit_success.txt' commit marker\)\. Complete steps there: \[1\]",
+    ):
         restore(tmp_path, step=2)
     with pytest.raises(CheckpointNotFoundError, match=r"it is an unfinished save"):
         restore(tmp_path / "3.orbax-checkpoint-tmp-1700000000")
@@ -280,7 +366,9 @@ def test_interrupted_save_is_never_restored(tmp_path):
 def test_manager_saves_async_and_keeps_the_last_steps(tmp_path, mesh_2x4):
     x = na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh_2x4)
     with CheckpointManager(tmp_path / "run", max_to_keep=2) as mgr:
-        with pytest.raises(CheckpointNotFoundError, match=r"CheckpointManager has no committed step"):
+        with pytest.raises(
+            CheckpointNotFoundError, match=r"CheckpointManager has no committed step"
+        ):
             mgr.restore()
         for step in range(4):
             mgr.save(step, {"x": x + step, "step": step})
@@ -321,13 +409,23 @@ def test_state_dict_unstacks_layers_and_round_trips():
 def test_state_dict_errors():
     tree = _stacked_model()
     state = to_state_dict(tree)
-    with pytest.raises(CheckpointStructureError, match=r"The state dict has no key 'blocks.1.attn.w', which like needs"):
+    with pytest.raises(
+        CheckpointStructureError,
+        match=r"The state dict has no key 'blocks.1.attn.w', which like needs",
+    ):
         from_state_dict(tree, {k: v for k, v in state.items() if k != "blocks.1.attn.w"})
-    with pytest.raises(CheckpointStructureError, match=r"The state dict has 1 key\(s\) like does not use: 'junk'"):
+    with pytest.raises(
+        CheckpointStructureError, match=r"The state dict has 1 key\(s\) like does not use: 'junk'"
+    ):
         from_state_dict(tree, {**state, "junk": np.zeros(1)})
-    with pytest.raises(CheckpointAxisError, match=r"State-dict entry for 'head.b' has shape \(5,\) but like has shape \(4,\)"):
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"State-dict entry for 'head.b' has shape \(5,\) but like has shape \(4,\)",
+    ):
         from_state_dict(tree, {**state, "head.b": np.zeros(5, np.float32)})
-    with pytest.raises(CheckpointDtypeError, match=r"State-dict key 'head.b' is float64 but like has float32"):
+    with pytest.raises(
+        CheckpointDtypeError, match=r"State-dict key 'head.b' is float64 but like has float32"
+    ):
         from_state_dict(tree, {**state, "head.b": np.zeros(4)})
 
 
@@ -338,7 +436,14 @@ def test_safetensors_round_trip(tmp_path):
     from safetensors import safe_open
 
     with safe_open(tmp_path / "m.safetensors", framework="numpy") as f:
-        assert sorted(f.keys()) == ["blocks.0.attn.w", "blocks.0.norm", "blocks.1.attn.w", "blocks.1.norm", "head.b", "n"]
+        assert sorted(f.keys()) == [
+            "blocks.0.attn.w",
+            "blocks.0.norm",
+            "blocks.1.attn.w",
+            "blocks.1.norm",
+            "head.b",
+            "n",
+        ]
         axes = json.loads(f.metadata()["namedaxes.axes"])
     assert axes["blocks.stacked.attn.w"] == ["layer", "embed", "mlp"]
     back = load_safetensors(tmp_path / "m.safetensors", tree)
@@ -352,7 +457,9 @@ def test_safetensors_round_trip(tmp_path):
 def test_importing_namedaxes_does_not_import_orbax():
     code = "import namedaxes, sys; print(any(m.split('.')[0] == 'orbax' for m in sys.modules))"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -360,7 +467,10 @@ def test_missing_orbax_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
     for name in [m for m in sys.modules if m.startswith("namedaxes.checkpoint")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=r"namedaxes.checkpoint needs orbax-checkpoint.*pip install 'namedaxes\[checkpoint\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"namedaxes.checkpoint needs orbax-checkpoint.*pip install 'namedaxes\[checkpoint\]'",
+    ):
         importlib.import_module("namedaxes.checkpoint")
 
 

@@ -42,13 +42,36 @@ def model_dir(tmp_path_factory):
 
 
 def test_plan_json_and_exit_status(model_dir, capsys):
-    code = main(["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--rules", RULES, "--budget", "1MiB", "--json"])
+    code = main(
+        [
+            "plan",
+            "na_cli_model:state",
+            "--mesh",
+            "data=2,model=4",
+            "--rules",
+            RULES,
+            "--budget",
+            "1MiB",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["param_count"] == 1024 * 512
     assert out["state_bytes_per_device"] == 2 * 1024 * 512 * 4 // 4
     assert out["fits"] is True and out["headroom_bytes"] == 0 and out["rules"] == [["mlp", "model"]]
-    code = main(["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--rules", RULES, "--budget", "1000KiB"])
+    code = main(
+        [
+            "plan",
+            "na_cli_model:state",
+            "--mesh",
+            "data=2,model=4",
+            "--rules",
+            RULES,
+            "--budget",
+            "1000KiB",
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 1  # does not fit
     assert "state per device       1,048,576 B  1.00 MiB" in text and "does NOT fit" in text
@@ -63,7 +86,20 @@ def test_plan_with_factory_step_and_rules(model_dir, capsys):
 
 
 def test_search_json(model_dir, capsys):
-    code = main(["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--search", "--budget", "600KiB", "--top", "2", "--json"])
+    code = main(
+        [
+            "plan",
+            "na_cli_model:state",
+            "--mesh",
+            "data=2,model=4",
+            "--search",
+            "--budget",
+            "600KiB",
+            "--top",
+            "2",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert 1 <= len(out["plans"]) <= 2 and out["plans"][0]["fits"] is True
@@ -75,12 +111,35 @@ def test_search_json(model_dir, capsys):
     "argv, message",
     [
         (["na_cli_model:state", "--mesh", "data=2,model=4"], "plan needs --rules"),
-        (["na_cli_model:state", "--mesh", "data=2,model=4", "--rules", "{embed"], "--rules is not JSON"),
-        (["na_cli_model:state", "--mesh", "data=two", "--rules", RULES], "'data=two' is not 'axis=size'"),
-        (["na_cli_model:needs_args", "--mesh", "data=2", "--rules", RULES], "must be callable with no arguments"),
+        (
+            ["na_cli_model:state", "--mesh", "data=2,model=4", "--rules", "{embed"],
+            "--rules is not JSON",
+        ),
+        (
+            ["na_cli_model:state", "--mesh", "data=two", "--rules", RULES],
+            "'data=two' is not 'axis=size'",
+        ),
+        (
+            ["na_cli_model:needs_args", "--mesh", "data=2", "--rules", RULES],
+            "must be callable with no arguments",
+        ),
         (["na_cli_model", "--mesh", "data=2", "--rules", RULES], "Expected MODULE:FACTORY"),
-        (["na_cli_model:nope", "--mesh", "data=2", "--rules", RULES], "Cannot load 'na_cli_model:nope'"),
-        (["na_cli_model:state", "--mesh", "data=2,model=4", "--rules", RULES, "--budget", "lots"], "Cannot read budget 'lots'"),
+        (
+            ["na_cli_model:nope", "--mesh", "data=2", "--rules", RULES],
+            "Cannot load 'na_cli_model:nope'",
+        ),
+        (
+            [
+                "na_cli_model:state",
+                "--mesh",
+                "data=2,model=4",
+                "--rules",
+                RULES,
+                "--budget",
+                "lots",
+            ],
+            "Cannot read budget 'lots'",
+        ),
     ],
 )
 def test_errors_exit_2_with_a_message(model_dir, capsys, argv, message):
@@ -90,10 +149,26 @@ def test_errors_exit_2_with_a_message(model_dir, capsys, argv, message):
 
 
 def test_python_dash_m(model_dir):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(model_dir), *sys.path]))
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([str(model_dir), *sys.path])
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "namedaxes", "plan", "na_cli_model:state", "--mesh", "data=8", "--rules", '{"embed": "data"}', "--json"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "namedaxes",
+            "plan",
+            "na_cli_model:state",
+            "--mesh",
+            "data=8",
+            "--rules",
+            '{"embed": "data"}',
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["state_bytes_per_device"] == 2 * 1024 * 512 * 4 // 8

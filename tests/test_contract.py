@@ -1,6 +1,5 @@
 """dot and einsum against jnp.einsum; axis order, batch axes, ellipsis, and error messages."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +33,9 @@ def test_dot_keeps_shared_uncontracted_axes_once():
     k = na.named(_r(2, 6, 4, 3), ("batch", "key", "heads", "dim"))
     out = na.dot(q, k, axis="dim")
     assert out.axis_names == ("batch", "heads", "seq", "key")
-    np.testing.assert_allclose(out.array, jnp.einsum("bhsd,bkhd->bhsk", q.array, k.array), rtol=1e-5)
+    np.testing.assert_allclose(
+        out.array, jnp.einsum("bhsd,bkhd->bhsk", q.array, k.array), rtol=1e-5
+    )
 
 
 def test_dot_over_several_axes_and_several_operands():
@@ -43,7 +44,9 @@ def test_dot_over_several_axes_and_several_operands():
     c = na.named(_r(2, 5), ("batch", "out"))
     out = na.dot(a, b, c, axis=("seq", "embed"))
     assert out.axis_names == ("batch", "out")
-    np.testing.assert_allclose(out.array, jnp.einsum("bse,es,bo->bo", a.array, b.array, c.array), rtol=1e-5)
+    np.testing.assert_allclose(
+        out.array, jnp.einsum("bse,es,bo->bo", a.array, b.array, c.array), rtol=1e-5
+    )
     total = na.dot(a, b, axis=None)
     assert total.axis_names == ("batch", "seq", "embed")  # elementwise over shared axes
     np.testing.assert_allclose(total.array, a.array * b.array.T[None], rtol=1e-6)
@@ -107,7 +110,9 @@ def test_einsum_with_a_scalar_operand():
 
 def test_jit_and_grad():
     def loss(x, w):
-        return na.sum(na.einsum("batch embed, mlp embed -> batch mlp", x, w) ** 2 + na.dot(x, w, axis="embed")).array
+        return na.sum(
+            na.einsum("batch embed, mlp embed -> batch mlp", x, w) ** 2 + na.dot(x, w, axis="embed")
+        ).array
 
     def loss_ref(X, W):
         return jnp.sum((X @ W.T) ** 2 + X @ W.T)
@@ -121,15 +126,30 @@ def test_jit_and_grad():
 
 
 def test_dot_errors():
-    with pytest.raises(na.AxisNotFoundError, match=r"dot\(\) cannot contract axis 'embd': no operand has it\. Available axes: 'batch', 'embed', 'mlp'\."):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"dot\(\) cannot contract axis 'embd': no operand has it\. Available axes: 'batch', 'embed', 'mlp'\.",
+    ):
         na.dot(x, w, axis="embd")
-    with pytest.raises(na.AxisSizeError, match=r"dot\(\): axis 'embed' has size 3 in operand 1 NamedArray\(batch=2, embed=3\) but size 5 in operand 2 NamedArray\(embed=5\)\. One name must have one size"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"dot\(\): axis 'embed' has size 3 in operand 1 NamedArray\(batch=2, embed=3\) but size 5 in operand 2 NamedArray\(embed=5\)\. One name must have one size",
+    ):
         na.dot(x, na.named(_r(5), "embed"), axis="embed")
-    with pytest.raises(na.AxisSizeError, match=r"dot\(\) was asked to contract Axis\('embed', 4\), but the operands' 'embed' has size 3"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"dot\(\) was asked to contract Axis\('embed', 4\), but the operands' 'embed' has size 3",
+    ):
         na.dot(x, w, axis=Axis("embed", 4))
-    with pytest.raises(na.NamedTypeError, match=r"dot\(\) operand 2 must be a NamedArray, got ArrayImpl of shape \(3, 4\); wrap it with named\(x, \(\.\.\.\)\) first"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"dot\(\) operand 2 must be a NamedArray, got ArrayImpl of shape \(3, 4\); wrap it with named\(x, \(\.\.\.\)\) first",
+    ):
         na.dot(x, jnp.ones((3, 4)), axis="embed")
-    with pytest.raises(na.NamedTypeError, match=r"dot\(\) operand 1 must be a NamedArray, got float; multiply by a scalar"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"dot\(\) operand 1 must be a NamedArray, got float; multiply by a scalar",
+    ):
         na.dot(2.0, x, axis=None)
     with pytest.raises(na.NamedTypeError, match=r"dot\(\) needs at least one NamedArray operand"):
         na.dot(axis="embed")
@@ -140,30 +160,54 @@ def test_dot_errors():
 
 
 def test_einsum_errors():
-    with pytest.raises(na.AxisError, match=r"einsum\(\) needs an equation with exactly one '->', got 'batch embed, mlp embed'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"einsum\(\) needs an equation with exactly one '->', got 'batch embed, mlp embed'",
+    ):
         na.einsum("batch embed, mlp embed", x, w)
-    with pytest.raises(na.AxisError, match=r"einsum\(\) equation 'batch embed -> batch' has 1 operand spec\(s\) but 2 array\(s\) were given"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"einsum\(\) equation 'batch embed -> batch' has 1 operand spec\(s\) but 2 array\(s\) were given",
+    ):
         na.einsum("batch embed -> batch", x, w)
-    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) operand 2 spec 'mlp embd' names axis 'embd', which NamedArray\(mlp=4, embed=3\) does not have\. Available axes: 'mlp', 'embed'\."):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"einsum\(\) operand 2 spec 'mlp embd' names axis 'embd', which NamedArray\(mlp=4, embed=3\) does not have\. Available axes: 'mlp', 'embed'\.",
+    ):
         na.einsum("batch embed, mlp embd -> batch", x, w)
-    with pytest.raises(na.AxisError, match=r"einsum\(\) operand 1 NamedArray\(batch=2, embed=3\) has axes 'embed' that its spec 'batch' does not name\. Name them, or add '\.\.\.'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"einsum\(\) operand 1 NamedArray\(batch=2, embed=3\) has axes 'embed' that its spec 'batch' does not name\. Name them, or add '\.\.\.'",
+    ):
         na.einsum("batch, mlp embed -> batch", x, w)
-    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) result spec 'batch heads' names axis 'heads', which no operand has\. Available axes: 'batch', 'embed', 'mlp'\."):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"einsum\(\) result spec 'batch heads' names axis 'heads', which no operand has\. Available axes: 'batch', 'embed', 'mlp'\.",
+    ):
         na.einsum("batch embed, mlp embed -> batch heads", x, w)
-    with pytest.raises(na.AxisError, match=r"einsum\(\): operand 1 spec '\.\.\. batch \.\.\.' has more than one '\.\.\.'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"einsum\(\): operand 1 spec '\.\.\. batch \.\.\.' has more than one '\.\.\.'",
+    ):
         na.einsum("... batch ..., mlp embed -> batch", x, w)
     with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'batch'"):
         na.einsum("batch embed, mlp embed -> batch batch", x, w)
-    with pytest.raises(na.AxisSizeError, match=r"einsum\(\): axis 'embed' has size 3 in operand 1 .* but size 5 in operand 2"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"einsum\(\): axis 'embed' has size 3 in operand 1 .* but size 5 in operand 2",
+    ):
         na.einsum("batch embed, embed -> batch", x, na.named(_r(5), "embed"))
 
 
 def test_dot_over_a_sharded_axis_keeps_the_other_axes_sharding(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     a, b = _r(8, 12), _r(12, 4)
     with jax.set_mesh(mesh_2x4):
-        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        x = na.named(
+            jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed")
+        )
         y = na.named(jax.device_put(b, NamedSharding(mesh_2x4, P("model", None))), ("embed", "mlp"))
         out = na.dot(x, y, axis="embed")  # Explicit: JAX needs an out_sharding; we give it by name
         via_einsum = na.einsum("batch embed, embed mlp -> mlp batch", x, y)
@@ -178,7 +222,8 @@ def test_dot_over_a_sharded_axis_keeps_the_other_axes_sharding(mesh_2x4):
 
 
 def test_conflicting_explicit_shardings_in_dot_follow_the_mapping_in_force(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     a, b, c = _r(8, 12), _r(12, 8), _r(8, 12)
@@ -191,9 +236,15 @@ def test_conflicting_explicit_shardings_in_dot_follow_the_mapping_in_force(mesh_
             out = jax.jit(lambda x, w: na.dot(x, w, axis="embed"))(x, w_wrong)
             rows = jax.jit(lambda x, y: na.dot(x, y, axis="embed"))(x, y)
         if explicit:
-            with pytest.raises(na.ShardingError, match=r"dot\(\): the operands' shardings conflict on an Explicit mesh: mesh axis 'data' shards 'batch' in operand 1 and 'mlp' in operand 2"):
+            with pytest.raises(
+                na.ShardingError,
+                match=r"dot\(\): the operands' shardings conflict on an Explicit mesh: mesh axis 'data' shards 'batch' in operand 1 and 'mlp' in operand 2",
+            ):
                 na.dot(x, w_wrong, axis="embed")
-            with pytest.raises(na.ShardingError, match=r"einsum\(\): .*axis 'batch' is sharded over \('data',\) in operand 1 but over \('model',\) in operand 2"):
+            with pytest.raises(
+                na.ShardingError,
+                match=r"einsum\(\): .*axis 'batch' is sharded over \('data',\) in operand 1 but over \('model',\) in operand 2",
+            ):
                 na.einsum("batch embed, batch embed -> batch", x, y)
     np.testing.assert_allclose(out.array, a @ b, rtol=1e-4)
     np.testing.assert_allclose(rows.array, (a * c).sum(axis=1), rtol=1e-4)
@@ -205,14 +256,17 @@ def test_conflicting_explicit_shardings_in_dot_follow_the_mapping_in_force(mesh_
 def test_fsdp_stored_weights_run_unchanged_on_auto_and_explicit(mesh_2x4):
     """A layer whose parameters are stored by a parameter mapping (embed on data) and computed
     under the compute mapping (batch on data, mlp on model): the Levanter habit."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
     params_mapping = {"embed": "data", "mlp": "model"}
     compute_mapping = {"batch": "data", "mlp": "model"}
     X, W1, B1, W2 = _r(8, 4, 16), _r(16, 8), _r(16), _r(8, 16)
     with jax.set_mesh(mesh_2x4):
         params = na.shard(
-            {"w1": na.named(W1, ("embed", "mlp")), "b1": na.named(B1, "embed"), "w2": na.named(W2, ("mlp", "embed"))},
+            {
+                "w1": na.named(W1, ("embed", "mlp")),
+                "b1": na.named(B1, "embed"),
+                "w2": na.named(W2, ("mlp", "embed")),
+            },
             params_mapping,
         )
         x = na.shard(na.named(X, ("batch", "seq", "embed")), compute_mapping)
@@ -238,7 +292,9 @@ def test_explicit_result_sharding_is_by_name_not_result_order():
     """Issue 8: with a sharded contracted axis, a contraction's result sharding comes from resolve
     over the operands' shardings, so each result axis keeps its mesh axes whatever the order."""
     P = jax.sharding.PartitionSpec
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    mesh = jax.make_mesh(
+        (2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+    )
     with jax.set_mesh(mesh):
         x = jax.device_put(jnp.ones((4, 8)), jax.sharding.NamedSharding(mesh, P("data", "model")))
         w = jax.device_put(jnp.ones((8, 6)), jax.sharding.NamedSharding(mesh, P("model", None)))

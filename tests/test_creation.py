@@ -1,6 +1,5 @@
 """Creation ops: zeros/ones/full (and *_like), arange, linspace against jax.numpy; bad specs."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,9 +97,13 @@ def test_creation_under_jit():
 
 
 def test_bad_axes_spec():
-    with pytest.raises(na.NamedTypeError, match=r"axes must be Axis objects or a \{name: size\} dict, got 'batch'"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"axes must be Axis objects or a \{name: size\} dict, got 'batch'"
+    ):
         na.zeros(("batch", "embed"))
-    with pytest.raises(na.NamedTypeError, match=r"axes must be a sequence of Axis or a \{name: size\} dict, got 5"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"axes must be a sequence of Axis or a \{name: size\} dict, got 5"
+    ):
         na.ones(5)
     with pytest.raises(na.AxisError, match=r"Axis 'batch' size must be >= 0, got -1"):
         na.zeros({"batch": -1})
@@ -111,7 +114,10 @@ def test_bad_axes_spec():
 
 
 def test_bad_dtype():
-    with pytest.raises(na.NamedTypeError, match=r"zeros\(\): 'flot32' is not a dtype\. Pass a dtype such as jnp\.float32"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"zeros\(\): 'flot32' is not a dtype\. Pass a dtype such as jnp\.float32",
+    ):
         na.zeros({"batch": 2}, dtype="flot32")
     with pytest.raises(na.NamedTypeError, match=r"full_like\(\): 3 is not a dtype"):
         na.full_like(na.zeros({"batch": 2}), 1.0, dtype=3)
@@ -120,31 +126,57 @@ def test_bad_dtype():
 
 
 def test_bad_single_axis_for_arange_and_linspace():
-    with pytest.raises(na.AxisError, match=r"arange\(\) makes a 1-axis array, so its axis must be one Axis or a one-entry \{name: size\} dict; got 2 entries \(a=2, b=3\)"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"arange\(\) makes a 1-axis array, so its axis must be one Axis or a one-entry \{name: size\} dict; got 2 entries \(a=2, b=3\)",
+    ):
         na.arange({"a": 2, "b": 3})
-    with pytest.raises(na.NamedTypeError, match=r"linspace\(\) needs an Axis or a one-entry \{name: size\} dict, got 'position' \(str\)\. Give the size too"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"linspace\(\) needs an Axis or a one-entry \{name: size\} dict, got 'position' \(str\)\. Give the size too",
+    ):
         na.linspace("position", 0.0, 1.0)
 
 
 def test_bad_fill_values():
-    with pytest.raises(na.NamedTypeError, match=r"full\(\) got a plain array of shape \(3,\) for fill_value"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"full\(\) got a plain array of shape \(3,\) for fill_value"
+    ):
         na.full({"embed": 3}, jnp.ones(3))
     bias = na.named(jnp.ones(4), "mlp")
-    with pytest.raises(na.AxisError, match=r"full\(\): fill_value NamedArray\(mlp=4\) has axes 'mlp' that NamedArray\(embed=3\) lacks; it may only use 'embed'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"full\(\): fill_value NamedArray\(mlp=4\) has axes 'mlp' that NamedArray\(embed=3\) lacks; it may only use 'embed'",
+    ):
         na.full({"embed": 3}, bias)
-    with pytest.raises(na.AxisSizeError, match=r"full\(\): fill_value axis 'embed' has size 4, but the result's 'embed' has size 3"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"full\(\): fill_value axis 'embed' has size 4, but the result's 'embed' has size 3",
+    ):
         na.full({"embed": 3}, na.named(jnp.ones(4), "embed"))
-    with pytest.raises(na.NamedTypeError, match=r"zeros_like\(\) needs a NamedArray to copy axes from, got ArrayImpl\. For a plain array use zeros\(axes\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"zeros_like\(\) needs a NamedArray to copy axes from, got ArrayImpl\. For a plain array use zeros\(axes\)",
+    ):
         na.zeros_like(jnp.ones(3))
 
 
 def test_like_functions_keep_the_sharding(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     with jax.set_mesh(mesh_2x4):
-        x = na.named(jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        x = na.named(
+            jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh_2x4, P("data", "model"))),
+            ("batch", "embed"),
+        )
         bias = na.named(jnp.arange(8.0), "embed")
-        outs = [na.zeros_like(x), na.ones_like(x, jnp.int32), na.full_like(x, 2.0), na.full_like(x, bias)]
+        outs = [
+            na.zeros_like(x),
+            na.ones_like(x, jnp.int32),
+            na.full_like(x, 2.0),
+            na.full_like(x, bias),
+        ]
     for out in outs:
         assert tuple(out.sharding.spec) == ("data", "model")
         assert {s.data.shape for s in out.array.addressable_shards} == {(2, 2)}

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import run_two_processes
 from jax.sharding import PartitionSpec as P
 
 from namedaxes import (
@@ -18,8 +19,12 @@ from namedaxes import (
     axis_mapping,
     named,
 )
-from namedaxes.distributed import barrier_sync, from_process_local, is_multiprocess, process_allgather
-from _helpers import run_two_processes
+from namedaxes.distributed import (
+    barrier_sync,
+    from_process_local,
+    is_multiprocess,
+    process_allgather,
+)
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
 RUN_TIMEOUT = 60  # seconds for both processes together; a hang fails the test instead of CI
@@ -50,7 +55,9 @@ def test_barrier_rejects_bad_name():
 
 def test_from_process_local_shards_as_mapped(mesh_2x4):
     data = np.arange(64, dtype=np.float32).reshape(8, 8)
-    x = from_process_local(named(data, ("batch", "embed")), {"batch": "data", "embed": "model"}, mesh_2x4)
+    x = from_process_local(
+        named(data, ("batch", "embed")), {"batch": "data", "embed": "model"}, mesh_2x4
+    )
     assert x.axis_names == ("batch", "embed")
     assert x.shape == {"batch": 8, "embed": 8}
     assert x.sharding.spec == P("data", "model")
@@ -75,11 +82,19 @@ def test_from_process_local_empty_mapping_replicates(mesh_2x4):
 
 def test_from_process_local_errors(mesh_2x4):
     local = named(jnp.ones((4, 3)), ("batch", "embed"))
-    with pytest.raises(ShardingError, match=r"from_process_local\(\) got no mapping and no axis_mapping is in force\. Pass one"):
+    with pytest.raises(
+        ShardingError,
+        match=r"from_process_local\(\) got no mapping and no axis_mapping is in force\. Pass one",
+    ):
         from_process_local(local, mesh=mesh_2x4)
-    with pytest.raises(MeshError, match=r"from_process_local needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a concrete jax\.sharding\.Mesh\), or wrap the code in `with jax.set_mesh"):
+    with pytest.raises(
+        MeshError,
+        match=r"from_process_local needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a concrete jax\.sharding\.Mesh\), or wrap the code in `with jax.set_mesh",
+    ):
         from_process_local(local, {"batch": "data"})
-    with pytest.raises(NamedTypeError, match=r"from_process_local expects a NamedArray, got ndarray"):
+    with pytest.raises(
+        NamedTypeError, match=r"from_process_local expects a NamedArray, got ndarray"
+    ):
         from_process_local(np.ones((4, 3)), {"batch": "data"}, mesh_2x4)
     with pytest.raises(
         ShardingError,
@@ -95,7 +110,9 @@ def test_process_allgather_is_identity_when_fully_addressable(mesh_2x4):
     y = process_allgather(x)
     assert y is x
     assert y.array.is_fully_addressable
-    with pytest.raises(NamedTypeError, match=r"process_allgather expects a NamedArray, got ndarray"):
+    with pytest.raises(
+        NamedTypeError, match=r"process_allgather expects a NamedArray, got ndarray"
+    ):
         process_allgather(data)
 
 
@@ -143,7 +160,10 @@ def test_process_local_arrays_reduce_like_one_process(two_processes, axis_type):
         np.testing.assert_allclose(got["sq_sum"], (data**2).sum(), rtol=1e-6)
         np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
         assert got["gathered_fully_addressable"] is True
-        assert "which is already a global array spanning several processes" in got["global_input_error"]
+        assert (
+            "which is already a global array spanning several processes"
+            in got["global_input_error"]
+        )
     assert two_processes[0][axis_type] == two_processes[1][axis_type]
 
 

@@ -56,7 +56,9 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
         skipped = rest == "no-run" or before == "<!-- skip -->"
         raises = _RAISES.match(before)
         if lang == "python" and not skipped:
-            blocks.append((start + 1, "\n".join(lines[start:end]), raises.group(1) if raises else None))
+            blocks.append(
+                (start + 1, "\n".join(lines[start:end]), raises.group(1) if raises else None)
+            )
         i = end + 1
     return blocks
 
@@ -91,17 +93,36 @@ _RUNNER = textwrap.dedent(
 def test_block_extraction_honours_skip_markers():
     page = "\n".join(
         [
-            "```python", "a = 1", "```",
-            "<!-- skip -->", "```python", "b = 2", "```",
-            "```python no-run", "c = 3", "```",
-            "```bash", "ls", "```",
-            "```python", "d = 4", "```",
-            "<!-- setup", "e = 5", "-->",
-            "<!-- raises NamedTypeError -->", "```python", "na.sum(3, 0)", "```",
+            "```python",
+            "a = 1",
+            "```",
+            "<!-- skip -->",
+            "```python",
+            "b = 2",
+            "```",
+            "```python no-run",
+            "c = 3",
+            "```",
+            "```bash",
+            "ls",
+            "```",
+            "```python",
+            "d = 4",
+            "```",
+            "<!-- setup",
+            "e = 5",
+            "-->",
+            "<!-- raises NamedTypeError -->",
+            "```python",
+            "na.sum(3, 0)",
+            "```",
         ]
     )
     assert python_blocks(page) == [
-        (2, "a = 1", None), (15, "d = 4", None), (18, "e = 5", None), (22, "na.sum(3, 0)", "NamedTypeError")
+        (2, "a = 1", None),
+        (15, "d = 4", None),
+        (18, "e = 5", None),
+        (22, "na.sum(3, 0)", "NamedTypeError"),
     ]
 
 

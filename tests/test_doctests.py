@@ -58,7 +58,12 @@ def test_the_gate_finds_the_examples():
     finder = doctest.DocTestFinder(exclude_empty=True)
     per_module = {
         name: sum(len(t.examples) for t in finder.find(importlib.import_module(name), name))
-        for name in ("namedaxes", "namedaxes._array", "namedaxes._ops.elementwise", "namedaxes._typing")
+        for name in (
+            "namedaxes",
+            "namedaxes._array",
+            "namedaxes._ops.elementwise",
+            "namedaxes._typing",
+        )
     }
     assert all(count > 0 for count in per_module.values()), per_module
     # The lifted elementwise ops say they live in `namedaxes`, so their generated examples (one

@@ -1,16 +1,16 @@
 """ds(start, size) in x[...] / x.at[...], updated_slice with traced and per-batch starts, .at[].mul:
 jax.lax oracles, errors, Auto/Explicit sharding."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
-from _helpers import spec_of
 
 A = jnp.arange(4 * 8 * 3, dtype=jnp.float32).reshape(4, 8, 3)  # (batch, seq, embed)
 AXES = ("batch", "seq", "embed")
@@ -22,7 +22,9 @@ def _per_batch_slice(a, pos, size):
 
 
 def _per_batch_update(a, upd, pos):
-    return jax.vmap(lambda row, u, p: jax.lax.dynamic_update_slice_in_dim(row, u, p, axis=0))(a, upd, pos)
+    return jax.vmap(lambda row, u, p: jax.lax.dynamic_update_slice_in_dim(row, u, p, axis=0))(
+        a, upd, pos
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +39,41 @@ def results():
         u = na.named(upd, AXES)
         ut = na.named(jnp.transpose(upd, (1, 0, 2)), ("seq", "batch", "embed"))
         return {
-            "ds_traced": (x["seq", na.ds(s, 3)].array, jax.lax.dynamic_slice_in_dim(a, s, 3, axis=1)),
+            "ds_traced": (
+                x["seq", na.ds(s, 3)].array,
+                jax.lax.dynamic_slice_in_dim(a, s, 3, axis=1),
+            ),
             "ds_static": (x["seq", na.ds(2, 3), "embed", 1].array, a[:, 2:5, 1]),
             "ds_batch": (x["seq", na.ds(p, 2)].array, _per_batch_slice(a, pos, 2)),
-            "ds_batch_t": (na.rearrange(xt["seq", na.ds(p, 2)], AXES).array, _per_batch_slice(a, pos, 2)),
-            "at_ds_set": (x.at["seq", na.ds(s, 2)].set(0.0).array, jax.lax.dynamic_update_slice_in_dim(a, jnp.zeros((4, 2, 3)), s, axis=1)),
-            "at_ds_batch_add": (x.at["seq", na.ds(p, 2)].add(1.0).array, _per_batch_update(a, _per_batch_slice(a, pos, 2) + 1.0, pos)),
+            "ds_batch_t": (
+                na.rearrange(xt["seq", na.ds(p, 2)], AXES).array,
+                _per_batch_slice(a, pos, 2),
+            ),
+            "at_ds_set": (
+                x.at["seq", na.ds(s, 2)].set(0.0).array,
+                jax.lax.dynamic_update_slice_in_dim(a, jnp.zeros((4, 2, 3)), s, axis=1),
+            ),
+            "at_ds_batch_add": (
+                x.at["seq", na.ds(p, 2)].add(1.0).array,
+                _per_batch_update(a, _per_batch_slice(a, pos, 2) + 1.0, pos),
+            ),
             "at_mul": (x.at["seq", 1].mul(2.0).array, a.at[:, 1].multiply(2.0)),
             "at_min": (x.at["embed", 0].min(5.0).array, a.at[:, :, 0].min(5.0)),
             "at_max": (x.at["embed", 0].max(5.0).array, a.at[:, :, 0].max(5.0)),
             "at_divide": (x.at["seq", 0].divide(2.0).array, a.at[:, 0].divide(2.0)),
-            "us_static": (na.updated_slice(x, {"seq": 3}, u).array, jax.lax.dynamic_update_slice(a, upd, (0, 3, 0))),
-            "us_traced": (na.updated_slice(x, {"seq": s}, ut).array, jax.lax.dynamic_update_slice(a, upd, (0, s, 0))),
+            "us_static": (
+                na.updated_slice(x, {"seq": 3}, u).array,
+                jax.lax.dynamic_update_slice(a, upd, (0, 3, 0)),
+            ),
+            "us_traced": (
+                na.updated_slice(x, {"seq": s}, ut).array,
+                jax.lax.dynamic_update_slice(a, upd, (0, s, 0)),
+            ),
             "us_batch": (na.updated_slice(x, {"seq": p}, u).array, _per_batch_update(a, upd, pos)),
-            "us_batch_t": (na.rearrange(na.updated_slice(xt, {"seq": p}, ut), AXES).array, _per_batch_update(a, upd, pos)),
+            "us_batch_t": (
+                na.rearrange(na.updated_slice(xt, {"seq": p}, ut), AXES).array,
+                _per_batch_update(a, upd, pos),
+            ),
             "us_broadcast": (
                 na.updated_slice(x, {"seq": s}, na.named(jnp.full((2,), 9.0), "seq")).array,
                 jax.lax.dynamic_update_slice(a, jnp.full((4, 2, 3), 9.0), (0, s, 0)),
@@ -73,34 +96,62 @@ def test_matches_lax(results, name):
 def test_result_axes():
     x = na.named(A, AXES)
     assert x["seq", na.ds(1, 4)].axes == (Axis("batch", 4), Axis("seq", 4), Axis("embed", 3))
-    assert x["seq", na.ds(na.named(POS, "batch"), 2)].axes == (Axis("batch", 4), Axis("seq", 2), Axis("embed", 3))
-    assert na.updated_slice(x, {"seq": 0}, na.named(jnp.zeros((1, 3)), ("seq", "embed"))).axes == x.axes
+    assert x["seq", na.ds(na.named(POS, "batch"), 2)].axes == (
+        Axis("batch", 4),
+        Axis("seq", 2),
+        Axis("embed", 3),
+    )
+    assert (
+        na.updated_slice(x, {"seq": 0}, na.named(jnp.zeros((1, 3)), ("seq", "embed"))).axes
+        == x.axes
+    )
 
 
 def test_errors():
     x = na.named(A, AXES)
-    with pytest.raises(na.AxisSizeError, match=r"ds\(\): start 7 with size 2 runs outside axis 'seq' of size 8\. Use a start between 0 and 6"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"ds\(\): start 7 with size 2 runs outside axis 'seq' of size 8\. Use a start between 0 and 6",
+    ):
         x["seq", na.ds(7, 2)]
     with pytest.raises(na.AxisSizeError, match=r"ds\(\): size 9 does not fit axis 'seq' of size 8"):
         x["seq", na.ds(0, 9)]
-    with pytest.raises(na.NamedTypeError, match=r"ds\(start, size\): size must be a static int >= 0, got 2\.5"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"ds\(start, size\): size must be a static int >= 0, got 2\.5"
+    ):
         na.ds(0, 2.5)
-    with pytest.raises(na.AxisError, match=r"ds\(\): start NamedArray\(seq=8\) has the sliced axis 'seq'"):
+    with pytest.raises(
+        na.AxisError, match=r"ds\(\): start NamedArray\(seq=8\) has the sliced axis 'seq'"
+    ):
         x["seq", na.ds(na.named(jnp.zeros(8, jnp.int32), "seq"), 2)]
-    with pytest.raises(na.NamedTypeError, match=r"ds\(\): start for axis 'seq' must be an int, a 0-d integer array"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"ds\(\): start for axis 'seq' must be an int, a 0-d integer array"
+    ):
         x["seq", na.ds(jnp.zeros(2, jnp.int32), 2)]
     u = na.named(jnp.zeros((4, 2, 3)), AXES)
-    with pytest.raises(na.AxisSizeError, match=r"updated_slice\(\): update has 'seq'=2 but x has 'seq'=8 and no start was given for it"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"updated_slice\(\): update has 'seq'=2 but x has 'seq'=8 and no start was given for it",
+    ):
         na.updated_slice(x, {}, u)
-    with pytest.raises(na.AxisError, match=r"updated_slice\(\): update NamedArray\(k=2\) has axes 'k' that x NamedArray\(batch=4, seq=8, embed=3\) lacks"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"updated_slice\(\): update NamedArray\(k=2\) has axes 'k' that x NamedArray\(batch=4, seq=8, embed=3\) lacks",
+    ):
         na.updated_slice(x, {"seq": 0}, na.named(jnp.zeros(2), "k"))
-    with pytest.raises(na.AxisSizeError, match=r"updated_slice\(\): start 7 with size 2 runs outside axis 'seq'"):
+    with pytest.raises(
+        na.AxisSizeError, match=r"updated_slice\(\): start 7 with size 2 runs outside axis 'seq'"
+    ):
         na.updated_slice(x, {"seq": 7}, u)
     with pytest.raises(na.AxisNotFoundError, match=r"Axis 'sq' not found"):
         na.updated_slice(x, {"sq": 0}, u)
-    with pytest.raises(na.NamedTypeError, match=r"updated_slice\(\) takes starts as a \{axis: start\} dict"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"updated_slice\(\) takes starts as a \{axis: start\} dict"
+    ):
         na.updated_slice(x, 3, u)
-    with pytest.raises(na.AxisError, match=r"the start for 'seq' varies over 'embed', which is itself sliced"):
+    with pytest.raises(
+        na.AxisError, match=r"the start for 'seq' varies over 'embed', which is itself sliced"
+    ):
         na.updated_slice(x, {"seq": na.named(jnp.zeros(3, jnp.int32), "embed"), "embed": 0},
                          na.named(jnp.zeros((4, 2, 1)), AXES))  # fmt: skip
 
@@ -124,5 +175,3 @@ def test_sharded(mesh_2x4):
     assert spec_of(got)[0] == "data"
     np.testing.assert_array_equal(us.array, _per_batch_update(A, jnp.ones((4, 2, 3)), POS))
     np.testing.assert_array_equal(got.array, _per_batch_slice(A, POS, 2))
-
-

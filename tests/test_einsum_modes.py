@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-from _helpers import spec_of
 
 RNG = np.random.default_rng(3)
 X = jnp.asarray(RNG.normal(size=(2, 3, 4)).astype(np.float32))  # (batch, seq, embed)
@@ -40,10 +41,22 @@ def results():
             "out_only_t": (na.einsum("-> batch mlp", xt, k), jnp.einsum("bse,em->bm", a, w)),
             "out_only_keep": (na.einsum("-> mlp ...", x, k), jnp.einsum("bse,em->mbse", a, w)),
             "unordered": (na.einsum("{embed} -> ", x, k), jnp.einsum("bse,em->bsm", a, w)),
-            "unordered_out": (na.einsum("{embed seq mlp} -> mlp", xt, k), jnp.einsum("bse,em->mb", a, w)),
-            "unordered_dots": (na.einsum("{embed} -> mlp ... ", x, k), jnp.einsum("bse,em->mbs", a, w)),
-            "dot_out_axes": (na.dot(x, k, axis="embed", out_axes=("mlp", ...)), jnp.einsum("bse,em->mbs", a, w)),
-            "dot_out_axes_full": (na.dot(xt, k, axis="embed", out_axes=("seq", "mlp", "batch")), jnp.einsum("bse,em->smb", a, w)),
+            "unordered_out": (
+                na.einsum("{embed seq mlp} -> mlp", xt, k),
+                jnp.einsum("bse,em->mb", a, w),
+            ),
+            "unordered_dots": (
+                na.einsum("{embed} -> mlp ... ", x, k),
+                jnp.einsum("bse,em->mbs", a, w),
+            ),
+            "dot_out_axes": (
+                na.dot(x, k, axis="embed", out_axes=("mlp", ...)),
+                jnp.einsum("bse,em->mbs", a, w),
+            ),
+            "dot_out_axes_full": (
+                na.dot(xt, k, axis="embed", out_axes=("seq", "mlp", "batch")),
+                jnp.einsum("bse,em->smb", a, w),
+            ),
             "dot_none": (na.dot(x, k, axis=None), jnp.einsum("bse,em->bsem", a, w)),
         }
 
@@ -61,17 +74,29 @@ def test_matches_jnp_einsum(results, name):
 def test_errors():
     x = na.named(X, ("batch", "seq", "embed"))
     k = na.named(W, ("embed", "mlp"))
-    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) equation '\{embd\} -> mlp' names axis 'embd', which no operand has\. Available axes: 'batch', 'seq', 'embed', 'mlp'"):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"einsum\(\) equation '\{embd\} -> mlp' names axis 'embd', which no operand has\. Available axes: 'batch', 'seq', 'embed', 'mlp'",
+    ):
         na.einsum("{embd} -> mlp", x, k)
     with pytest.raises(na.AxisError, match=r"the unordered form lists axes in one pair of braces"):
         na.einsum("{embed}, {mlp} -> batch", x, k)
     with pytest.raises(na.AxisError, match=r"'\.\.\.' has no meaning inside braces"):
         na.einsum("{embed ...} -> batch", x, k)
-    with pytest.raises(na.AxisNotFoundError, match=r"einsum\(\) result spec 'zz' names axis 'zz', which no operand has"):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"einsum\(\) result spec 'zz' names axis 'zz', which no operand has",
+    ):
         na.einsum("-> zz", x, k)
-    with pytest.raises(na.AxisError, match=r"dot\(\): out_axes \('mlp'\) misses result axes 'batch', 'seq'; list them or add \.\.\."):
+    with pytest.raises(
+        na.AxisError,
+        match=r"dot\(\): out_axes \('mlp'\) misses result axes 'batch', 'seq'; list them or add \.\.\.",
+    ):
         na.dot(x, k, axis="embed", out_axes=("mlp",))
-    with pytest.raises(na.AxisNotFoundError, match=r"dot\(\): out_axes names 'embed', which the result does not have \(it is contracted\)"):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"dot\(\): out_axes names 'embed', which the result does not have \(it is contracted\)",
+    ):
         na.dot(x, k, axis="embed", out_axes=("embed", ...))
     with pytest.raises(na.AxisError, match=r"dot\(\): out_axes has more than one '\.\.\.'"):
         na.dot(x, k, axis="embed", out_axes=(..., "mlp", ...))
@@ -88,7 +113,9 @@ def test_sharded(mesh_2x4):
         def run(a, w):
             x = na.named(a, ("batch", "seq", "embed"))
             k = na.named(w, ("embed", "mlp"))
-            return na.einsum("-> mlp batch", x, k), na.dot(x, k, axis="embed", out_axes=("mlp", ...))
+            return na.einsum("-> mlp batch", x, k), na.dot(
+                x, k, axis="embed", out_axes=("mlp", ...)
+            )
 
         e, d = run(a, w)
     # The contracted, sharded embed axis is summed over 'model'; batch keeps 'data' wherever it goes.

@@ -57,7 +57,9 @@ def test_table_covers_what_models_use():
 # Every op of the table runs inside one jit per arity (one compilation instead of ~100), next to
 # its plain-JAX oracle on the same data; the parametrized tests then compare per op.
 UNARY_DATA = {n: _data(ELEMENTWISE_OPS[n][2], (2, 3), n) for n in UNARY}
-BINARY_DATA = {n: (_data(ELEMENTWISE_OPS[n][2], (2, 3)), _data(ELEMENTWISE_OPS[n][2], (4, 3))) for n in BINARY}
+BINARY_DATA = {
+    n: (_data(ELEMENTWISE_OPS[n][2], (2, 3)), _data(ELEMENTWISE_OPS[n][2], (4, 3))) for n in BINARY
+}
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +165,9 @@ def test_where_mask_scores_has_no_transpose_of_scores():
     m, s = _data("bool", (3, 4)), _data("real", (2, 5, 3, 4))
 
     def f(mask, scores):
-        out = na.where(na.named(mask, ("q", "k")), na.named(scores, ("batch", "heads", "q", "k")), -1e9)
+        out = na.where(
+            na.named(mask, ("q", "k")), na.named(scores, ("batch", "heads", "q", "k")), -1e9
+        )
         return out.array
 
     jaxpr = jax.make_jaxpr(f)(m, s)
@@ -172,9 +176,11 @@ def test_where_mask_scores_has_no_transpose_of_scores():
     assert "transpose(" not in hlo
     np.testing.assert_array_equal(f(m, s), jnp.where(m[None, None], s, -1e9))
     # The mask's own order does not matter: a (k, q) mask is transposed, never the scores.
-    g = lambda mask, scores: na.where(  # noqa: E731
-        na.named(mask, ("k", "q")), na.named(scores, ("batch", "heads", "q", "k")), -1e9
-    ).array
+    g = lambda mask, scores: (
+        na.where(  # noqa: E731
+            na.named(mask, ("k", "q")), na.named(scores, ("batch", "heads", "q", "k")), -1e9
+        ).array
+    )
     eqns = _transposes(jax.make_jaxpr(g)(m.T, s).jaxpr)
     assert [e.invars[0].aval.shape for e in eqns] == [(4, 3)]
     np.testing.assert_array_equal(g(m.T, s), jnp.where(m[None, None], s, -1e9))
@@ -184,7 +190,9 @@ def test_clip_with_named_and_missing_bounds():
     a = jnp.array([[-2.0, 0.5, 3.0], [1.0, -1.0, 0.0]])
     x = na.named(a, ("batch", "embed"))
     hi = na.named(jnp.array([0.0, 1.0]), "batch")
-    np.testing.assert_allclose(na.clip(x, -1.0, hi).array, jnp.clip(a, -1.0, jnp.array([[0.0], [1.0]])))
+    np.testing.assert_allclose(
+        na.clip(x, -1.0, hi).array, jnp.clip(a, -1.0, jnp.array([[0.0], [1.0]]))
+    )
     np.testing.assert_allclose(na.clip(x, max=0.5).array, jnp.clip(a, max=0.5))
     np.testing.assert_allclose(na.clip(x, min=0.0).array, jnp.clip(a, min=0.0))
 
@@ -235,14 +243,24 @@ def operator_results():
             x, y = na.named(a, ("batch", "embed")), na.named(b, "embed")
             named_results = [op(x, y), op(y, x), op(x, s), op(s, x), op(x, jnp.asarray(s))]
             # op(y, x): x has every axis, so the result keeps x's (batch, embed) order.
-            oracles = [ref(a, b[None, :]), ref(b[None, :], a), ref(a, s), ref(s, a), ref(a, jnp.asarray(s))]
+            oracles = [
+                ref(a, b[None, :]),
+                ref(b[None, :], a),
+                ref(a, s),
+                ref(s, a),
+                ref(a, jnp.asarray(s)),
+            ]
             results.append((named_results, oracles))
         return results
 
     return run(OPERATOR_DATA)
 
 
-@pytest.mark.parametrize("i", range(len(BINARY_OPERATORS)), ids=[f"{o.__name__}-{r.__name__}" for o, r, _ in BINARY_OPERATORS])
+@pytest.mark.parametrize(
+    "i",
+    range(len(BINARY_OPERATORS)),
+    ids=[f"{o.__name__}-{r.__name__}" for o, r, _ in BINARY_OPERATORS],
+)
 def test_operators_match_jnp_with_arrays_and_scalars(i, operator_results):
     named_results, oracles = operator_results[i]
     assert [r.axis_names for r in named_results] == [("batch", "embed")] * 5
@@ -253,9 +271,13 @@ def test_operators_match_jnp_with_arrays_and_scalars(i, operator_results):
 
 @pytest.mark.parametrize(
     "op,ref,domain",
-    [(operator.neg, jnp.negative, "real"), (operator.pos, jnp.positive, "real"),
-     (operator.abs, jnp.abs, "real"), (operator.invert, jnp.invert, "int"),
-     (operator.invert, jnp.logical_not, "bool")],  # fmt: skip
+    [
+        (operator.neg, jnp.negative, "real"),
+        (operator.pos, jnp.positive, "real"),
+        (operator.abs, jnp.abs, "real"),
+        (operator.invert, jnp.invert, "int"),
+        (operator.invert, jnp.logical_not, "bool"),
+    ],  # fmt: skip
 )
 def test_unary_operators(op, ref, domain):
     a = _data(domain, (2, 3))
@@ -306,7 +328,10 @@ def test_astype_function_and_method():
     assert na.astype(x, jnp.float16).axis_names == ("embed",)
     with pytest.raises(na.NamedTypeError, match=r"astype\(\): 'flaot32' is not a dtype"):
         x.astype("flaot32")
-    with pytest.raises(na.NamedTypeError, match=r"astype\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2,\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"astype\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2,\)",
+    ):
         na.astype(jnp.ones(2), jnp.int32)
 
 
@@ -328,13 +353,21 @@ def test_plain_array_with_dimensions_is_refused():
     )
     with pytest.raises(na.NamedTypeError, match=msg):
         x * jnp.ones(3)
-    with pytest.raises(na.NamedTypeError, match=r"add\(\) got a plain array of shape \(2, 3\) for x1"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"add\(\) got a plain array of shape \(2, 3\) for x1"
+    ):
         jnp.ones((2, 3)) + x  # jax defers to our __radd__
-    with pytest.raises(na.NamedTypeError, match=r"add\(\) got a plain array of shape \(3,\) for x1"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"add\(\) got a plain array of shape \(3,\) for x1"
+    ):
         np.ones(3) + x  # numpy defers too (__array_priority__)
-    with pytest.raises(na.NamedTypeError, match=r"maximum\(\) needs a NamedArray or a scalar for x2, got \[1, 2\]"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"maximum\(\) needs a NamedArray or a scalar for x2, got \[1, 2\]"
+    ):
         na.maximum(x, [1, 2])
-    with pytest.raises(na.NamedTypeError, match=r"clip\(\) got a plain array of shape \(3,\) for max"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"clip\(\) got a plain array of shape \(3,\) for max"
+    ):
         na.clip(x, 0.0, jnp.ones(3))
 
 
@@ -342,7 +375,9 @@ def test_wrong_operand_count():
     x = na.named(jnp.ones(2), "embed")
     with pytest.raises(na.NamedTypeError, match=r"add\(\) takes 2 operand\(s\) \(x1, x2\), got 1"):
         na.add(x)
-    with pytest.raises(na.NamedTypeError, match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 1"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 1"
+    ):
         na.where(x > 0)
 
 
@@ -376,12 +411,15 @@ def _spec(x):
 
 
 def test_sharded_operands_broadcast_by_name(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     a = jnp.arange(8 * 12, dtype=jnp.float32).reshape(8, 12)
     b = jnp.arange(12, dtype=jnp.float32)
     with jax.set_mesh(mesh_2x4):
-        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        x = na.named(
+            jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed")
+        )
         y = na.named(jax.device_put(b, NamedSharding(mesh_2x4, P("model"))), "embed")
         out = na.where(x > 50.0, y * x, -y)
     np.testing.assert_allclose(out.array, jnp.where(a > 50.0, b[None] * a, -b[None]))
@@ -390,7 +428,8 @@ def test_sharded_operands_broadcast_by_name(mesh_2x4):
 
 
 def test_conflicting_explicit_shardings_follow_the_mapping_in_force(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     a = _data("real", (4, 2, 8))
@@ -416,7 +455,10 @@ def test_conflicting_explicit_shardings_follow_the_mapping_in_force(mesh_2x4):
                 r"Put the mapping to compute with in force, e.g. `with na.axis_mapping",
             ):
                 x + bias  # no mapping in force: fail closed with our error, not JAX's
-            with pytest.raises(na.ShardingError, match=r"multiply\(\): .*axis 'embed' is sharded over \('data',\) in x1 but over \('model',\) in x2"):
+            with pytest.raises(
+                na.ShardingError,
+                match=r"multiply\(\): .*axis 'embed' is sharded over \('data',\) in x1 but over \('model',\) in x2",
+            ):
                 bias * scale
         else:  # Auto: nothing conflicts in the types; the same code runs without a mapping
             np.testing.assert_allclose(jax.jit(f)(x, bias, scale).array, expected, rtol=1e-6)
@@ -427,10 +469,13 @@ def test_conflicting_explicit_shardings_follow_the_mapping_in_force(mesh_2x4):
 
 
 def test_where_keeps_sharded_scores_layout(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     m, s = _data("bool", (3, 4)), _data("real", (2, 4, 3, 4))
-    scores = na.named(jax.device_put(s, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "heads", "q", "k"))
+    scores = na.named(
+        jax.device_put(s, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "heads", "q", "k")
+    )
     mask = na.named(jnp.asarray(m.T), ("k", "q"))  # the mask in its own order
     f = jax.jit(lambda mask, scores: na.where(mask, scores, -1e9))
     with jax.set_mesh(mesh_2x4):

@@ -36,7 +36,9 @@ def test_field_refuses_duplicate_axis_names():
         r"dimension of the array needs its own axis name .* Rename one, e.g. 'embed' -> 'embed_out'",
     ):
         na.field(axis_names=("embed", "embed"))
-    with pytest.raises(NamedTypeError, match=r"needs a tuple of axis names \(non-empty strings\), got 3"):
+    with pytest.raises(
+        NamedTypeError, match=r"needs a tuple of axis names \(non-empty strings\), got 3"
+    ):
         na.field(axis_names=3)
 
     class Ok(eqx.Module):
@@ -53,7 +55,11 @@ def test_field_refuses_duplicate_axis_names():
     [
         (lambda dt: na.random.normal(KEY, {"a": 3}, dt), jnp.int32, "floating-point or complex"),
         (lambda dt: na.random.uniform(KEY, {"a": 3}, dt), jnp.int32, "floating-point"),
-        (lambda dt: na.random.truncated_normal(KEY, {"a": 3}, -1.0, 1.0, dt), jnp.int32, "floating-point"),
+        (
+            lambda dt: na.random.truncated_normal(KEY, {"a": 3}, -1.0, 1.0, dt),
+            jnp.int32,
+            "floating-point",
+        ),
         (lambda dt: na.random.exponential(KEY, {"a": 3}, dtype=dt), jnp.int32, "floating-point"),
         (lambda dt: na.random.ball(KEY, {"a": 3}, {"d": 2}, dtype=dt), jnp.int32, "floating-point"),
         (lambda dt: na.random.randint(KEY, {"a": 3}, 0, 5, dt), jnp.float32, "integer"),
@@ -62,7 +68,9 @@ def test_field_refuses_duplicate_axis_names():
 )
 def test_random_refuses_a_dtype_of_the_wrong_kind(sample, dtype, kind):
     name = np.dtype(dtype).name
-    with pytest.raises(NamedTypeError, match=rf"\(\): dtype {name} is not a {kind} dtype. Pass a {kind} dtype"):
+    with pytest.raises(
+        NamedTypeError, match=rf"\(\): dtype {name} is not a {kind} dtype. Pass a {kind} dtype"
+    ):
         sample(dtype)
 
 
@@ -107,7 +115,9 @@ def test_random_keys_that_work():
     keys = jax.random.split(KEY, 2)
     out = jax.jit(jax.vmap(lambda k: na.random.uniform(k, {"a": 3}).array))(keys)
     assert out.shape == (2, 3)
-    with pytest.raises(NamedTypeError, match=r"normal\(\) takes one PRNG key, got a key array of shape \(2,\)"):
+    with pytest.raises(
+        NamedTypeError, match=r"normal\(\) takes one PRNG key, got a key array of shape \(2,\)"
+    ):
         na.random.normal(keys, {"a": 3})
 
 
@@ -119,7 +129,9 @@ def test_categorical_and_choice_refuse_a_size_0_axis():
         r"no result: there is no element to pick. Sample from an axis with at least one category",
     ):
         na.random.categorical(KEY, logits, "vocab")
-    with pytest.raises(AxisError, match=r"choice\(\): cannot draw 4 entries from 'vocab' of size 0"):
+    with pytest.raises(
+        AxisError, match=r"choice\(\): cannot draw 4 entries from 'vocab' of size 0"
+    ):
         na.random.choice(KEY, {"vocab": 0}, {"sample": 4})
 
 
@@ -154,16 +166,17 @@ def test_static_indices_in_range_keep_numpy_meaning(x):
     np.testing.assert_array_equal(x["seq", np.array([2, -3])].array, x.array[:, [2, -3]])
     np.testing.assert_array_equal(x["seq", -3].array, x.array[:, -3])
     np.testing.assert_array_equal(na.take(x, "seq", (2, 2)).array, x.array[:, [2, 2]])
-    np.testing.assert_array_equal(
-        x.at["seq", [-1]].set(9.0).array, x.array.at[:, [-1]].set(9.0)
-    )
+    np.testing.assert_array_equal(x.at["seq", [-1]].set(9.0).array, x.array.at[:, [-1]].set(9.0))
     assert x["seq", []].shape == {"batch": 2, "seq": 0}
 
 
 @pytest.mark.parametrize(
     "index, match",
     [
-        ([0.5, 1.7], r"Index for axis 'seq' must be integer positions, got floats \[0.5, 1.7\]. Round or cast"),
+        (
+            [0.5, 1.7],
+            r"Index for axis 'seq' must be integer positions, got floats \[0.5, 1.7\]. Round or cast",
+        ),
         (np.array([0.0, 2.0]), r"must be integer positions, got floats \[0.0, 2.0\]"),
         (["a"], r"must be integer positions, got values of dtype <U1 \['a'\]"),
         (
@@ -173,7 +186,10 @@ def test_static_indices_in_range_keep_numpy_meaning(x):
             r"first, e.g. np.nonzero\(mask\)\[0\]",
         ),
         (np.array([True, False, True]), r"boolean masks are not supported as positions"),
-        (jnp.array([True, False, True]), r"dtype bool. Boolean masks give data-dependent shapes and are not supported as positions; use where\(\) to mask, or np.nonzero"),
+        (
+            jnp.array([True, False, True]),
+            r"dtype bool. Boolean masks give data-dependent shapes and are not supported as positions; use where\(\) to mask, or np.nonzero",
+        ),
     ],
 )
 def test_float_and_bool_index_lists_are_refused(x, index, match):
@@ -208,7 +224,20 @@ def test_traced_indices_keep_jax_semantics(x):
 
 # -- reductions and softmax ---------------------------------------------------------------------
 
-_REDUCTIONS = ["sum", "prod", "mean", "max", "min", "var", "std", "any", "all", "logsumexp", "nansum", "nanmax"]
+_REDUCTIONS = [
+    "sum",
+    "prod",
+    "mean",
+    "max",
+    "min",
+    "var",
+    "std",
+    "any",
+    "all",
+    "logsumexp",
+    "nansum",
+    "nanmax",
+]
 
 
 @pytest.mark.parametrize("op", _REDUCTIONS)
@@ -231,7 +260,9 @@ def test_softmax_refuses_an_empty_selection(x, op):
         rf"name the axes to normalize over, e.g. {op}\(x, 'seq'\).$",
     ):
         getattr(na, op)(x, ())
-    np.testing.assert_allclose(getattr(na, op)(x, "seq").array, getattr(jax.nn, op)(x.array, axis=1))
+    np.testing.assert_allclose(
+        getattr(na, op)(x, "seq").array, getattr(jax.nn, op)(x.array, axis=1)
+    )
 
 
 def test_reductions_over_none_and_names_still_work(x):
@@ -247,7 +278,12 @@ _X = r"NamedArray\(batch=2, seq=3\)"
 @pytest.mark.parametrize(
     "call, op, shown, suggest",
     [
-        (lambda x: na.sum(x, 0), "sum", "0", rf"In {_X}, position 0 is 'batch': pass axis='batch'."),
+        (
+            lambda x: na.sum(x, 0),
+            "sum",
+            "0",
+            rf"In {_X}, position 0 is 'batch': pass axis='batch'.",
+        ),
         (
             lambda x: na.mean(x, ("batch", 1)),
             "mean",
@@ -273,7 +309,10 @@ def test_axes_given_by_position_are_refused(x, call, op, shown, suggest):
         match=rf"^{op}\(\): axes are chosen by name, not by position; got axis={shown}. .*{suggest}$",
     ):
         call(x)
-    with pytest.raises(NamedTypeError, match=r"sum\(\): axis must be an axis name, an Axis, a sequence of them or None, got 1.5 \(float\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"sum\(\): axis must be an axis name, an Axis, a sequence of them or None, got 1.5 \(float\)",
+    ):
         na.sum(x, 1.5)
 
 
@@ -284,11 +323,19 @@ def test_dot_refuses_axes_given_by_position(x):
         rf"{_X}, position 0 is 'batch': pass axis='batch'.$",
     ):
         na.dot(x, x, axis=0)
-    with pytest.raises(NamedTypeError, match=r"dot\(\): axes are chosen by name, not by position; got axis=\('seq', 1\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"dot\(\): axes are chosen by name, not by position; got axis=\('seq', 1\)",
+    ):
         na.dot(x, x, axis=("seq", 1))
-    with pytest.raises(NamedTypeError, match=r"dot\(\): axis must be an axis name, an Axis, a sequence of them or None, got 1.5"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"dot\(\): axis must be an axis name, an Axis, a sequence of them or None, got 1.5",
+    ):
         na.dot(x, x, axis=1.5)
-    np.testing.assert_array_equal(na.dot(x, x, axis="seq").array, jnp.einsum("bs,bs->b", x.array, x.array))
+    np.testing.assert_array_equal(
+        na.dot(x, x, axis="seq").array, jnp.einsum("bs,bs->b", x.array, x.array)
+    )
 
 
 def test_misspelt_dtype_strings_are_refused(x):
@@ -348,7 +395,9 @@ def test_where_masks_must_be_boolean(x, call, op):
         r"Make one with a comparison \(e.g. where=mask > 0\) or cast it with .astype\(bool\).$",
     ):
         call(x, mask)
-    with pytest.raises(NamedTypeError, match=rf"^{op}\(\): where= must be a boolean mask, got 1 \(int\)"):
+    with pytest.raises(
+        NamedTypeError, match=rf"^{op}\(\): where= must be a boolean mask, got 1 \(int\)"
+    ):
         call(x, 1)
     good = call(x, mask > 0)
     assert good.ndim >= 1
@@ -372,9 +421,13 @@ def test_check_axes_refuses_what_is_not_a_function():
         r"def, or wrap one: na.check_axes\(my_function\).$",
     ):
         na.check_axes(3)
-    with pytest.raises(NamedTypeError, match=r"check_axes\(\) decorates a function, got 'f' \(str\)"):
+    with pytest.raises(
+        NamedTypeError, match=r"check_axes\(\) decorates a function, got 'f' \(str\)"
+    ):
         na.check_axes("f")
-    with pytest.raises(NamedTypeError, match=r"check_axes\(\) cannot read the signature of <class 'int'>"):
+    with pytest.raises(
+        NamedTypeError, match=r"check_axes\(\) cannot read the signature of <class 'int'>"
+    ):
         na.check_axes(int)
 
     @na.check_axes
@@ -387,16 +440,24 @@ def test_check_axes_refuses_what_is_not_a_function():
 def test_index_lists_with_traced_entries_are_dynamic(x):
     read = jax.jit(lambda x, i: x["seq", [i, 0]])(x, 5)  # clamped by JAX, as documented
     np.testing.assert_array_equal(read.array, x.array[:, jnp.array([5, 0])])
-    with pytest.raises(NamedTypeError, match=r"Index for axis 'seq' must be integer positions, got floats"):
+    with pytest.raises(
+        NamedTypeError, match=r"Index for axis 'seq' must be integer positions, got floats"
+    ):
         jax.jit(lambda x, i: x["seq", [i, 0.5]])(x, 1)
 
 
 def test_static_index_checks_on_sharded_arrays(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     data = jnp.arange(32.0).reshape(4, 8)
-    x = na.named(jax.device_put(data, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "seq"))
-    with pytest.raises(AxisIndexError, match=r"Index 9 is out of range for axis 'seq' of size 8 in NamedArray\(batch=4, seq=8\)"):
+    x = na.named(
+        jax.device_put(data, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "seq")
+    )
+    with pytest.raises(
+        AxisIndexError,
+        match=r"Index 9 is out of range for axis 'seq' of size 8 in NamedArray\(batch=4, seq=8\)",
+    ):
         x["seq", [0, 9]]
     with pytest.raises(AxisIndexError, match=r"Index -9 is out of range for axis 'seq' of size 8"):
         jax.jit(lambda x: x.at["seq", [-9]].set(0.0))(x)

@@ -88,13 +88,21 @@ def test_vmap_under_jit_and_grad():
 def test_vmap_errors():
     x = named(A, ("batch", "seq", "embed"))
     z = named(jnp.zeros((3, 4)), ("batch", "embed"))
-    with pytest.raises(AxisNotFoundError, match=r"vmap\(\) over axis 'time': no NamedArray in the arguments has that axis \(args/0: \(batch=2, seq=3, embed=4\)\)"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"vmap\(\) over axis 'time': no NamedArray in the arguments has that axis \(args/0: \(batch=2, seq=3, embed=4\)\)",
+    ):
         na.vmap(lambda x: x, "time")(x)
-    with pytest.raises(AxisSizeError, match=r"vmap\(\) over axis 'batch': the axis has different sizes in the arguments \(args/0: 2, kwargs/z/w: 3\)"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"vmap\(\) over axis 'batch': the axis has different sizes in the arguments \(args/0: 2, kwargs/z/w: 3\)",
+    ):
         na.vmap(lambda x, z: x, "batch")(x, z={"w": z})
     with pytest.raises(AxisSizeError, match=r"args/0: 2, requested Axis: 5"):
         na.vmap(lambda x: x, Axis("batch", 5))(x)
-    with pytest.raises(DuplicateAxisError, match=r"vmap\(\) over axis 'batch': output already has an axis 'batch'"):
+    with pytest.raises(
+        DuplicateAxisError, match=r"vmap\(\) over axis 'batch': output already has an axis 'batch'"
+    ):
         na.vmap(lambda x: named(x.array, ("batch", "embed")), "batch")(x)
     with pytest.raises(NamedTypeError, match=r"vmap\(\) needs a callable"):
         na.vmap("f", "batch")
@@ -129,7 +137,11 @@ def test_scan_matches_lax_scan(reverse):
 
 
 def test_scan_broadcasts_leaves_without_the_axis():
-    xs = {"a": named(A, ("time", "seq", "embed")), "w": named(jnp.arange(4.0), ("embed",)), "k": 3.0}
+    xs = {
+        "a": named(A, ("time", "seq", "embed")),
+        "w": named(jnp.arange(4.0), ("embed",)),
+        "k": 3.0,
+    }
 
     def f(c, x):
         assert x["w"].axis_names == ("embed",)
@@ -156,20 +168,37 @@ def test_scan_and_fold_under_jit_and_grad():
 def test_scan_errors():
     xs = named(A, ("time", "seq", "embed"))
     init = named(jnp.zeros(4), ("embed",))
-    with pytest.raises(AxisNotFoundError, match=r"scan\(\) over axis 'layer': no NamedArray in xs has that axis \(xs: \(time=2, seq=3, embed=4\)\)"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"scan\(\) over axis 'layer': no NamedArray in xs has that axis \(xs: \(time=2, seq=3, embed=4\)\)",
+    ):
         na.scan(step, "layer")(init, xs)
-    with pytest.raises(AxisNotFoundError, match=r"fold\(\) over axis 'layer': no NamedArray in xs has that axis \(no NamedArrays at all\)"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"fold\(\) over axis 'layer': no NamedArray in xs has that axis \(no NamedArrays at all\)",
+    ):
         na.fold(lambda c, x: c, "layer")(init, {"a": A})
     bad = {"a": xs, "b": named(jnp.zeros((3, 4)), ("time", "embed"))}
-    with pytest.raises(AxisSizeError, match=r"scan\(\) over axis 'time': the axis has different sizes in xs \(xs/a: 2, xs/b: 3\)"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"scan\(\) over axis 'time': the axis has different sizes in xs \(xs/a: 2, xs/b: 3\)",
+    ):
         na.scan(step, "time")(init, bad)
-    with pytest.raises(NamedTypeError, match=r"scan\(\) over axis 'time': fn must return a \(carry, y\) pair, got NamedArray"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"scan\(\) over axis 'time': fn must return a \(carry, y\) pair, got NamedArray",
+    ):
         na.scan(lambda c, x: c, "time")(init, xs)
-    with pytest.raises(NamedTypeError, match=r"fold\(\) over axis 'time': fn must return a carry with the same structure and axes as init. At <root>: init is NamedArray\(embed=4\), fn returned NamedArray\(seq=3\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"fold\(\) over axis 'time': fn must return a carry with the same structure and axes as init. At <root>: init is NamedArray\(embed=4\), fn returned NamedArray\(seq=3\)",
+    ):
         na.fold(lambda c, x: named(x.array.sum(axis=1), ("seq",)), "time")(init, xs)
     with pytest.raises(NamedTypeError, match=r"init has structure PyTreeDef"):
         na.fold(lambda c, x: (c, c), "time")(init, xs)
-    with pytest.raises(DuplicateAxisError, match=r"scan\(\) over axis 'time': y already has an axis 'time'"):
+    with pytest.raises(
+        DuplicateAxisError, match=r"scan\(\) over axis 'time': y already has an axis 'time'"
+    ):
         na.scan(lambda c, x: (c, named(jnp.zeros(1), ("time",))), "time")(init, xs)
 
 
@@ -231,15 +260,20 @@ def test_fold_over_stacked_layers_matches_python_loop():
 
 
 def test_vmap_and_scan_over_sharded_axes(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     B = jnp.arange(4 * 2 * 8.0).reshape(4, 2, 8) / 10
-    x = named(jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))), ("batch", "seq", "embed"))
+    x = named(
+        jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))),
+        ("batch", "seq", "embed"),
+    )
 
     @jax.jit
     def f(x):
         rows = na.vmap(lambda r: named(jnp.tanh(r.array), r.axes), "batch")(x)
+
         # Scan over the sharded batch axis, carrying a per-embed sum (replicated carry).
         def step(c, r):
             total = named(c.array + jax.sharding.reshard(r.array.sum(axis=0), P()), c.axes)
@@ -277,12 +311,19 @@ def test_vmap_maps_plain_arrays_when_asked_split_keys():
     assert out["n"] == 4 and out["act"] is jnp.tanh  # non-array leaves come back unchanged
     # By name: the size comes from the plain arrays; a NamedArray with the axis is mapped alongside.
     bias = named(jnp.arange(3.0), "layer")
-    out = na.vmap(lambda k, b: named(jax.random.normal(k, (2,)) + b.array, "embed"), "layer", map_plain=True)(keys, bias)
+    out = na.vmap(
+        lambda k, b: named(jax.random.normal(k, (2,)) + b.array, "embed"), "layer", map_plain=True
+    )(keys, bias)
     close(out.array, jax.vmap(lambda k, b: jax.random.normal(k, (2,)) + b)(keys, jnp.arange(3.0)))
     # Without map_plain, plain arrays are passed whole (the old behaviour).
-    whole = na.vmap(lambda k, b: named(jnp.full((), k.shape[0], jnp.float32), ()), "layer")(keys, bias)
+    whole = na.vmap(lambda k, b: named(jnp.full((), k.shape[0], jnp.float32), ()), "layer")(
+        keys, bias
+    )
     close(whole.array, jnp.full(3, 3.0))
-    with pytest.raises(AxisSizeError, match=r"vmap\(\) over axis 'layer': the axis has different sizes in the arguments \(args/0 \(leading dimension\): 3, args/1: 4\)\. Every mapped array must agree on its size\. Plain arrays are mapped over their leading dimension"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"vmap\(\) over axis 'layer': the axis has different sizes in the arguments \(args/0 \(leading dimension\): 3, args/1: 4\)\. Every mapped array must agree on its size\. Plain arrays are mapped over their leading dimension",
+    ):
         na.vmap(lambda k, b: b, "layer", map_plain=True)(keys, named(jnp.zeros(4), "layer"))
 
 
@@ -293,7 +334,12 @@ def test_vmap_several_axes_at_once():
 
     def f(r, w):
         seen.append(r.axis_names)
-        return {"y": named(r.array * w.array, r.axes), "s": r.array.sum(), "flag": True, "ax": Axis("k", 1)}
+        return {
+            "y": named(r.array * w.array, r.axes),
+            "s": r.array.sum(),
+            "flag": True,
+            "ax": Axis("k", 1),
+        }
 
     out = na.vmap(f, ("seq", "batch"))(x, w)
     assert seen[-1] == ("embed",)
@@ -302,7 +348,10 @@ def test_vmap_several_axes_at_once():
     close(out["y"].array, ref[0])
     close(out["s"], ref[1])  # plain outputs: (seq, batch)
     assert out["flag"] is True and out["ax"] == Axis("k", 1)
-    with pytest.raises(NamedTypeError, match=r"vmap\(\) needs an axis name, an Axis, or a non-empty sequence of them, got \(\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"vmap\(\) needs an axis name, an Axis, or a non-empty sequence of them, got \(\)",
+    ):
         na.vmap(f, ())
     with pytest.raises(DuplicateAxisError, match=r"Duplicate axis names 'batch'"):
         na.vmap(f, ("batch", Axis("batch", 2)))
@@ -319,7 +368,9 @@ def test_scan_and_fold_take_extra_arguments_broadcast_to_every_step():
         return c, c
 
     carry, ys = na.scan(f, "time")(named(jnp.zeros(4), "embed"), xs, mask, scale=2.0)
-    ref_c, ref_ys = jax.lax.scan(lambda c, a: ((c + (a * mask.array[None]).sum(axis=0) * 2.0),) * 2, jnp.zeros(4), A)
+    ref_c, ref_ys = jax.lax.scan(
+        lambda c, a: ((c + (a * mask.array[None]).sum(axis=0) * 2.0),) * 2, jnp.zeros(4), A
+    )
     assert seen[-1] == ("embed",)  # not scanned, even though it is a NamedArray
     close(carry.array, ref_c)
     close(ys.array, ref_ys)
@@ -332,19 +383,29 @@ def test_scan_over_plain_arrays_with_an_axis():
     xs = {"p": plain, "n": named(jnp.arange(3.0), "step"), "c": 2.0, "z": jnp.asarray(5.0)}
 
     def f(c, x):
-        assert x["p"].shape == (4,) and x["n"].axis_names == () and x["c"] == 2.0 and x["z"].shape == ()
+        assert (
+            x["p"].shape == (4,)
+            and x["n"].axis_names == ()
+            and x["c"] == 2.0
+            and x["z"].shape == ()
+        )
         c = c + x["p"] * x["n"].array + x["z"]
         return c, {"c": c, "tag": "step", "flag": False}
 
     carry, ys = na.scan(f, Axis("step", 3))(jnp.zeros(4), xs)
-    ref_c, ref_ys = jax.lax.scan(lambda c, a: ((c + a[0] * a[1] + 5.0),) * 2, jnp.zeros(4), (plain, jnp.arange(3.0)))
+    ref_c, ref_ys = jax.lax.scan(
+        lambda c, a: ((c + a[0] * a[1] + 5.0),) * 2, jnp.zeros(4), (plain, jnp.arange(3.0))
+    )
     close(carry, ref_c)
     close(ys["c"], ref_ys)
     assert ys["tag"] == "step" and ys["flag"] is False
     # fold with an Axis over plain arrays only, and reverse.
     out = na.fold(lambda c, x: c * 2 + x, Axis("step", 3), reverse=True)(jnp.zeros(4), plain)
     close(out, jax.lax.scan(lambda c, x: (c * 2 + x, None), jnp.zeros(4), plain, reverse=True)[0])
-    with pytest.raises(AxisSizeError, match=r"fold\(\) over axis 'step': the axis has different sizes in xs \(xs/a \(leading dimension\): 4, requested Axis: 3\)"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"fold\(\) over axis 'step': the axis has different sizes in xs \(xs/a \(leading dimension\): 4, requested Axis: 3\)",
+    ):
         na.fold(lambda c, x: c, Axis("step", 3))(jnp.zeros(4), {"a": jnp.zeros((4, 2))})
 
 
@@ -355,8 +416,11 @@ def _remat_ref(a, policy):
 
 @pytest.mark.parametrize(
     "remat,policy",
-    [("nothing_saveable", jax.checkpoint_policies.nothing_saveable), (True, None),
-     (jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.dots_saveable)],  # fmt: skip
+    [
+        ("nothing_saveable", jax.checkpoint_policies.nothing_saveable),
+        (True, None),
+        (jax.checkpoint_policies.dots_saveable, jax.checkpoint_policies.dots_saveable),
+    ],  # fmt: skip
 )
 def test_fold_and_scan_with_a_checkpoint_policy(remat, policy):
     a = jnp.linspace(0.1, 1.0, 12).reshape(4, 3)
@@ -369,25 +433,47 @@ def test_fold_and_scan_with_a_checkpoint_policy(remat, policy):
     close(jax.grad(loss)(a), jax.grad(_remat_ref)(a, policy))
     text = str(jax.make_jaxpr(jax.grad(loss))(a))
     assert "checkpoint" in text or "remat" in text
-    plain = str(jax.make_jaxpr(jax.grad(lambda a: na.fold(lambda c, x: c * x, "time")(named(jnp.ones(3), "k"), named(a, ("time", "k"))).array.sum()))(a))
+    plain = str(
+        jax.make_jaxpr(
+            jax.grad(
+                lambda a: na.fold(lambda c, x: c * x, "time")(
+                    named(jnp.ones(3), "k"), named(a, ("time", "k"))
+                ).array.sum()
+            )
+        )(a)
+    )
     assert "checkpoint" not in plain and "remat" not in plain
-    _, ys = na.scan(lambda c, x: (c, x), "time", remat=remat)(jnp.zeros(()), named(a, ("time", "k")))
+    _, ys = na.scan(lambda c, x: (c, x), "time", remat=remat)(
+        jnp.zeros(()), named(a, ("time", "k"))
+    )
     close(ys.array, a)
 
 
 def test_remat_bad_inputs():
-    with pytest.raises(NamedTypeError, match=r"fold\(\): remat='nothing_savable' is not a jax.checkpoint_policies policy\. Policies by name: .*'nothing_saveable'"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"fold\(\): remat='nothing_savable' is not a jax.checkpoint_policies policy\. Policies by name: .*'nothing_saveable'",
+    ):
         na.fold(lambda c, x: c, "time", remat="nothing_savable")
-    with pytest.raises(NamedTypeError, match=r"scan\(\): remat='save_only_these_names' is not a jax.checkpoint_policies policy\. jax.checkpoint_policies.save_only_these_names builds a policy: call it"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"scan\(\): remat='save_only_these_names' is not a jax.checkpoint_policies policy\. jax.checkpoint_policies.save_only_these_names builds a policy: call it",
+    ):
         na.scan(lambda c, x: (c, x), "time", remat="save_only_these_names")
-    with pytest.raises(NamedTypeError, match=r"scan\(\): remat must be a bool, a jax.checkpoint_policies name such as 'nothing_saveable', or a policy callable, got 3 \(int\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"scan\(\): remat must be a bool, a jax.checkpoint_policies name such as 'nothing_saveable', or a policy callable, got 3 \(int\)",
+    ):
         na.scan(lambda c, x: (c, x), "time", remat=3)
-    with pytest.raises(NamedTypeError, match=r"scan\(\) needs an axis name or an Axis, got \['time'\]"):
+    with pytest.raises(
+        NamedTypeError, match=r"scan\(\) needs an axis name or an Axis, got \['time'\]"
+    ):
         na.scan(lambda c, x: (c, x), ["time"])
 
 
 def test_vmap_passes_spmd_axis_name_for_a_sharded_axis(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     B = jnp.arange(8 * 4.0).reshape(8, 4)
@@ -399,7 +485,9 @@ def test_vmap_passes_spmd_axis_name_for_a_sharded_axis(mesh_2x4):
 
     def run(spec, mapping):
         x = named(jax.device_put(B, NamedSharding(mesh_2x4, spec)), ("batch", "embed"))
-        f = jax.jit(lambda x: na.vmap(inner, "batch")(x))  # a fresh trace: mappings are read when tracing
+        f = jax.jit(
+            lambda x: na.vmap(inner, "batch")(x)
+        )  # a fresh trace: mappings are read when tracing
         with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
             out = f(x)
         close(out.array, B * 2)

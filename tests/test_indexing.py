@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import same
 
 import namedaxes as na
 from namedaxes import (
@@ -14,8 +15,6 @@ from namedaxes import (
     NamedTypeError,
     named,
 )
-
-from _helpers import same
 
 A = jnp.arange(24.0).reshape(2, 3, 4)
 
@@ -45,9 +44,14 @@ def test_traced_int_index(x):
 
 
 def test_indexing_errors(x):
-    with pytest.raises(AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=2, seq=3, embed=4\). Available axes: 'batch', 'seq', 'embed'"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"Axis 'sq' not found in NamedArray\(batch=2, seq=3, embed=4\). Available axes: 'batch', 'seq', 'embed'",
+    ):
         x["sq", 0]
-    with pytest.raises(NamedTypeError, match=r"cannot be indexed by position \(0\).*x\['batch', 3\]"):
+    with pytest.raises(
+        NamedTypeError, match=r"cannot be indexed by position \(0\).*x\['batch', 3\]"
+    ):
         x[0]
     with pytest.raises(NamedTypeError, match=r"cannot be indexed by position"):
         x[0, 1]
@@ -55,15 +59,29 @@ def test_indexing_errors(x):
         x["batch", 0, "seq"]
     with pytest.raises(DuplicateAxisError, match=r"Axis 'seq' is indexed twice"):
         x["seq", 0, Axis("seq", 3), 1]
-    with pytest.raises(AxisSizeError, match=r"Index 3 is out of range for axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Valid indices are -3..2"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"Index 3 is out of range for axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Valid indices are -3..2",
+    ):
         x["seq", 3]
-    with pytest.raises(NamedTypeError, match=r"Slice slice\(.*\) for axis 'seq' must have static integer bounds.*namedaxes.slice\(x, 'seq', start, length\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Slice slice\(.*\) for axis 'seq' must have static integer bounds.*namedaxes.slice\(x, 'seq', start, length\)",
+    ):
         jax.jit(lambda x, i: x["seq", i : i + 2])(x, 0)
-    with pytest.raises(NamedTypeError, match=r"Index for axis 'seq' must be integers, got an array of shape \(2,\) of dtype float32"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Index for axis 'seq' must be integers, got an array of shape \(2,\) of dtype float32",
+    ):
         x["seq", jnp.array([0.0, 1.0])]
-    with pytest.raises(NamedTypeError, match=r"dtype bool. Boolean masks give data-dependent shapes"):
+    with pytest.raises(
+        NamedTypeError, match=r"dtype bool. Boolean masks give data-dependent shapes"
+    ):
         x["seq", named(jnp.array([True, False, True]), ("seq",))]
-    with pytest.raises(NamedTypeError, match=r"Index for axis 'seq' is a plain array of shape \(2, 2\); its dimensions need names.*named\(idx, \('axis0', 'axis1'\)\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Index for axis 'seq' is a plain array of shape \(2, 2\); its dimensions need names.*named\(idx, \('axis0', 'axis1'\)\)",
+    ):
         x["seq", jnp.zeros((2, 2), jnp.int32)]
 
 
@@ -113,10 +131,18 @@ def test_gather_two_index_arrays_and_int(x):
 
 
 def test_gather_errors(x):
-    with pytest.raises(AxisSizeError, match=r"Index arrays share axis 'batch' \(size 3\) with the indexed array, where it has size 2"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"Index arrays share axis 'batch' \(size 3\) with the indexed array, where it has size 2",
+    ):
         x["seq", named(jnp.zeros((3,), jnp.int32), ("batch",))]
     with pytest.raises(AxisSizeError, match=r"Cannot broadcast axis 'k'"):
-        x["seq", named(jnp.zeros(2, jnp.int32), ("k",)), "embed", named(jnp.zeros(3, jnp.int32), ("k",))]
+        x[
+            "seq",
+            named(jnp.zeros(2, jnp.int32), ("k",)),
+            "embed",
+            named(jnp.zeros(3, jnp.int32), ("k",)),
+        ]
 
 
 def test_gather_grad(x):
@@ -131,9 +157,17 @@ def test_gather_grad(x):
 
 def test_take_matches_jnp_take(x):
     idx = jnp.array([[1, 2], [0, 0]])
-    same(na.take(x, "seq", named(idx, ("k", "m"))), jnp.take(A, idx, axis=1), ("batch", "k", "m", "embed"))
+    same(
+        na.take(x, "seq", named(idx, ("k", "m"))),
+        jnp.take(A, idx, axis=1),
+        ("batch", "k", "m", "embed"),
+    )
     same(na.take(x, "embed", 2), jnp.take(A, 2, axis=2), ("batch", "seq"))
-    same(x.take("embed", jnp.array([3, 1])), jnp.take(A, jnp.array([3, 1]), axis=2), ("batch", "seq", "embed"))
+    same(
+        x.take("embed", jnp.array([3, 1])),
+        jnp.take(A, jnp.array([3, 1]), axis=2),
+        ("batch", "seq", "embed"),
+    )
 
 
 def test_take_embedding_lookup():
@@ -167,19 +201,33 @@ def test_take_with_shared_axes_is_a_batched_gather_like_take_along_axis():
 
     same(f(logp, targets), oracle, ("batch", "seq"))
     # Index axes in any order, and a (seq, batch) source: the source is never transposed.
-    same(na.take(named(logp, ("batch", "seq", "vocab")), "vocab", named(targets.T, ("seq", "batch"))), oracle, ("batch", "seq"))
+    same(
+        na.take(
+            named(logp, ("batch", "seq", "vocab")), "vocab", named(targets.T, ("seq", "batch"))
+        ),
+        oracle,
+        ("batch", "seq"),
+    )
     src_t = named(jnp.transpose(logp, (1, 2, 0)), ("seq", "vocab", "batch"))
     same(na.take(src_t, "vocab", named(targets, ("batch", "seq"))), oracle.T, ("seq", "batch"))
     # One gather with the batch axes as batching dimensions and a single index component.
     (eqn,) = _gathers(jax.make_jaxpr(f)(logp, targets).jaxpr)
     dn = eqn.params["dimension_numbers"]
-    assert (dn.operand_batching_dims, dn.start_indices_batching_dims, dn.start_index_map) == ((0, 1), (0, 1), (2,))
+    assert (dn.operand_batching_dims, dn.start_indices_batching_dims, dn.start_index_map) == (
+        (0, 1),
+        (0, 1),
+        (2,),
+    )
     assert eqn.invars[0].aval.shape == (2, 3, 7) and eqn.invars[1].aval.shape == (2, 3, 1)
-    assert [e.primitive.name for e in jax.make_jaxpr(f)(logp, targets).jaxpr.eqns].count("transpose") == 0
+    assert [e.primitive.name for e in jax.make_jaxpr(f)(logp, targets).jaxpr.eqns].count(
+        "transpose"
+    ) == 0
     # Same values under jit and the same gradient as take_along_axis.
     np.testing.assert_array_equal(jax.jit(f)(logp, targets).array, oracle)
     g = jax.grad(lambda lp: f(lp, targets).array.sum())(logp)
-    g_ref = jax.grad(lambda lp: jnp.take_along_axis(lp, (targets % 7)[..., None], axis=-1).sum())(logp)
+    g_ref = jax.grad(lambda lp: jnp.take_along_axis(lp, (targets % 7)[..., None], axis=-1).sum())(
+        logp
+    )
     np.testing.assert_array_equal(g, g_ref)
 
 
@@ -190,7 +238,9 @@ def test_batched_gather_with_new_axes_kept_axes_and_slices():
     ids = jnp.asarray(rng.integers(0, 6, size=(4, 2)), jnp.int32)  # (k, batch)
     out = na.take(x, "vocab", named(ids, ("k", "batch")))
     # batch matched pointwise, k replaces vocab in place, seq and embed kept (take_along_axis).
-    expected = jnp.take_along_axis(src[:, :, None], ids.T[:, None, :, None, None], axis=3)[:, :, :, 0]
+    expected = jnp.take_along_axis(src[:, :, None], ids.T[:, None, :, None, None], axis=3)[
+        :, :, :, 0
+    ]
     same(out, expected, ("batch", "seq", "k", "embed"))
     # With a slice next to the gather, and mode / fill_value passed to JAX.
     sliced = x[{"seq": slice(1, 4), "vocab": named(ids, ("k", "batch"))}]
@@ -199,7 +249,10 @@ def test_batched_gather_with_new_axes_kept_axes_and_slices():
     filled = x.at[{"vocab": far}].get(mode="fill", fill_value=-1.0)
     same(filled, jnp.full((2, 5, 3), -1.0), ("batch", "seq", "embed"))
     same(x[{"vocab": far}], src[:, :, 5], ("batch", "seq", "embed"))  # clamped, as x[9] in JAX
-    with pytest.raises(NamedTypeError, match=r"Unexpected keyword argument\(s\) 'moed' for a gather; accepted: 'mode'"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Unexpected keyword argument\(s\) 'moed' for a gather; accepted: 'mode'",
+    ):
         x.at[{"vocab": far}].get(moed="fill")
 
 
@@ -214,12 +267,19 @@ def _collectives(text):
 
 @pytest.mark.parametrize("vocab_spec", [None, "model"])
 def test_take_loss_compiles_to_the_collectives_of_take_along_axis(mesh_2x4, vocab_spec):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     rng = np.random.default_rng(5)
-    lp = jax.device_put(jnp.asarray(rng.normal(size=(8, 6, 16)), jnp.float32), NamedSharding(mesh_2x4, P("data", None, vocab_spec)))
-    t = jax.device_put(jnp.asarray(rng.integers(0, 16, size=(8, 6)), jnp.int32), NamedSharding(mesh_2x4, P("data", None)))
+    lp = jax.device_put(
+        jnp.asarray(rng.normal(size=(8, 6, 16)), jnp.float32),
+        NamedSharding(mesh_2x4, P("data", None, vocab_spec)),
+    )
+    t = jax.device_put(
+        jnp.asarray(rng.integers(0, 16, size=(8, 6)), jnp.int32),
+        NamedSharding(mesh_2x4, P("data", None)),
+    )
 
     def plain(lp, t):
         if explicit:  # JAX needs the gathered dimension replicated on Explicit meshes
@@ -240,11 +300,17 @@ def test_take_loss_compiles_to_the_collectives_of_take_along_axis(mesh_2x4, voca
 
 
 def test_take_errors(x):
-    with pytest.raises(NamedTypeError, match=r"take\(\) needs integer indices for axis 'seq', got slice\(0, 2, None\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"take\(\) needs integer indices for axis 'seq', got slice\(0, 2, None\)",
+    ):
         na.take(x, "seq", slice(0, 2))
     with pytest.raises(AxisNotFoundError, match="Axis 'vocab' not found"):
         na.take(x, "vocab", 0)
-    with pytest.raises(NamedTypeError, match=r"take\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"take\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)",
+    ):
         na.take(A, "seq", 0)
 
 
@@ -252,7 +318,11 @@ def test_take_errors(x):
 
 
 def test_slice_matches_dynamic_slice(x):
-    same(na.slice(x, "embed", 1, 2), jax.lax.dynamic_slice_in_dim(A, 1, 2, axis=2), ("batch", "seq", "embed"))
+    same(
+        na.slice(x, "embed", 1, 2),
+        jax.lax.dynamic_slice_in_dim(A, 1, 2, axis=2),
+        ("batch", "seq", "embed"),
+    )
     f = jax.jit(lambda x, s: na.slice(x, "seq", s, 2))
     for s in (0, 1):
         out = f(x, s)
@@ -268,7 +338,10 @@ def test_slice_grad(x):
 
 
 def test_slice_errors(x):
-    with pytest.raises(AxisSizeError, match=r"slice\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"slice\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1",
+    ):
         na.slice(x, "seq", 2, 2)
     with pytest.raises(AxisSizeError, match=r"length 5 does not fit axis 'embed' of size 4"):
         jax.jit(lambda s: na.slice(x, "embed", s, 5))(0)
@@ -289,7 +362,11 @@ def test_at_set_scalar_and_named(x):
     same(x.at["seq", 1].set(v), A.at[:, 1].set(jnp.arange(4.0) * 10), ("batch", "seq", "embed"))
     # Values in another axis order are aligned by name.
     w = jnp.arange(8.0).reshape(4, 2)
-    same(x.at[{"seq": 2}].add(named(w, ("embed", "batch"))), A.at[:, 2].add(w.T), ("batch", "seq", "embed"))
+    same(
+        x.at[{"seq": 2}].add(named(w, ("embed", "batch"))),
+        A.at[:, 2].add(w.T),
+        ("batch", "seq", "embed"),
+    )
     same(x.at["embed", 1:3].multiply(2.0), A.at[:, :, 1:3].multiply(2.0), ("batch", "seq", "embed"))
     same(x.at["batch", 0].min(5.0), A.at[0].min(5.0), ("batch", "seq", "embed"))
     same(x.at["batch", 0].max(5.0), A.at[0].max(5.0), ("batch", "seq", "embed"))
@@ -300,7 +377,11 @@ def test_at_with_gather_indices(x):
     i = jnp.array([2, 0])
     ids = named(i, ("k",))
     vals = jnp.arange(16.0).reshape(2, 2, 4)  # (batch, k, embed) in A[:, i] layout
-    same(x.at["seq", ids].set(named(vals, ("batch", "k", "embed"))), A.at[:, i].set(vals), ("batch", "seq", "embed"))
+    same(
+        x.at["seq", ids].set(named(vals, ("batch", "k", "embed"))),
+        A.at[:, i].set(vals),
+        ("batch", "seq", "embed"),
+    )
     # Non-adjacent: NumPy layout is (k, seq); values are given by name in any order.
     j = jnp.array([3, 1])
     k = named(jnp.array([1, 0]), ("k",))
@@ -322,11 +403,17 @@ def test_at_under_jit_and_grad(x):
 
 
 def test_at_errors(x):
-    with pytest.raises(AxisSizeError, match=r"x.at\[...\].set\(\): values NamedArray\(seq=3\) has axes \(seq=3\) that the selected region \(batch=2, embed=4\) does not have.*available axes: 'batch', 'embed'"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"x.at\[...\].set\(\): values NamedArray\(seq=3\) has axes \(seq=3\) that the selected region \(batch=2, embed=4\) does not have.*available axes: 'batch', 'embed'",
+    ):
         x.at["seq", 0].set(named(jnp.ones(3), ("seq",)))
     with pytest.raises(AxisSizeError, match=r"has axes \(embed=3\)"):
         x.at["seq", 0].set(named(jnp.ones(3), ("embed",)))
-    with pytest.raises(NamedTypeError, match=r"x.at\[...\].add\(\) got a plain array of shape \(2, 4\); the selected region has axes \(batch=2, embed=4\). Pass a scalar or a NamedArray, e.g. named\(v, \('batch', 'embed'\)\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"x.at\[...\].add\(\) got a plain array of shape \(2, 4\); the selected region has axes \(batch=2, embed=4\). Pass a scalar or a NamedArray, e.g. named\(v, \('batch', 'embed'\)\)",
+    ):
         x.at["seq", 0].add(jnp.ones((2, 4)))
     with pytest.raises(AxisNotFoundError, match="Axis 'sq' not found"):
         x.at["sq", 0]
@@ -342,7 +429,11 @@ def test_gather_separated_indices_after_a_sliced_axis():
     assert B[:, i, :, j].shape == (3, 2, 4)
     same(y[sel], jnp.transpose(B[:, i, :, j], (1, 0, 2)), ("a", "k", "c"))
     v = jnp.arange(24.0).reshape(2, 3, 4)  # (a, k, c)
-    same(y.at[sel].set(named(v, ("a", "k", "c"))), B.at[:, i, :, j].set(jnp.transpose(v, (1, 0, 2))), ("a", "b", "c", "d"))
+    same(
+        y.at[sel].set(named(v, ("a", "k", "c"))),
+        B.at[:, i, :, j].set(jnp.transpose(v, (1, 0, 2))),
+        ("a", "b", "c", "d"),
+    )
     # Adjacent gathers after 'a' stay in place in NumPy too.
     sel2 = {"b": named(i, ("k",)), "c": named(j - 1, ("k",))}
     same(y[sel2], B[:, i, j - 1], ("a", "k", "d"))
@@ -354,10 +445,14 @@ B = jnp.arange(4 * 4 * 8.0).reshape(4, 4, 8)
 
 
 def test_indexing_on_sharded_arrays(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
-    x = named(jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))), ("batch", "seq", "embed"))
+    x = named(
+        jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model"))),
+        ("batch", "seq", "embed"),
+    )
     ids_np = np.array([[0, 3], [2, 2], [1, 0], [3, 1]])  # (batch, k)
     ids = named(jax.device_put(ids_np, NamedSharding(mesh_2x4, P("data", None))), ("batch", "k"))
     tok_np = np.array([[1, 3], [0, 2]])  # (b, s) token ids into 'batch' (as a vocab)
@@ -379,7 +474,11 @@ def test_indexing_on_sharded_arrays(mesh_2x4):
         out = f(x, ids, tok, 3)
     same(out["int_sharded"], B[1], ("seq", "embed"))
     same(out["slice_sharded"], B[:, :, 0:2], ("batch", "seq", "embed"))
-    same(out["pointwise"], jnp.take_along_axis(B, jnp.asarray(ids_np)[:, :, None], axis=1), ("batch", "k", "embed"))
+    same(
+        out["pointwise"],
+        jnp.take_along_axis(B, jnp.asarray(ids_np)[:, :, None], axis=1),
+        ("batch", "k", "embed"),
+    )
     same(out["lookup"], B[jnp.asarray(tok_np)], ("b", "s", "seq", "embed"))
     same(out["dyn"], B[:, :, 3:5], ("batch", "seq", "embed"))
     same(out["set"], B.at[1].set(1.0), ("batch", "seq", "embed"))
@@ -397,17 +496,22 @@ def test_indexing_on_sharded_arrays(mesh_2x4):
 def test_embedding_lookup_keeps_sharded_ids_on_explicit_meshes():
     """Issue 10: take(table(vocab, embed), "vocab", ids(batch@data, seq)) on an Explicit mesh keeps
     the ids split (no all-gather), as plain JAX's table.at[ids].get(out_sharding=P('data')) does."""
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     table = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
     ids = np.arange(4 * 6, dtype=np.int32).reshape(4, 6) % 16
     with jax.set_mesh(mesh):
-        t = na.named(jax.device_put(table, NamedSharding(mesh, P(None, "model"))), ("vocab", "embed"))
+        t = na.named(
+            jax.device_put(table, NamedSharding(mesh, P(None, "model"))), ("vocab", "embed")
+        )
         i = na.named(jax.device_put(ids, NamedSharding(mesh, P("data", None))), ("batch", "seq"))
         f = jax.jit(lambda t, i: na.take(t, "vocab", i).array)
         out = f(t, i)
         hlo = f.lower(t, i).compile().as_text()
     np.testing.assert_array_equal(np.asarray(out), table[ids])
     assert tuple(out.sharding.spec) == ("data", None, "model")
-    assert not any(op in hlo for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute"))
+    assert not any(
+        op in hlo for op in ("all-gather", "all-reduce", "all-to-all", "collective-permute")
+    )

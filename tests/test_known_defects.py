@@ -25,12 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import sds, shard_shapes, spec_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-
-from _helpers import spec_of, shard_shapes, sds
 
 
 def make_mesh(shape, names, axis_type):
@@ -303,7 +302,10 @@ def test_named_jit_out_axis_resources_without_a_mesh_is_an_error():
     """DESIGN: "Never silently ignore a bad mapping": outputs that the given out_axis_resources
     shards cannot be placed without a mesh; say so as in_axis_resources and shard do."""
     f = na.named_jit(lambda x: na.named(x.array * 2, x.axes), out_axis_resources={"batch": "data"})
-    with pytest.raises(na.ShardingError, match=r"named_jit was given axis resources that shard the output axes .batch., but it needs a device mesh"):
+    with pytest.raises(
+        na.ShardingError,
+        match=r"named_jit was given axis resources that shard the output axes .batch., but it needs a device mesh",
+    ):
         f(data())
 
 

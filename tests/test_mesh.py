@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import MeshError, NamedTypeError
@@ -40,7 +41,9 @@ def fake_devices(num_granules, per_granule, *, slices=False):
         for i in range(per_granule):
             if slices:  # one process per 2 devices inside each slice
                 devs.append(
-                    FakeDevice(id=g * 100 + i, slice_index=g, process_index=(g * per_granule + i) // 2)
+                    FakeDevice(
+                        id=g * 100 + i, slice_index=g, process_index=(g * per_granule + i) // 2
+                    )
                 )
             else:
                 devs.append(FakeDevice(id=g * 100 + i, process_index=g))
@@ -124,8 +127,11 @@ def test_create_mesh_over_stand_ins_is_a_jax_mesh():
     assert mesh.axis_types == (AxisType.Explicit,) * 2
     assert mesh.device_ids.tolist() == [[0, 1, 2, 3], [100, 101, 102, 103]]
     # the mesh plans specs like any other
-    assert na.pspec_for(na.named(jax.ShapeDtypeStruct((8, 4), "float32"), ("batch", "embed")),
-                        {"batch": "data", "embed": "model"}, mesh=mesh) == P("data", "model")
+    assert na.pspec_for(
+        na.named(jax.ShapeDtypeStruct((8, 4), "float32"), ("batch", "embed")),
+        {"batch": "data", "embed": "model"},
+        mesh=mesh,
+    ) == P("data", "model")
     # create_device_array gives the same layout as a bare array
     assert (create_device_array((2, 4), ("data", "model"), devices=devs) == mesh.devices).all()
 
@@ -150,7 +156,10 @@ def test_a_256_device_two_slice_mesh_of_stand_ins_plans_like_a_real_one():
     tree = {"w": jax.ShapeDtypeStruct((1024, 1024), "float32")}
     specs = na.AutoShardingRule(mesh).apply(tree)
     assert specs == {"w": P("data", "model")}
-    assert na.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)["size_per_device"] == 1024 * 1024 * 4 // 256
+    assert (
+        na.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)["size_per_device"]
+        == 1024 * 1024 * 4 // 256
+    )
 
 
 def test_two_slices_of_four_split_first_divisible_axis():
@@ -208,7 +217,10 @@ def test_single_process_stand_ins_keep_id_order():
 
 
 def test_wrong_number_of_sizes():
-    with pytest.raises(MeshError, match=r"axis_dims \(2, 4\) has 2 entries but there are 3 mesh axis names \('a', 'b', 'c'\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"axis_dims \(2, 4\) has 2 entries but there are 3 mesh axis names \('a', 'b', 'c'\)",
+    ):
         create_mesh((2, 4), ("a", "b", "c"))
 
 
@@ -218,7 +230,9 @@ def test_two_minus_ones():
 
 
 def test_product_not_device_count():
-    with pytest.raises(MeshError, match=r"axis_dims \(a=2, b=3\) needs 6 devices, but 8 are available"):
+    with pytest.raises(
+        MeshError, match=r"axis_dims \(a=2, b=3\) needs 6 devices, but 8 are available"
+    ):
         create_mesh((2, 3), ("a", "b"))
     with pytest.raises(MeshError, match=r"the other axes multiply to 3, which does not divide 8"):
         create_mesh((3, -1), ("a", "b"))
@@ -229,16 +243,22 @@ def test_bad_sizes_and_names():
         create_mesh((0, 8), ("a", "b"))
     with pytest.raises(MeshError, match=r"contains '2' \(str\); mesh axis sizes must be ints"):
         create_mesh(("2", 4), ("a", "b"))
-    with pytest.raises(MeshError, match=r"Duplicate mesh axis names 'a' in axis_names \('a', 'a'\)"):
+    with pytest.raises(
+        MeshError, match=r"Duplicate mesh axis names 'a' in axis_names \('a', 'a'\)"
+    ):
         create_mesh((2, 4), ("a", "a"))
-    with pytest.raises(MeshError, match=r"Unknown axis type 'implicit'. Use one of 'auto', 'explicit', 'manual'"):
+    with pytest.raises(
+        MeshError, match=r"Unknown axis type 'implicit'. Use one of 'auto', 'explicit', 'manual'"
+    ):
         create_mesh((2, 4), ("a", "b"), axis_types="implicit")
     with pytest.raises(MeshError, match=r"Got 1 axis_types for 2 mesh axes"):
         create_mesh((2, 4), ("a", "b"), axis_types=("auto",))
 
 
 def test_empty_device_list():
-    with pytest.raises(MeshError, match=r"The device list is empty; a mesh needs at least one device"):
+    with pytest.raises(
+        MeshError, match=r"The device list is empty; a mesh needs at least one device"
+    ):
         create_mesh((1,), ("a",), devices=[])
 
 
@@ -259,7 +279,10 @@ def test_dcn_split_that_divides_no_axis():
         r"Pass dcn_mesh_dims=\(2, 2\)",
     ):
         create_mesh((2, 2), ("a", "b"), devices=fake_devices(4, 1))
-    with pytest.raises(MeshError, match=r"Cannot split mesh \(a=3, b=2, c=2\) across 4 processes.*dcn_mesh_dims=\(1, 2, 2\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"Cannot split mesh \(a=3, b=2, c=2\) across 4 processes.*dcn_mesh_dims=\(1, 2, 2\)",
+    ):
         create_mesh((3, 2, 2), ("a", "b", "c"), devices=fake_devices(4, 3))
 
 
@@ -267,19 +290,27 @@ def test_explicit_dcn_dims_errors():
     devs = fake_devices(2, 4)
     with pytest.raises(MeshError, match=r"splits axis 'b' of size 1 into 2 process blocks"):
         create_mesh((8, 1), ("a", "b"), dcn_mesh_dims=(1, 2), devices=devs)
-    with pytest.raises(MeshError, match=r"dcn_mesh_dims \(a=1, b=1\) needs 1 processes, but 2 are available"):
+    with pytest.raises(
+        MeshError, match=r"dcn_mesh_dims \(a=1, b=1\) needs 1 processes, but 2 are available"
+    ):
         create_mesh((2, 4), ("a", "b"), dcn_mesh_dims=(1, 1), devices=devs)
 
 
 def test_unequal_granules():
     devs = fake_devices(2, 4)[:7]
-    with pytest.raises(MeshError, match=r"Every process must contribute the same number of devices.*process 0: 3, process 1: 4"):
+    with pytest.raises(
+        MeshError,
+        match=r"Every process must contribute the same number of devices.*process 0: 3, process 1: 4",
+    ):
         create_mesh((7,), ("a",), devices=devs)
 
 
 def test_unhashable_or_tuple_stand_ins_are_refused():
     devs = [SimpleNamespace(id=i, process_index=0) for i in range(8)]  # no __hash__
-    with pytest.raises(NamedTypeError, match=r"needs hashable, non-sequence device objects, got namespace\(id=0, process_index=0\) \(SimpleNamespace\)\. .*frozen dataclass"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"needs hashable, non-sequence device objects, got namespace\(id=0, process_index=0\) \(SimpleNamespace\)\. .*frozen dataclass",
+    ):
         create_mesh((2, 4), ("a", "b"), devices=devs)
 
 
@@ -287,7 +318,10 @@ def test_string_axis_names_are_one_name():
     # A bare string where a sequence of names is expected is one name, across the API.
     mesh = create_mesh((8,), "data")
     assert mesh.axis_names == ("data",)
-    with pytest.raises(MeshError, match=r"axis_dims \(2, 4\) has 2 entries but there are 1 mesh axis names \('data'\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"axis_dims \(2, 4\) has 2 entries but there are 1 mesh axis names \('data'\)",
+    ):
         create_mesh((2, 4), "data")
 
 
@@ -350,7 +384,11 @@ def test_parse_shape_with_explicit_device_count():
 @pytest.mark.parametrize(
     "spec, names, message",
     [
-        ("dp:2,xp:4", ("dp", "tp"), r"names axis 'xp', which is not a mesh axis\. Available axes: 'dp', 'tp'"),
+        (
+            "dp:2,xp:4",
+            ("dp", "tp"),
+            r"names axis 'xp', which is not a mesh axis\. Available axes: 'dp', 'tp'",
+        ),
         ("dp:2,dp:4", ("dp", "tp"), r"gives axis 'dp' twice"),
         ("dp:two", ("dp", "tp"), r"'dp:two' has size 'two', which is not an integer"),
         ("dp:", ("dp", "tp"), r"'dp:' has size '', which is not an integer"),
@@ -361,7 +399,11 @@ def test_parse_shape_with_explicit_device_count():
         ("dp:2,,tp:4", ("dp", "tp"), r"has an empty entry"),
         ("", ("dp", "tp"), r"has an empty entry"),
         ("dp:-1,tp:-1", ("dp", "tp"), r"\(dp=-1, tp=-1\) has 2 axes of size -1"),
-        ("dp:2,tp:3", ("dp", "tp"), r"'dp:2,tp:3' = \(dp=2, tp=3\) needs 6 devices, but 8 are available"),
+        (
+            "dp:2,tp:3",
+            ("dp", "tp"),
+            r"'dp:2,tp:3' = \(dp=2, tp=3\) needs 6 devices, but 8 are available",
+        ),
         ("3,-1", ("dp", "tp"), r"the other axes multiply to 3, which does not divide 8"),
         ("2,4", ("dp", "dp"), r"Duplicate mesh axis names 'dp' in names"),
     ],
@@ -381,7 +423,10 @@ def test_parse_rejects_non_string(parse):
 @pytest.mark.parametrize("parse", [parse_mesh_shape, parse_mesh_from_string])
 @pytest.mark.parametrize("n", [0, -8])
 def test_parse_rejects_non_positive_num_devices(parse, n):
-    with pytest.raises(MeshError, match=rf"Mesh string '2,4': num_devices must be at least 1, got {n}\. Pass the number of devices"):
+    with pytest.raises(
+        MeshError,
+        match=rf"Mesh string '2,4': num_devices must be at least 1, got {n}\. Pass the number of devices",
+    ):
         parse("2,4", ("a", "b"), num_devices=n)
 
 
@@ -389,12 +434,17 @@ def test_parse_rejects_non_positive_num_devices(parse, n):
 @pytest.mark.parametrize("n", ["8", 8.0, True])
 def test_parse_rejects_non_int_num_devices(parse, n):
     # "8" used to print "needs 8 devices, but 8 are available"
-    with pytest.raises(NamedTypeError, match=r"Mesh string '2,4': num_devices must be an int, got .* Pass e\.g\. num_devices=8"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Mesh string '2,4': num_devices must be an int, got .* Pass e\.g\. num_devices=8",
+    ):
         parse("2,4", ("a", "b"), num_devices=n)
 
 
 def test_parse_mesh_from_string_more_devices_than_available():
-    with pytest.raises(MeshError, match=r"Mesh string '2,8': num_devices=16, but only 8 devices are available"):
+    with pytest.raises(
+        MeshError, match=r"Mesh string '2,8': num_devices=16, but only 8 devices are available"
+    ):
         parse_mesh_from_string("2,8", ("a", "b"), num_devices=16)
 
 
@@ -459,7 +509,10 @@ def test_host_mesh_shape_defaults_to_this_run():
 
 
 def test_host_mesh_shape_errors():
-    with pytest.raises(MeshError, match=r"global_mesh_shape \(2, 4\) needs 8 devices \(2 processes x 2\), but 4 are available"):
+    with pytest.raises(
+        MeshError,
+        match=r"global_mesh_shape \(2, 4\) needs 8 devices \(2 processes x 2\), but 4 are available",
+    ):
         calculate_host_mesh_shape((2, 4), total_devices=2, num_processes=2)
     with pytest.raises(MeshError, match=r"Cannot split mesh \(2, 2\) across 4 processes"):
         calculate_host_mesh_shape((2, 2), total_devices=1, num_processes=4)

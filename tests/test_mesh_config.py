@@ -48,7 +48,10 @@ def test_hybrid_mesh_shape_normalizes_and_is_frozen():
 
 
 def test_hybrid_mesh_shape_errors():
-    with pytest.raises(MeshError, match=r"equally long shapes, got ici_mesh_shape \(1, 8\) \(2 axes\) and dcn_mesh_shape \(2,\) \(1 axes\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"equally long shapes, got ici_mesh_shape \(1, 8\) \(2 axes\) and dcn_mesh_shape \(2,\) \(1 axes\)",
+    ):
         HybridMeshShape((1, 8), (2,))
     with pytest.raises(MeshError, match=r"ici_mesh_shape \(-1, -1\) has 2 axes of size -1"):
         HybridMeshShape((-1, -1), (1, 1))
@@ -72,26 +75,62 @@ def test_mesh_config_normalizes():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(mesh_shape=(2, 4, 1), mesh_axis_names=("data", "model")),
-         r"mesh_shape \(2, 4, 1\) has 3 entries but there are 2 mesh axis names \('data', 'model'\)"),
-        (dict(mesh_shape=HybridMeshShape((1, 1, 8), (2, 1, 1)), mesh_axis_names=("data", "model")),
-         r"mesh_shape HybridMeshShape\(.*\) has 3 axes but there are 2 mesh axis names"),
-        (dict(mesh_shape=(-1, -1), mesh_axis_names=("data", "model")),
-         r"mesh_shape \(data=-1, model=-1\) has 2 axes of size -1"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "data")),
-         r"Duplicate mesh axis names 'data' in mesh_axis_names"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("dp", "tp")),
-         r"batch_axis_names 'data' are not mesh axes\. Available axes: 'dp', 'tp'"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), batch_axis_names=("data", "fsdp")),
-         r"batch_axis_names 'fsdp' are not mesh axes"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), batch_axis_names=("data", "data")),
-         r"batch_axis_names 'data', 'data' repeat mesh axis 'data'; a batch is split over each mesh axis at most once\. List each batch axis once"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), mesh_rules=(("tpu-(", (1, 8)),)),
-         r"mesh_rules\[0\] pattern 'tpu-\(' is not a valid regular expression"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), mesh_rules=(("gpu-.*", (8,)),)),
-         r"mesh_rules\[0\] \('gpu-\.\*'\) mesh shape \(8,\) has 1 entries but there are 2"),
-        (dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), mesh_rules=(("gpu-.*",),)),
-         r"mesh_rules\[0\] is \('gpu-\.\*',\); each rule must be a \(regex, mesh_shape\) pair"),
+        (
+            dict(mesh_shape=(2, 4, 1), mesh_axis_names=("data", "model")),
+            r"mesh_shape \(2, 4, 1\) has 3 entries but there are 2 mesh axis names \('data', 'model'\)",
+        ),
+        (
+            dict(
+                mesh_shape=HybridMeshShape((1, 1, 8), (2, 1, 1)), mesh_axis_names=("data", "model")
+            ),
+            r"mesh_shape HybridMeshShape\(.*\) has 3 axes but there are 2 mesh axis names",
+        ),
+        (
+            dict(mesh_shape=(-1, -1), mesh_axis_names=("data", "model")),
+            r"mesh_shape \(data=-1, model=-1\) has 2 axes of size -1",
+        ),
+        (
+            dict(mesh_shape=(2, 4), mesh_axis_names=("data", "data")),
+            r"Duplicate mesh axis names 'data' in mesh_axis_names",
+        ),
+        (
+            dict(mesh_shape=(2, 4), mesh_axis_names=("dp", "tp")),
+            r"batch_axis_names 'data' are not mesh axes\. Available axes: 'dp', 'tp'",
+        ),
+        (
+            dict(
+                mesh_shape=(2, 4),
+                mesh_axis_names=("data", "model"),
+                batch_axis_names=("data", "fsdp"),
+            ),
+            r"batch_axis_names 'fsdp' are not mesh axes",
+        ),
+        (
+            dict(
+                mesh_shape=(2, 4),
+                mesh_axis_names=("data", "model"),
+                batch_axis_names=("data", "data"),
+            ),
+            r"batch_axis_names 'data', 'data' repeat mesh axis 'data'; a batch is split over each mesh axis at most once\. List each batch axis once",
+        ),
+        (
+            dict(
+                mesh_shape=(2, 4),
+                mesh_axis_names=("data", "model"),
+                mesh_rules=(("tpu-(", (1, 8)),),
+            ),
+            r"mesh_rules\[0\] pattern 'tpu-\(' is not a valid regular expression",
+        ),
+        (
+            dict(
+                mesh_shape=(2, 4), mesh_axis_names=("data", "model"), mesh_rules=(("gpu-.*", (8,)),)
+            ),
+            r"mesh_rules\[0\] \('gpu-\.\*'\) mesh shape \(8,\) has 1 entries but there are 2",
+        ),
+        (
+            dict(mesh_shape=(2, 4), mesh_axis_names=("data", "model"), mesh_rules=(("gpu-.*",),)),
+            r"mesh_rules\[0\] is \('gpu-\.\*',\); each rule must be a \(regex, mesh_shape\) pair",
+        ),
     ],
 )
 def test_mesh_config_errors(kwargs, message):
@@ -134,7 +173,9 @@ def test_select_first_full_match_wins(selector, expected):
 
 def test_select_uses_fullmatch():
     with pytest.warns(UserWarning, match=r"matches none of the mesh rules"):
-        chosen = MeshConfig((2, 4), ("data", "model"), mesh_rules=(("gpu", (1, 8)),)).select("gpu-h100-8")
+        chosen = MeshConfig((2, 4), ("data", "model"), mesh_rules=(("gpu", (1, 8)),)).select(
+            "gpu-h100-8"
+        )
     assert chosen.mesh_shape == (2, 4)
 
 
@@ -154,7 +195,9 @@ def test_select_without_rules_is_silent():
 
 
 def test_select_rejects_non_string():
-    with pytest.raises(NamedTypeError, match=r"The mesh selector must be a str such as 'tpu-v5e-256', got 8"):
+    with pytest.raises(
+        NamedTypeError, match=r"The mesh selector must be a str such as 'tpu-v5e-256', got 8"
+    ):
         make_config().select(8)
 
 
@@ -175,7 +218,9 @@ def test_create_device_mesh_over_stand_ins_is_a_jax_mesh():
 
 def test_create_device_mesh_refuses_unhashable_stand_ins():
     devs = [SimpleNamespace(id=i, process_index=0) for i in range(8)]
-    with pytest.raises(NamedTypeError, match=r"needs hashable, non-sequence device objects.*\(SimpleNamespace\)"):
+    with pytest.raises(
+        NamedTypeError, match=r"needs hashable, non-sequence device objects.*\(SimpleNamespace\)"
+    ):
         MeshConfig((2, 4), ("data", "model")).create_device_mesh(devs)
 
 
@@ -211,9 +256,15 @@ def test_hybrid_four_hosts_of_two_dcn_on_second_axis():
 
 def test_hybrid_layout_errors():
     config = MeshConfig(HybridMeshShape((1, 4), (2, 1)), ("data", "model"))
-    with pytest.raises(MeshError, match=r"ici_mesh_shape \(data=1, model=4\) needs 4 devices per process, but 2 are available"):
+    with pytest.raises(
+        MeshError,
+        match=r"ici_mesh_shape \(data=1, model=4\) needs 4 devices per process, but 2 are available",
+    ):
         config.create_device_mesh(hosts(4, 2))
-    with pytest.raises(MeshError, match=r"dcn_mesh_shape \(data=2, model=1\) needs 2 processes, but 1 are available"):
+    with pytest.raises(
+        MeshError,
+        match=r"dcn_mesh_shape \(data=2, model=1\) needs 2 processes, but 1 are available",
+    ):
         config.create_device_mesh(hosts(1, 4))
     with pytest.raises(MeshError, match=r"The device list is empty"):
         config.create_device_mesh([])
@@ -244,5 +295,8 @@ def test_a_bare_string_is_one_axis_name():
     config = MeshConfig((8,), "data", batch_axis_names="data")
     assert config.mesh_axis_names == ("data",) and config.batch_axis_names == "data"
     assert dict(config.create_device_mesh().shape) == {"data": 8}
-    with pytest.raises(MeshError, match=r"mesh_shape \(2, 4\) has 2 entries but there are 1 mesh axis names \('data'\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"mesh_shape \(2, 4\) has 2 entries but there are 1 mesh axis names \('data'\)",
+    ):
         MeshConfig((2, 4), "data")

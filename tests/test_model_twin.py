@@ -27,7 +27,9 @@ def twin_run(kind):
     cfg = tw.TINY
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
     model, n_state = tw.named_init(cfg, mesh)
-    specs = {name: na.pspec_for(x, tw.PARAMS, mesh=mesh) for name, x in _named_leaves(model).items()}
+    specs = {
+        name: na.pspec_for(x, tw.PARAMS, mesh=mesh) for name, x in _named_leaves(model).items()
+    }
     init, p_step = tw.plain_step(cfg, mesh)
     params, p_state = init(tw.plain_params(model))
     n_step = tw.named_step(cfg)
@@ -43,8 +45,13 @@ def twin_run(kind):
         n_hlo = n_step.lower(model, n_state, batch).compile().as_text()
         p_hlo = p_step.lower(params, p_state, p_batch).compile().as_text()
     _RESULTS[kind] = dict(
-        specs=specs, n_losses=n_losses, p_losses=p_losses, params=params, model=model,
-        named=tw.collectives(n_hlo), plain=tw.collectives(p_hlo),
+        specs=specs,
+        n_losses=n_losses,
+        p_losses=p_losses,
+        params=params,
+        model=model,
+        named=tw.collectives(n_hlo),
+        plain=tw.collectives(p_hlo),
     )
     return _RESULTS[kind]
 
@@ -52,7 +59,11 @@ def twin_run(kind):
 def _named_leaves(model):
     """The named model's NamedArrays under the twin's plain names (same order as plain_params)."""
     plain = tw.plain_params(model)
-    by_id = {id(x.array): x for x in jax.tree.leaves(model, is_leaf=na.is_named_array) if isinstance(x, na.NamedArray)}
+    by_id = {
+        id(x.array): x
+        for x in jax.tree.leaves(model, is_leaf=na.is_named_array)
+        if isinstance(x, na.NamedArray)
+    }
     return {name: by_id[id(array)] for name, array in plain.items()}
 
 
@@ -66,12 +77,16 @@ def _trim(spec):
 @pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 def test_twin_specs_and_losses_agree(kind):
     res = twin_run(kind)
-    assert {n: _trim(s) for n, s in res["specs"].items()} == {n: _trim(s) for n, s in tw.PARAM_SPECS.items()}
+    assert {n: _trim(s) for n, s in res["specs"].items()} == {
+        n: _trim(s) for n, s in tw.PARAM_SPECS.items()
+    }
     np.testing.assert_allclose(res["n_losses"], res["p_losses"], rtol=1e-5)
     assert res["n_losses"][-1] < res["n_losses"][0]  # it trains
     # After training, the parameters still agree and keep the hand-written layout.
     up = res["model"].blocks.stacked.mlp.up.weight.array
-    np.testing.assert_allclose(np.asarray(up), np.asarray(res["params"]["up_w"]), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(up), np.asarray(res["params"]["up_w"]), rtol=1e-4, atol=1e-6
+    )
     assert _trim(up.sharding.spec) == _trim(tw.PARAM_SPECS["up_w"])
 
 
@@ -95,6 +110,9 @@ def test_collective_parser():
 """
     found = tw.collectives(hlo)
     assert found["all-gather"] == ["f32[16]", "(f32[16], f32[8])"]
-    assert found["all-reduce"] == ["(f32[8,16], f32[])", "(f32[4], f32[])"]  # tuple order normalized
+    assert found["all-reduce"] == [
+        "(f32[8,16], f32[])",
+        "(f32[4], f32[])",
+    ]  # tuple order normalized
     assert found["collective-permute"] == ["s32[4]"]
     assert tw.counts(found)["reduce-scatter"] == 0

@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import shard_shapes, spec_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import NamedTypeError, axis_mapping, named
-
-from _helpers import spec_of, shard_shapes
 
 
 def data(rows=8, cols=12):
@@ -191,13 +191,17 @@ def test_mesh_taken_from_arguments_without_set_mesh(mesh_2x4):
 
 
 def test_bad_input():
-    with pytest.raises(NamedTypeError, match=r"named_jit expects a function, got \{'batch': 'data'\}"):
+    with pytest.raises(
+        NamedTypeError, match=r"named_jit expects a function, got \{'batch': 'data'\}"
+    ):
         na.named_jit({"batch": "data"})
     with pytest.raises(NamedTypeError, match=r"named_jit expects a function, got 3 \(int\)"):
         na.named_jit(axis_resources={"batch": "data"})(3)
     with pytest.raises(NamedTypeError, match=r"named_jit manages static_argnums itself"):
         na.named_jit(scale, static_argnums=1)
-    with pytest.raises(NamedTypeError, match=r"donate_args must be a pytree prefix of the positional"):
+    with pytest.raises(
+        NamedTypeError, match=r"donate_args must be a pytree prefix of the positional"
+    ):
         na.named_jit(scale, donate_args=(True, True, True))(data())
     with pytest.raises(na.MappingTypeError, match=r"Logical axis 'batch' is mapped to 1"):
         na.named_jit(scale, axis_resources={"batch": 1})
@@ -218,9 +222,13 @@ def test_cache_is_bounded():
 
 def test_donate_args_must_be_bools():
     x, y = data(), data()
-    with pytest.raises(NamedTypeError, match=r"donate_args entries must be True/False .* got 'no' \(str\)"):
+    with pytest.raises(
+        NamedTypeError, match=r"donate_args entries must be True/False .* got 'no' \(str\)"
+    ):
         na.named_jit(lambda a, b: a, donate_args="no")(x, y)
-    with pytest.raises(NamedTypeError, match=r"got 0 \(int\) in donate_args=\(0, 1\).* not a list of positions"):
+    with pytest.raises(
+        NamedTypeError, match=r"got 0 \(int\) in donate_args=\(0, 1\).* not a list of positions"
+    ):
         na.named_jit(lambda a, b: a, donate_args=(0, 1))(x, y)
 
 
@@ -250,7 +258,9 @@ def test_unhashable_static_argument_is_refused():
         __hash__ = None
 
     f = na.named_jit(lambda x, box: scale(x, box.v))
-    with pytest.raises(NamedTypeError, match=r"but args\[1\] is an unhashable Box .* Pass a hashable value"):
+    with pytest.raises(
+        NamedTypeError, match=r"but args\[1\] is an unhashable Box .* Pass a hashable value"
+    ):
         f(data(), Box(2.0))
 
 
@@ -263,10 +273,14 @@ def test_reusing_a_donated_argument_names_it():
     f = na.named_jit(lambda x, y: scale(x), donate_args=(True, False))
     x = na.named(jnp.ones((4, 4)) + 1, ("batch", "embed"))
     f(x, data())
-    with pytest.raises(NamedTypeError, match=r"argument args\[0\]\.array was donated to an earlier call"):
+    with pytest.raises(
+        NamedTypeError, match=r"argument args\[0\]\.array was donated to an earlier call"
+    ):
         f(x, data())
     z = na.named(jnp.ones((4, 4)) + 1, ("batch", "embed"))
-    with pytest.raises(NamedTypeError, match=r"the same array is passed as args\[0\]\.array and args\[1\]\.array"):
+    with pytest.raises(
+        NamedTypeError, match=r"the same array is passed as args\[0\]\.array and args\[1\]\.array"
+    ):
         f(z, z)
 
 
@@ -303,7 +317,12 @@ def test_empty_arrays_placed_like_shard(mesh_2x4):
     with jax.set_mesh(mesh_2x4), axis_mapping(mapping):
         out = na.named_jit(lambda t: scale(t))(x)
         placed = na.shard(x)
-    assert out.array.sharding.spec == placed.array.sharding.spec == na.pspec_for(x, mapping, mesh=mesh_2x4) == P("data", "model")
+    assert (
+        out.array.sharding.spec
+        == placed.array.sharding.spec
+        == na.pspec_for(x, mapping, mesh=mesh_2x4)
+        == P("data", "model")
+    )
 
 
 def test_clear_caches_empties_every_cache(mesh_2x4):
@@ -327,7 +346,12 @@ def test_clear_caches_empties_every_cache(mesh_2x4):
 def test_mapping_typo_fails_on_plain_arrays_too(mesh_2x4):
     """Issue 9: named_jit(axis_resources=...) with a mesh-axis typo and only plain arrays."""
     f = na.named_jit(lambda x: x * 2, axis_resources={"batch": "dta"})
-    with jax.set_mesh(mesh_2x4), pytest.raises(na.ShardingError, match=r"names mesh axis 'dta' \(used by logical axis 'batch'\)"):
+    with (
+        jax.set_mesh(mesh_2x4),
+        pytest.raises(
+            na.ShardingError, match=r"names mesh axis 'dta' \(used by logical axis 'batch'\)"
+        ),
+    ):
         f(jnp.ones(8))
     with jax.set_mesh(mesh_2x4), pytest.raises(na.ShardingError, match=r"names mesh axis 'dta'"):
         na.shard({"w": jnp.ones(8)}, {"batch": "dta"})

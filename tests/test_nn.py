@@ -1,6 +1,5 @@
 """namedaxes.nn layers: values against the plain-JAX computation with the same parameters, and errors."""
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -50,15 +49,26 @@ def test_linear_init_scale_and_no_bias():
 
 def test_linear_errors():
     lin = na.nn.Linear(E, {"mlp": 4}, key=KEY)
-    with pytest.raises(na.AxisNotFoundError, match=r"Linear works over axis 'embed', but `x` is NamedArray\(batch=2, hidden=8\)\. Available axes: 'batch', 'hidden'"):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"Linear works over axis 'embed', but `x` is NamedArray\(batch=2, hidden=8\)\. Available axes: 'batch', 'hidden'",
+    ):
         lin(na.ones({"batch": 2, "hidden": 8}))
-    with pytest.raises(na.AxisSizeError, match=r"Linear expects axis 'embed' of size 8, but `x` has size 3"):
+    with pytest.raises(
+        na.AxisSizeError, match=r"Linear expects axis 'embed' of size 8, but `x` has size 3"
+    ):
         lin(na.ones({"embed": 3}))
-    with pytest.raises(na.DuplicateAxisError, match=r"already has axis 'mlp', which is an output axis"):
+    with pytest.raises(
+        na.DuplicateAxisError, match=r"already has axis 'mlp', which is an output axis"
+    ):
         lin(na.ones({"embed": 8, "mlp": 4}))
-    with pytest.raises(na.DuplicateAxisError, match=r"axis 'embed' is both an input and an output axis"):
+    with pytest.raises(
+        na.DuplicateAxisError, match=r"axis 'embed' is both an input and an output axis"
+    ):
         na.nn.Linear(E, E, key=KEY)
-    with pytest.raises(na.NamedTypeError, match=r"needs a NamedArray for `x`, got a plain array of shape \(8,\)"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"needs a NamedArray for `x`, got a plain array of shape \(8,\)"
+    ):
         lin(jnp.ones(8))
     with pytest.raises(na.NamedTypeError, match=r"parameters need a floating dtype, got int32"):
         na.nn.Linear(E, {"mlp": 4}, key=KEY, dtype=jnp.int32)
@@ -77,16 +87,27 @@ def test_embedding_lookup_and_tied_unembed():
     logits = emb.unembed(h)
     assert logits.axis_names == ("batch", "position", "vocab")
     close(logits.array, jnp.einsum("bte,ve->btv", h.array, emb.weight.array))
-    assert abs(float(jnp.std(na.nn.Embedding({"vocab": 512}, {"embed": 64}, key=KEY).weight.array)) - 0.125) < 0.01
+    assert (
+        abs(
+            float(jnp.std(na.nn.Embedding({"vocab": 512}, {"embed": 64}, key=KEY).weight.array))
+            - 0.125
+        )
+        < 0.01
+    )
 
 
 def test_embedding_errors():
     emb = na.nn.Embedding(Axis("vocab", 4), E, key=KEY)
-    with pytest.raises(na.NamedTypeError, match=r"Embedding needs an integer NamedArray of ids, got NamedArray\(float32, batch=2\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"Embedding needs an integer NamedArray of ids, got NamedArray\(float32, batch=2\)",
+    ):
         emb(na.ones({"batch": 2}))
     with pytest.raises(na.DuplicateAxisError, match=r"already has axis 'embed'"):
         emb(named(jnp.zeros((2, 8), jnp.int32), ("batch", "embed")))
-    with pytest.raises(na.NamedTypeError, match=r"got a plain array of shape \(2,\)\. Pass e\.g\. named\(tokens"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"got a plain array of shape \(2,\)\. Pass e\.g\. named\(tokens"
+    ):
         emb(jnp.zeros(2, jnp.int32))
     with pytest.raises(na.AxisNotFoundError, match=r"Embedding.unembed works over axis 'embed'"):
         emb.unembed(na.ones({"batch": 2}))
@@ -106,7 +127,9 @@ def test_layer_norm_matches_formula_and_keeps_layout():
     a = x.array
     mu = a.mean(0, keepdims=True)
     var = ((a - mu) ** 2).mean(0, keepdims=True)
-    ref = (a - mu) / jnp.sqrt(var + 1e-5) * ln.weight.array[:, None, None] + ln.bias.array[:, None, None]
+    ref = (a - mu) / jnp.sqrt(var + 1e-5) * ln.weight.array[:, None, None] + ln.bias.array[
+        :, None, None
+    ]
     close(y.array, ref)
     plain = na.nn.LayerNorm(E, use_weight=False, use_bias=False)
     assert plain.weight is None and plain.bias is None
@@ -165,6 +188,7 @@ def test_dropout_inference_and_errors():
 def test_mlp_matches_plain(gated):
     mlp = na.nn.MLP(E, {"mlp": 16}, key=KEY, gated=gated, activation=na.silu if gated else na.gelu)
     x = data(B, T, E)
+
     def lin(m, a):
         return jnp.einsum("bti,io->bto", a, m.weight.array) + m.bias.array[None, None]
 
@@ -216,12 +240,20 @@ def test_dot_product_attention_causal_and_padding_vs_jax():
 
 
 def test_grouped_query_attention_matches_repeated_kv_heads():
-    KV, G, D, S = Axis("kv_heads", 2), Axis("q_per_kv", 3), Axis("head_dim", 4), Axis("key_position", 5)
+    KV, G, D, S = (
+        Axis("kv_heads", 2),
+        Axis("q_per_kv", 3),
+        Axis("head_dim", 4),
+        Axis("key_position", 5),
+    )
     q, k, v = data(B, T, KV, G, D, key=1), data(B, S, KV, D, key=2), data(B, S, KV, D, key=3)
+
     @jax.jit
     def run(q, k, v):
         out = na.nn.dot_product_attention(q, k, v, mask=na.nn.causal_mask(T, S))
-        ref = jax.nn.dot_product_attention(q.array.reshape(2, 5, 6, 4), k.array, v.array, is_causal=True)
+        ref = jax.nn.dot_product_attention(
+            q.array.reshape(2, 5, 6, 4), k.array, v.array, is_causal=True
+        )
         return out, ref
 
     out, ref = run(q, k, v)
@@ -238,11 +270,16 @@ def test_causal_mask_with_longer_keys():
 def test_dot_product_attention_errors():
     q = na.ones({"position": 3, "head_dim": 4})
     k = na.ones({"key_position": 3, "head_dim": 4})
-    with pytest.raises(na.DuplicateAxisError, match=r"already has axis 'key_position', which names the key positions"):
+    with pytest.raises(
+        na.DuplicateAxisError,
+        match=r"already has axis 'key_position', which names the key positions",
+    ):
         na.nn.dot_product_attention(k, k, k)
     with pytest.raises(na.AxisNotFoundError, match=r"'key_position' not found"):
         na.nn.dot_product_attention(q, q, q)
-    with pytest.raises(na.AxisNotFoundError, match=r"mask NamedArray\(batch=2\) has axis 'batch' that the scores"):
+    with pytest.raises(
+        na.AxisNotFoundError, match=r"mask NamedArray\(batch=2\) has axis 'batch' that the scores"
+    ):
         na.nn.dot_product_attention(q, k, k, mask=named(jnp.ones(2, bool), "batch"))
     with pytest.raises(na.NamedTypeError, match=r"mask must be a boolean NamedArray"):
         na.nn.dot_product_attention(q, k, k, mask=na.ones({"position": 3}))
@@ -289,7 +326,10 @@ def test_attention_layer_matches_plain(kind):
     x = data(B, T, E)
     pad = jnp.arange(5)[None, :] < jnp.array([[5], [2]])
     run = eqx.filter_jit(
-        lambda attn, x, pad: (attn(x, mask=named(pad, ("batch", "key_position"))), attention_oracle(attn, x.array, pad))
+        lambda attn, x, pad: (
+            attn(x, mask=named(pad, ("batch", "key_position"))),
+            attention_oracle(attn, x.array, pad),
+        )
     )
     y, ref = run(attn, x, pad)
     assert y.axis_names == ("batch", "position", "embed")
@@ -298,7 +338,9 @@ def test_attention_layer_matches_plain(kind):
 
 def test_attention_errors():
     with pytest.raises(na.AxisSizeError, match=r"KVHeads kv_heads=3 must divide Heads heads=4"):
-        na.nn.Attention(E, Axis("heads", 4), Axis("head_dim", 2), KVHeads=Axis("kv_heads", 3), key=KEY)
+        na.nn.Attention(
+            E, Axis("heads", 4), Axis("head_dim", 2), KVHeads=Axis("kv_heads", 3), key=KEY
+        )
     with pytest.raises(na.NamedTypeError, match=r"Attention Heads must be an Axis, got 4"):
         na.nn.Attention(E, 4, Axis("head_dim", 2), key=KEY)
     attn = na.nn.Attention(E, Axis("heads", 2), Axis("head_dim", 2), key=KEY)
@@ -358,7 +400,10 @@ def test_stacked_checkpointing_gives_the_same_gradients_and_scan_stacks_outputs(
 
     plain = na.nn.Stacked(L, Block, key=KEY)
     remat = na.nn.Stacked(L, Block, key=KEY, gradient_checkpointing=True)
-    g1, g2 = eqx.filter_jit(eqx.filter_grad(loss))(plain), eqx.filter_jit(eqx.filter_grad(loss))(remat)
+    g1, g2 = (
+        eqx.filter_jit(eqx.filter_grad(loss))(plain),
+        eqx.filter_jit(eqx.filter_grad(loss))(remat),
+    )
     close(g1.stacked.mlp.up.weight.array, g2.stacked.mlp.up.weight.array)
     assert "remat" in str(jax.make_jaxpr(loss)(remat))
     assert "remat" not in str(jax.make_jaxpr(loss)(plain))
@@ -409,7 +454,10 @@ def test_cross_entropy_integer_and_soft_targets_with_padding():
     close(per.array, nll)
     pad = named(jnp.arange(5)[None, :] < jnp.array([[5], [2]]), (B, T))
     close(na.nn.cross_entropy(logits, "vocab", ids, where=pad).scalar(), nll[pad.array].mean())
-    close(na.nn.cross_entropy(logits, "vocab", ids, where=pad, reduction=None).array, jnp.where(pad.array, nll, 0.0))
+    close(
+        na.nn.cross_entropy(logits, "vocab", ids, where=pad, reduction=None).array,
+        jnp.where(pad.array, nll, 0.0),
+    )
     late = named(jnp.arange(5) >= 2, T)  # a mask over `position` only counts every batch row
     close(na.nn.cross_entropy(logits, "vocab", ids, where=late).scalar(), nll[:, 2:].mean())
     none = named(jnp.zeros((2, 5), bool), (B, T))
@@ -423,13 +471,15 @@ def test_cross_entropy_errors():
     ids = named(jnp.zeros(2, jnp.int32), "batch")
     with pytest.raises(na.AxisNotFoundError, match=r"'vocb' not found"):
         na.nn.cross_entropy(logits, "vocb", ids)
-    with pytest.raises(na.AxisNotFoundError, match=r"targets NamedArray\(seq=2\) has axis 'seq' that the logits"):
+    with pytest.raises(
+        na.AxisNotFoundError, match=r"targets NamedArray\(seq=2\) has axis 'seq' that the logits"
+    ):
         na.nn.cross_entropy(logits, "vocab", named(jnp.zeros(2, jnp.int32), "seq"))
-    with pytest.raises(na.NamedTypeError, match=r"reduction must be 'mean', 'sum' or None, got 'avg'"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"reduction must be 'mean', 'sum' or None, got 'avg'"
+    ):
         na.nn.cross_entropy(logits, "vocab", ids, reduction="avg")
     with pytest.raises(na.NamedTypeError, match=r"where= must be a boolean NamedArray"):
         na.nn.cross_entropy(logits, "vocab", ids, where=na.ones({"batch": 2}))
     with pytest.raises(na.NamedTypeError, match=r"cross_entropy needs NamedArray targets"):
         na.nn.cross_entropy(logits, "vocab", jnp.zeros(2, jnp.int32))
-
-

@@ -5,11 +5,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _helpers import shard_shapes, spec_of
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis, named
-from _helpers import shard_shapes, spec_of
 
 KEY = jax.random.key(0)
 B, T, E = Axis("batch", 4), Axis("position", 6), Axis("embed", 8)
@@ -66,7 +66,9 @@ def test_embedding_norms_dropout_and_loss(mesh_2x4):
 
     params = (emb, ln, rms, drop)
     expected = eqx.filter_jit(fn)(params, ids, jax.random.key(3))
-    (emb_s, ln_s, *_), (h, logits, loss, soft) = run_sharded(mesh_2x4, fn, params, ids, jax.random.key(3))
+    (emb_s, ln_s, *_), (h, logits, loss, soft) = run_sharded(
+        mesh_2x4, fn, params, ids, jax.random.key(3)
+    )
     assert spec_of(emb_s.weight) == P(None, "data") and spec_of(ln_s.weight) == P("data")
     for got, want in zip((h, logits, loss, soft), expected):
         close(got.array, want.array)
@@ -78,7 +80,9 @@ def test_embedding_norms_dropout_and_loss(mesh_2x4):
 def test_attention_with_qk_norm(mesh_2x4):
     attn = na.nn.Attention(E, H, D, key=KEY, qk_norm=True)
     x = na.random.normal(jax.random.key(2), (B, T, E))
-    valid = named(jnp.arange(T.size)[None, :] < jnp.array([[6], [3], [6], [1]]), (B, Axis("key_position", 6)))
+    valid = named(
+        jnp.arange(T.size)[None, :] < jnp.array([[6], [3], [6], [1]]), (B, Axis("key_position", 6))
+    )
 
     def fn(attn, x, valid):
         return attn(x, mask=valid)

@@ -11,12 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-from _helpers import spec_of
 
-RULES = na.AxisRules([("embed", "model"), ("batch", "model"), ("batch", "data"), ("mlp", "model"), ("mlp", "data")])
+RULES = na.AxisRules(
+    [("embed", "model"), ("batch", "model"), ("batch", "data"), ("mlp", "model"), ("mlp", "data")]
+)
 
 
 class Block(eqx.Module):
@@ -49,7 +52,9 @@ def test_entry_points_agree_leaf_by_leaf(mesh_2x4, kind):
     mesh = mesh_2x4
     tree = _trees(mesh)[kind]
     specs = na.pspec_for(tree, RULES, mesh=mesh)
-    spec_leaves, spec_def = jax.tree_util.tree_flatten(specs, is_leaf=lambda s: isinstance(s, P) or s is None)
+    spec_leaves, spec_def = jax.tree_util.tree_flatten(
+        specs, is_leaf=lambda s: isinstance(s, P) or s is None
+    )
 
     # The reference: resolve on each leaf's axes (NamedArrays and field-declared arrays), the
     # current spec of placed plain arrays, P() for scalars.
@@ -57,8 +62,11 @@ def test_entry_points_agree_leaf_by_leaf(mesh_2x4, kind):
         if isinstance(node, na.NamedArray):
             return na.resolve(node.axes, RULES, mesh)
         if isinstance(node, Block):
-            return Block(na.resolve((na.Axis("embed", 16), na.Axis("mlp", 8)), RULES, mesh),
-                         na.resolve(node.b.axes, RULES, mesh), P())
+            return Block(
+                na.resolve((na.Axis("embed", 16), na.Axis("mlp", 8)), RULES, mesh),
+                na.resolve(node.b.axes, RULES, mesh),
+                P(),
+            )
         if isinstance(node, (int, float)):
             return P()
         sharding = getattr(node, "sharding", None)
@@ -90,9 +98,15 @@ def test_entry_points_agree_leaf_by_leaf(mesh_2x4, kind):
     with jax.set_mesh(mesh):
         placed = na.shard(tree, RULES)
         out = na.named_jit(lambda t: t, axis_resources=RULES)(tree)
-    want = dict(jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda s: isinstance(s, P) or s is None)[0])
+    want = dict(
+        jax.tree_util.tree_flatten_with_path(
+            specs, is_leaf=lambda s: isinstance(s, P) or s is None
+        )[0]
+    )
     for result in (placed, out):
-        for path, node in jax.tree_util.tree_flatten_with_path(result, is_leaf=lambda n: isinstance(n, na.NamedArray))[0]:
+        for path, node in jax.tree_util.tree_flatten_with_path(
+            result, is_leaf=lambda n: isinstance(n, na.NamedArray)
+        )[0]:
             if isinstance(node, (int, float)):
                 continue
             assert spec_of_entries(spec_of(node)) == spec_of_entries(want[path]), path
@@ -132,12 +146,16 @@ def test_no_mapping_is_an_error_for_every_planner():
         (lambda: na.memory_report(tree, None, mesh), "memory_report"),
         (lambda: na.LogicalAxisRule(None, mesh).apply(tree), r"LogicalAxisRule\.apply"),
     ]:
-        with pytest.raises(na.ShardingError, match=rf"{name}\(\) got no mapping and no axis_mapping is in force"):
+        with pytest.raises(
+            na.ShardingError, match=rf"{name}\(\) got no mapping and no axis_mapping is in force"
+        ):
             call()
 
 
 def test_rule_objects_validate_on_construction():
-    with pytest.raises(na.ShardingError, match=r"unsatisfied must be one of 'error', 'replicate', got 'bogus'"):
+    with pytest.raises(
+        na.ShardingError, match=r"unsatisfied must be one of 'error', 'replicate', got 'bogus'"
+    ):
         na.LogicalAxisRule({"batch": "data"}, unsatisfied="bogus")
     with pytest.raises(na.MappingTypeError, match=r"Logical axis 'batch' is mapped to 3"):
         na.LogicalAxisRule({"batch": 3})
@@ -160,8 +178,12 @@ def test_every_permutation_shards_by_name(mesh_2x4):
     placed spec, and pspec_for/shard agree with resolve for each permutation."""
     import itertools
 
-    rules = na.AxisRules([("embed", "model"), ("batch", "model"), ("batch", "data"), ("mlp", "data"), ("mlp", None)])
-    x = na.named(jnp.arange(8 * 4 * 6, dtype=jnp.float32).reshape(8, 4, 6), ("batch", "embed", "mlp"))
+    rules = na.AxisRules(
+        [("embed", "model"), ("batch", "model"), ("batch", "data"), ("mlp", "data"), ("mlp", None)]
+    )
+    x = na.named(
+        jnp.arange(8 * 4 * 6, dtype=jnp.float32).reshape(8, 4, 6), ("batch", "embed", "mlp")
+    )
     base = dict(zip(x.axis_names, na.resolve(x.axes, rules, mesh_2x4)))
     with jax.set_mesh(mesh_2x4):
         for perm in itertools.permutations(x.axis_names):

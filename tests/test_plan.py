@@ -104,11 +104,20 @@ def test_plan_param_count_subtotals_and_field_leaves():
     assert p.subtotals["opt_state"] == 2 * p.subtotals["params"] + 4
     # The field(axis_names=...) leaf is named: 'embed' on 'data' halves it.
     norm = [g for g in p.largest if g["path"].endswith("norm/scale")]
-    assert norm and norm[0]["spec"] == "P(None, 'data')" and norm[0]["bytes_per_device"] == L * E * 4 // 2
+    assert (
+        norm
+        and norm[0]["spec"] == "P(None, 'data')"
+        and norm[0]["bytes_per_device"] == L * E * 4 // 2
+    )
     assert p.axes["embed"]["mesh_axes"] == ["data"] and p.axes["head_dim"]["saved_bytes"] == 0
     assert p.replicated["paths"] == ["opt_state/0/count"]
     json.dumps(p.to_dict())  # JSON-able
-    assert p.to_dict()["rules"] == [["embed", "data"], ["mlp", "model"], ["heads", "model"], ["vocab", "model"]]
+    assert p.to_dict()["rules"] == [
+        ["embed", "data"],
+        ["mlp", "model"],
+        ["heads", "model"],
+        ["vocab", "model"],
+    ]
 
 
 def test_plan_largest_dedupes_identical_leaves():
@@ -125,7 +134,9 @@ def test_plan_largest_dedupes_identical_leaves():
 def test_plan_state_bytes_equal_xla_arguments(mesh_2x4, layout):
     """The analytic per-device bytes equal XLA's argument bytes on 8 CPU devices."""
     state = abstract_state()
-    p = na.plan(state, mesh_2x4, na.AxisRules(LAYOUTS[layout], unsatisfied="replicate"), step=take_state)
+    p = na.plan(
+        state, mesh_2x4, na.AxisRules(LAYOUTS[layout], unsatisfied="replicate"), step=take_state
+    )
     assert p.compiled is not None
     assert p.compiled["argument_bytes"] == p.state_bytes_per_device
     assert p.compiled["temp_bytes"] == 0
@@ -159,7 +170,9 @@ def test_parse_bytes():
     assert parse_bytes("512MB") == 512 * 10**6
     assert parse_bytes("1.5 kib") == 1536
     assert parse_bytes(7) == 7 and parse_bytes(8.0) == 8
-    with pytest.raises(na.PlanError, match=r"Cannot read budget '16 gigs': expected a number and a unit"):
+    with pytest.raises(
+        na.PlanError, match=r"Cannot read budget '16 gigs': expected a number and a unit"
+    ):
         parse_bytes("16 gigs")
     with pytest.raises(na.PlanError, match=r"budget must be a finite number of bytes, got nan"):
         parse_bytes(float("nan"))
@@ -171,9 +184,13 @@ def test_parse_bytes():
 
 def test_plan_errors():
     tree = {"w": na.named(jax.ShapeDtypeStruct((8,), "float32"), ("embed",))}
-    with pytest.raises(na.ShardingError, match=r"plan\(\) got no rules and no axis_mapping is in force"):
+    with pytest.raises(
+        na.ShardingError, match=r"plan\(\) got no rules and no axis_mapping is in force"
+    ):
         na.plan(tree, {"data": 8})
-    with pytest.raises(na.PlanError, match=r"mesh must be a Mesh, AbstractMesh, \{axis: size\} dict"):
+    with pytest.raises(
+        na.PlanError, match=r"mesh must be a Mesh, AbstractMesh, \{axis: size\} dict"
+    ):
         na.plan(tree, 8, {"embed": "data"})
     with pytest.raises(na.CompileTargetError, match=r"needs 16 devices but this process has 8"):
         na.plan(tree, {"data": 16}, {"embed": None}, step=take_state)
@@ -188,7 +205,9 @@ def test_plan_train_step_on_cpu_target():
     """A real train step (forward, loss, grad, AdamW) compiled on 8 simulated devices in a subprocess."""
     state = abstract_state()
     tokens = jax.ShapeDtypeStruct((16,), "int32")
-    p = na.plan(state, "cpu:data=4,model=2", FSDP_TP, step=train_step, args=(state, tokens), budget="64KiB")
+    p = na.plan(
+        state, "cpu:data=4,model=2", FSDP_TP, step=train_step, args=(state, tokens), budget="64KiB"
+    )
     c = p.compiled
     assert p.target == "cpu:data=4,model=2" and p.mesh == {"data": 4, "model": 2}
     # The state is the step's argument (the tokens add 16 * 4 bytes, replicated).
@@ -198,13 +217,18 @@ def test_plan_train_step_on_cpu_target():
     )
     assert p.cost["flops"] > 0
     assert {x["kind"] for x in p.collectives} & {"all-reduce", "all-gather", "reduce-scatter"}
-    assert p.fits == (c["total_bytes"] <= 64 * 1024) and p.headroom_bytes == 64 * 1024 - c["total_bytes"]
+    assert (
+        p.fits == (c["total_bytes"] <= 64 * 1024)
+        and p.headroom_bytes == 64 * 1024 - c["total_bytes"]
+    )
     assert p.dominant in {"state (arguments)", "temporaries", "outputs (not aliased)"}
 
 
 def test_cpu_target_refuses_unimportable_step():
     tree = {"w": na.named(jax.ShapeDtypeStruct((8,), "float32"), ("embed",))}
-    with pytest.raises(na.CompileTargetError, match=r"Cannot send the step to the compiling subprocess"):
+    with pytest.raises(
+        na.CompileTargetError, match=r"Cannot send the step to the compiling subprocess"
+    ):
         na.plan(tree, "cpu:data=8", {"embed": "data"}, step=lambda s: None)
 
 
@@ -214,7 +238,9 @@ def test_parse_target():
     assert parse_target("tpu-v5e-256:data=32,model=8").topology == "v5e:16x16"
     assert parse_target("tpu-v5p-128:data=64").topology == "v5p:4x4x4"
     assert parse_target("tpu-v5p:4x4x8:data=128").topology == "v5p:4x4x8"
-    with pytest.raises(na.CompileTargetError, match=r"Compile target 'tpu-v5e-256:data=8' has 256 devices"):
+    with pytest.raises(
+        na.CompileTargetError, match=r"Compile target 'tpu-v5e-256:data=8' has 256 devices"
+    ):
         parse_target("tpu-v5e-256:data=8")
     with pytest.raises(na.CompileTargetError, match=r"Unknown compile target platform 'gpu'"):
         parse_target("gpu:data=8")
@@ -227,14 +253,18 @@ def test_parse_target():
 _HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 
-@pytest.mark.skipif(_HAS_LIBTPU, reason="libtpu is installed: the missing-libtpu error cannot occur")
+@pytest.mark.skipif(
+    _HAS_LIBTPU, reason="libtpu is installed: the missing-libtpu error cannot occur"
+)
 def test_tpu_target_without_libtpu_says_how_to_install():
     tree = {"w": na.named(jax.ShapeDtypeStruct((8,), "float32"), ("embed",))}
     with pytest.raises(na.CompileTargetError, match=r"pip install 'namedaxes\[tpu\]'"):
         na.plan(tree, "tpu-v5e-8:data=8", {"embed": "data"}, step=take_state)
 
 
-@pytest.mark.skipif(not _HAS_LIBTPU, reason="libtpu is not installed (pip install 'namedaxes[tpu]')")
+@pytest.mark.skipif(
+    not _HAS_LIBTPU, reason="libtpu is not installed (pip install 'namedaxes[tpu]')"
+)
 def test_tpu_target_compiles_for_the_slice():
     state = abstract_state()
     p = na.plan(state, "tpu-v5e-8:data=4,model=2", FSDP_TP, step=take_state)
@@ -279,9 +309,13 @@ class _OomFn:
 
 
 def test_compiled_memory_wraps_out_of_memory():
-    with pytest.raises(na.DeviceOutOfMemoryError, match=r"needs 22,022,444,810 B \(20.51 GiB\) per device") as info:
+    with pytest.raises(
+        na.DeviceOutOfMemoryError, match=r"needs 22,022,444,810 B \(20.51 GiB\) per device"
+    ) as info:
         na.compiled_memory(_OomFn(), jax.ShapeDtypeStruct((4,), "float32"))
-    assert info.value.used_bytes == int(20.51 * 2**30) and info.value.capacity_bytes == int(15.48 * 2**30)
+    assert info.value.used_bytes == int(20.51 * 2**30) and info.value.capacity_bytes == int(
+        15.48 * 2**30
+    )
     assert "RESOURCE_EXHAUSTED" in info.value.xla_message
 
 
@@ -314,18 +348,26 @@ def test_plan_search_finds_the_smallest_state():
     for a, b in itertools.product(options, repeat=2):
         if set(a) & set(b):
             continue
-        rules = na.AxisRules([(n, t) for n, t in (("embed", a), ("mlp", b)) if t], unsatisfied="replicate")
+        rules = na.AxisRules(
+            [(n, t) for n, t in (("embed", a), ("mlp", b)) if t], unsatisfied="replicate"
+        )
         best = min(best, na.plan({"w": w}, mesh, rules).state_bytes_per_device)
-    assert na.plan_search({"w": w}, mesh, top=1)[0].state_bytes_per_device == best == 8 * 12 * 4 // 8
+    assert (
+        na.plan_search({"w": w}, mesh, top=1)[0].state_bytes_per_device == best == 8 * 12 * 4 // 8
+    )
 
 
 def test_plan_search_errors():
     w = na.named(jax.ShapeDtypeStruct((8, 12), "float32"), ("embed", "mlp"))
-    with pytest.raises(na.PlanError, match=r"No mapping of \['embed', 'mlp'\] on Mesh\(data=2, model=4\) fits"):
+    with pytest.raises(
+        na.PlanError, match=r"No mapping of \['embed', 'mlp'\] on Mesh\(data=2, model=4\) fits"
+    ):
         na.plan_search({"w": w}, {"data": 2, "model": 4}, budget=10)
     with pytest.raises(na.PlanError, match=r"logical_axes names \['heads'\], which no leaf has"):
         na.plan_search({"w": w}, {"data": 2, "model": 4}, logical_axes=["heads"])
-    with pytest.raises(na.PlanError, match=r"would enumerate 12 mappings .* \(more than max_candidates=4\)"):
+    with pytest.raises(
+        na.PlanError, match=r"would enumerate 12 mappings .* \(more than max_candidates=4\)"
+    ):
         na.plan_search({"w": w}, {"data": 2, "model": 4}, max_candidates=4)
 
 
@@ -338,8 +380,12 @@ def test_plan_search_ranks_compiled_steps():
     state = abstract_state()
     # Both layouts compile in one subprocess on 8 simulated devices.
     found = na.plan_search(
-        state, "cpu:data=4,model=2", logical_axes=["embed", "mlp"], step=scale_params,
-        top=2, compile_limit=2,
+        state,
+        "cpu:data=4,model=2",
+        logical_axes=["embed", "mlp"],
+        step=scale_params,
+        top=2,
+        compile_limit=2,
     )
     assert found.compiled == 2 and len(found) == 2
     assert all(p.compiled["argument_bytes"] == p.state_bytes_per_device for p in found)
@@ -367,15 +413,22 @@ def test_memory_rule_device_scope_budgets_the_sum():
 
 
 def test_memory_rule_device_scope_keeps_small_leaves_replicated():
-    tree = {"big": jax.ShapeDtypeStruct((64, 64), "float32"), "small": jax.ShapeDtypeStruct((4,), "float32")}
-    specs = na.MemoryConstrainedShardingRule(8192, {"data": 2, "model": 4}, scope="device").apply(tree)
+    tree = {
+        "big": jax.ShapeDtypeStruct((64, 64), "float32"),
+        "small": jax.ShapeDtypeStruct((4,), "float32"),
+    }
+    specs = na.MemoryConstrainedShardingRule(8192, {"data": 2, "model": 4}, scope="device").apply(
+        tree
+    )
     assert specs == {"big": P("model", None), "small": P(None)}
 
 
 def test_memory_rule_device_scope_unfit():
     tree = {"odd": jax.ShapeDtypeStruct((7, 3), "float32")}
     rule = na.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device")
-    with pytest.raises(na.ShardingError, match=r"one device still holds 84 bytes .* over the budget of 8 bytes"):
+    with pytest.raises(
+        na.ShardingError, match=r"one device still holds 84 bytes .* over the budget of 8 bytes"
+    ):
         rule.apply(tree)
     warn = na.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device", on_unfit="warn")
     with pytest.warns(na.MemoryBudgetWarning, match=r"still holds 84 bytes"):
@@ -383,11 +436,15 @@ def test_memory_rule_device_scope_unfit():
 
 
 def test_memory_rule_refuses_non_finite_budget_and_unknown_scope():
-    with pytest.raises(na.ShardingError, match=r"max_memory_per_device must be a finite number of bytes, got nan"):
+    with pytest.raises(
+        na.ShardingError, match=r"max_memory_per_device must be a finite number of bytes, got nan"
+    ):
         na.MemoryConstrainedShardingRule(float("nan"), {"data": 2})
     with pytest.raises(na.ShardingError, match=r"got inf"):
         na.MemoryConstrainedShardingRule(float("inf"), {"data": 2})
-    with pytest.raises(na.ShardingError, match=r"scope must be 'leaf' \(budget each array\) or 'device'"):
+    with pytest.raises(
+        na.ShardingError, match=r"scope must be 'leaf' \(budget each array\) or 'device'"
+    ):
         na.MemoryConstrainedShardingRule(1, {"data": 2}, scope="mesh")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,6 +1,5 @@
 """namedaxes.random against jax.random with the same key; by-name parameters; errors."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +40,9 @@ def test_bernoulli():
 def test_randint_and_truncated_normal():
     hi = na.named(jnp.array([5, 50, 500]), "embed")
     out = na.random.randint(KEY, AXES, 0, hi, dtype=jnp.int16)
-    np.testing.assert_array_equal(out.array, jax.random.randint(KEY, (2, 3), 0, hi.array[None, :], jnp.int16))
+    np.testing.assert_array_equal(
+        out.array, jax.random.randint(KEY, (2, 3), 0, hi.array[None, :], jnp.int16)
+    )
     assert out.dtype == jnp.int16
     t = na.random.truncated_normal(KEY, {"embed": 2, "mlp": 3}, -0.5, 0.5)
     np.testing.assert_array_equal(t.array, jax.random.truncated_normal(KEY, -0.5, 0.5, (2, 3)))
@@ -75,7 +76,9 @@ def test_permutation_of_an_axis_and_of_an_array():
     assert out.axes == x.axes
     np.testing.assert_array_equal(out.array, jax.random.permutation(KEY, x.array, axis=1))
     v = na.named(jnp.arange(4), "batch")
-    np.testing.assert_array_equal(na.random.permutation(KEY, v).array, jax.random.permutation(KEY, v.array))
+    np.testing.assert_array_equal(
+        na.random.permutation(KEY, v).array, jax.random.permutation(KEY, v.array)
+    )
 
 
 def test_samplers_under_jit():
@@ -90,7 +93,9 @@ def test_samplers_under_jit():
 
 
 def test_bad_axes_and_dtype():
-    with pytest.raises(na.NamedTypeError, match=r"axes must be Axis objects or a \{name: size\} dict, got 'batch'"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"axes must be Axis objects or a \{name: size\} dict, got 'batch'"
+    ):
         na.random.normal(KEY, ("batch",))
     with pytest.raises(na.NamedTypeError, match=r"uniform\(\): 'flaot' is not a dtype"):
         na.random.uniform(KEY, AXES, dtype="flaot")
@@ -99,38 +104,68 @@ def test_bad_axes_and_dtype():
 
 
 def test_bad_parameters():
-    with pytest.raises(na.AxisError, match=r"uniform\(\): maxval NamedArray\(vocab=7\) has axes 'vocab' that NamedArray\(batch=2, embed=3\) lacks; it may only use 'batch', 'embed'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"uniform\(\): maxval NamedArray\(vocab=7\) has axes 'vocab' that NamedArray\(batch=2, embed=3\) lacks; it may only use 'batch', 'embed'",
+    ):
         na.random.uniform(KEY, AXES, maxval=na.named(jnp.ones(7), "vocab"))
-    with pytest.raises(na.AxisSizeError, match=r"bernoulli\(\): p axis 'embed' has size 4, but the result's 'embed' has size 3"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"bernoulli\(\): p axis 'embed' has size 4, but the result's 'embed' has size 3",
+    ):
         na.random.bernoulli(KEY, AXES, na.named(jnp.ones(4), "embed"))
-    with pytest.raises(na.NamedTypeError, match=r"randint\(\) got a plain array of shape \(3,\) for maxval"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"randint\(\) got a plain array of shape \(3,\) for maxval"
+    ):
         na.random.randint(KEY, AXES, 0, jnp.ones(3, jnp.int32))
 
 
 def test_bad_categorical_and_permutation():
     logits = na.named(jnp.zeros((2, 5)), ("batch", "vocab"))
-    with pytest.raises(na.AxisNotFoundError, match=r"Axis 'vocb' not found in NamedArray\(batch=2, vocab=5\)\. Available axes: 'batch', 'vocab'\."):
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"Axis 'vocb' not found in NamedArray\(batch=2, vocab=5\)\. Available axes: 'batch', 'vocab'\.",
+    ):
         na.random.categorical(KEY, logits, "vocb")
-    with pytest.raises(na.AxisError, match=r"categorical\(\) result axes \(sample=3\) miss the logits' axes 'batch'; include every logits axis except 'vocab'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"categorical\(\) result axes \(sample=3\) miss the logits' axes 'batch'; include every logits axis except 'vocab'",
+    ):
         na.random.categorical(KEY, logits, "vocab", axes={"sample": 3})
-    with pytest.raises(na.AxisError, match=r"categorical\(\) samples over 'vocab', so the result axes \(batch=2, vocab=5\) cannot contain it"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"categorical\(\) samples over 'vocab', so the result axes \(batch=2, vocab=5\) cannot contain it",
+    ):
         na.random.categorical(KEY, logits, "vocab", axes={"batch": 2, "vocab": 5})
-    with pytest.raises(na.NamedTypeError, match=r"categorical\(\) needs logits as a NamedArray, got ArrayImpl"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"categorical\(\) needs logits as a NamedArray, got ArrayImpl"
+    ):
         na.random.categorical(KEY, jnp.zeros(3), "vocab")
-    with pytest.raises(na.AxisError, match=r"permutation\(\) needs axis= to shuffle NamedArray\(batch=2, vocab=5\); pass one of 'batch', 'vocab'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"permutation\(\) needs axis= to shuffle NamedArray\(batch=2, vocab=5\); pass one of 'batch', 'vocab'",
+    ):
         na.random.permutation(KEY, logits)
-    with pytest.raises(na.AxisError, match=r"permutation\(\) of Axis\('batch', 4\) takes no axis= argument"):
+    with pytest.raises(
+        na.AxisError, match=r"permutation\(\) of Axis\('batch', 4\) takes no axis= argument"
+    ):
         na.random.permutation(KEY, Axis("batch", 4), "batch")
-    with pytest.raises(na.NamedTypeError, match=r"permutation\(\) needs an Axis or a one-entry \{name: size\} dict, got 8 \(int\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"permutation\(\) needs an Axis or a one-entry \{name: size\} dict, got 8 \(int\)",
+    ):
         na.random.permutation(KEY, 8)
 
 
 def test_permutation_along_a_sharded_axis(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     a = jnp.arange(8 * 4).reshape(8, 4)
     with jax.set_mesh(mesh_2x4):
-        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        x = na.named(
+            jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed")
+        )
         out = na.random.permutation(KEY, x, "batch")
     np.testing.assert_array_equal(out.array, jax.random.permutation(KEY, a, axis=0))
     assert tuple(out.sharding.spec)[1:2] == ("model",)

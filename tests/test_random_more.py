@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
@@ -23,12 +24,24 @@ def samples():
         out = {}
         for name, (fn, params, _) in SAMPLERS.items():
             args = [PARAMS[p] for p in params]
-            out[name] = (getattr(na.random, name)(key, AXES, *args).array, fn(key, *args, shape=(2, 3)))
+            out[name] = (
+                getattr(na.random, name)(key, AXES, *args).array,
+                fn(key, *args, shape=(2, 3)),
+            )
         # A parameter that varies along one named axis broadcasts by name.
         lam = na.named(jnp.array([1.0, 10.0, 100.0]), "embed")
-        out["poisson_named"] = (na.random.poisson(key, AXES, lam).array, jax.random.poisson(key, lam.array[None, :], (2, 3)))
-        out["ball"] = (na.random.ball(key, {"batch": 4}, {"coord": 3}).array, jax.random.ball(key, 3, 2, (4,)))
-        out["choice_int"] = (na.random.choice(key, {"vocab": 10}, {"sample": 4}).array, jax.random.choice(key, 10, (4,)))
+        out["poisson_named"] = (
+            na.random.poisson(key, AXES, lam).array,
+            jax.random.poisson(key, lam.array[None, :], (2, 3)),
+        )
+        out["ball"] = (
+            na.random.ball(key, {"batch": 4}, {"coord": 3}).array,
+            jax.random.ball(key, 3, 2, (4,)),
+        )
+        out["choice_int"] = (
+            na.random.choice(key, {"vocab": 10}, {"sample": 4}).array,
+            jax.random.choice(key, 10, (4,)),
+        )
         table = jnp.arange(30.0).reshape(3, 10)  # (embed, vocab)
         p = jnp.linspace(0.0, 1.0, 10) / jnp.linspace(0.0, 1.0, 10).sum()
         out["choice_rows"] = (
@@ -55,7 +68,11 @@ def test_axes_and_dtypes():
         assert na.random.gumbel(key, AXES, mode="low").axis_names == ("batch", "embed")
         assert na.random.ball(key, AXES, Axis("coord", 2)).axis_names == ("batch", "embed", "coord")
         table = na.named(jnp.zeros((3, 10)), ("embed", "vocab"))
-        assert na.random.choice(key, table, {"s": 2, "t": 2}, axis="vocab").axis_names == ("embed", "s", "t")
+        assert na.random.choice(key, table, {"s": 2, "t": 2}, axis="vocab").axis_names == (
+            "embed",
+            "s",
+            "t",
+        )
         return key
 
     jax.eval_shape(check, KEY)
@@ -75,26 +92,43 @@ def test_categorical_depends_on_names_not_layout():
 
 
 def test_errors():
-    with pytest.raises(na.NamedTypeError, match=r"gamma\(\) takes \(key, axes, a\), got 0 parameter\(s\) after axes"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"gamma\(\) takes \(key, axes, a\), got 0 parameter\(s\) after axes",
+    ):
         na.random.gamma(KEY, AXES)
-    with pytest.raises(na.AxisError, match=r"poisson\(\): lam NamedArray\(vocab=3\) has axes 'vocab' that NamedArray\(batch=2, embed=3\) lacks"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"poisson\(\): lam NamedArray\(vocab=3\) has axes 'vocab' that NamedArray\(batch=2, embed=3\) lacks",
+    ):
         na.random.poisson(KEY, AXES, na.named(jnp.ones(3), "vocab"))
     with pytest.raises(na.NamedTypeError, match=r"laplace\(\): 'flot' is not a dtype"):
         na.random.laplace(KEY, AXES, dtype="flot")
     with pytest.raises(na.DuplicateAxisError, match="Duplicate axis names 'batch'"):
         na.random.ball(KEY, AXES, {"batch": 2})
-    with pytest.raises(na.AxisError, match=r"choice\(\): 12 draws without replacement from 'vocab' of size 10"):
+    with pytest.raises(
+        na.AxisError, match=r"choice\(\): 12 draws without replacement from 'vocab' of size 10"
+    ):
         na.random.choice(KEY, {"vocab": 10}, {"s": 12}, replace=False)
-    with pytest.raises(na.AxisError, match=r"choice\(\): p must be a NamedArray over \(vocab=10\) alone, got NamedArray\(embed=10\)"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"choice\(\): p must be a NamedArray over \(vocab=10\) alone, got NamedArray\(embed=10\)",
+    ):
         na.random.choice(KEY, {"vocab": 10}, {"s": 2}, p=na.named(jnp.ones(10) / 10, "embed"))
-    with pytest.raises(na.AxisError, match=r"choice\(\) needs axis= to draw from NamedArray\(embed=3, vocab=10\)"):
+    with pytest.raises(
+        na.AxisError, match=r"choice\(\) needs axis= to draw from NamedArray\(embed=3, vocab=10\)"
+    ):
         na.random.choice(KEY, na.named(jnp.zeros((3, 10)), ("embed", "vocab")), {"s": 2})
     with pytest.raises(na.DuplicateAxisError, match="Duplicate axis names 'embed'"):
-        na.random.choice(KEY, na.named(jnp.zeros((3, 10)), ("embed", "vocab")), {"embed": 2}, axis="vocab")
+        na.random.choice(
+            KEY, na.named(jnp.zeros((3, 10)), ("embed", "vocab")), {"embed": 2}, axis="vocab"
+        )
 
 
 def test_sharded_choice_and_parameters(mesh_2x4):
-    table = jax.device_put(jnp.arange(40.0).reshape(4, 10), NamedSharding(mesh_2x4, P("model", "data")))
+    table = jax.device_put(
+        jnp.arange(40.0).reshape(4, 10), NamedSharding(mesh_2x4, P("model", "data"))
+    )
     lam = jax.device_put(jnp.arange(1.0, 9.0), NamedSharding(mesh_2x4, P("model")))
     with jax.set_mesh(mesh_2x4):
 
@@ -105,6 +139,10 @@ def test_sharded_choice_and_parameters(mesh_2x4):
                     na.random.pareto(key, {"batch": 2, "embed": 8}, na.named(lam, "embed")))  # fmt: skip
 
         c, p = run(KEY, table, lam)
-    np.testing.assert_array_equal(c.array, jax.random.choice(KEY, jnp.arange(40.0).reshape(4, 10), (3,), axis=1))
-    np.testing.assert_allclose(p.array, jax.random.pareto(KEY, jnp.arange(1.0, 9.0)[None, :], (2, 8)), rtol=1e-6)
+    np.testing.assert_array_equal(
+        c.array, jax.random.choice(KEY, jnp.arange(40.0).reshape(4, 10), (3,), axis=1)
+    )
+    np.testing.assert_allclose(
+        p.array, jax.random.pareto(KEY, jnp.arange(1.0, 9.0)[None, :], (2, 8)), rtol=1e-6
+    )
     assert c.axis_names == ("embed", "s")

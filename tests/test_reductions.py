@@ -1,6 +1,5 @@
 """Reductions, softmax and cumulative ops against jax.numpy; axis selection, where= masks, errors."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +45,10 @@ def reduction_results():
         for name, i in CASES:
             sel, pos, _ = SELECTIONS[i]
             raw = a > 0 if name in ("any", "all") else a
-            out[name, i] = (getattr(na, name)(na.named(raw, AXES), sel), REDUCTIONS[name](raw, axis=pos))
+            out[name, i] = (
+                getattr(na, name)(na.named(raw, AXES), sel),
+                REDUCTIONS[name](raw, axis=pos),
+            )
         return out
 
     return run(A)
@@ -81,7 +83,10 @@ def test_where_mask_broadcasts_by_name():
         return [
             (na.sum(x, "seq", where=mask), jnp.sum(a, axis=1, where=dense)),
             (na.mean(x, ("batch", "seq"), where=mask), jnp.mean(a, axis=(0, 1), where=dense)),
-            (na.max(x, "seq", where=mask, initial=-jnp.inf), jnp.max(a, axis=1, where=dense, initial=-jnp.inf)),
+            (
+                na.max(x, "seq", where=mask, initial=-jnp.inf),
+                jnp.max(a, axis=1, where=dense, initial=-jnp.inf),
+            ),
             (na.var(x, "embed", where=mask, ddof=1), jnp.var(a, axis=2, where=dense, ddof=1)),
             (na.logsumexp(x, "seq", where=mask), jax.nn.logsumexp(a, axis=1, where=dense)),
             (na.sum(x, where=False), jnp.zeros(())),  # scalar mask
@@ -93,7 +98,9 @@ def test_where_mask_broadcasts_by_name():
 
 def test_ddof():
     x = na.named(A, AXES)
-    np.testing.assert_allclose(na.std(x, "embed", ddof=1).array, jnp.std(A, axis=2, ddof=1), rtol=1e-6)
+    np.testing.assert_allclose(
+        na.std(x, "embed", ddof=1).array, jnp.std(A, axis=2, ddof=1), rtol=1e-6
+    )
     np.testing.assert_allclose(na.var(x, None, ddof=2).array, jnp.var(A, ddof=2), rtol=1e-6)
 
 
@@ -123,7 +130,10 @@ def test_softmax_and_log_softmax():
             (na.softmax(x, "embed"), jax.nn.softmax(a, axis=2)),
             (na.log_softmax(x, "seq"), jax.nn.log_softmax(a, axis=1)),
             (na.softmax(x, ("embed", "batch")), jax.nn.softmax(a, axis=(2, 0))),
-            (na.softmax(x, "embed", where=na.named(mask_raw, "embed")), jax.nn.softmax(a, axis=2, where=mask_raw[None, None, :])),
+            (
+                na.softmax(x, "embed", where=na.named(mask_raw, "embed")),
+                jax.nn.softmax(a, axis=2, where=mask_raw[None, None, :]),
+            ),
         ]
 
     results = run(A, mask_raw)
@@ -138,7 +148,9 @@ def test_cumulative():
     out = na.cumsum(x, "seq")
     assert out.axes == x.axes
     np.testing.assert_allclose(out.array, jnp.cumsum(A, axis=1), rtol=1e-6)
-    np.testing.assert_allclose(na.cumprod(x, Axis("embed", 4)).array, jnp.cumprod(A, axis=2), rtol=1e-6)
+    np.testing.assert_allclose(
+        na.cumprod(x, Axis("embed", 4)).array, jnp.cumprod(A, axis=2), rtol=1e-6
+    )
     ints = na.named(jnp.array([1, 2, 3], jnp.int8), "t")
     assert na.cumsum(ints, "t", dtype=jnp.int32).dtype == jnp.int32
 
@@ -169,17 +181,28 @@ def test_unknown_and_duplicate_axes():
         x.sum(("batch", "embd"))
     with pytest.raises(na.DuplicateAxisError, match=r"Duplicate axis names 'seq'"):
         na.sum(x, ("seq", "seq"))
-    with pytest.raises(na.AxisSizeError, match=r"Axis 'embed' has size 4 in NamedArray\(batch=2, seq=3, embed=4\), but size 5 was asked for"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"Axis 'embed' has size 4 in NamedArray\(batch=2, seq=3, embed=4\), but size 5 was asked for",
+    ):
         na.sum(x, Axis("embed", 5))
 
 
 def test_bad_masks():
     x = na.named(A, AXES)
-    with pytest.raises(na.AxisError, match=r"sum\(\): where= NamedArray\(vocab=5\) has axes 'vocab' that NamedArray\(batch=2, seq=3, embed=4\) lacks; it may only use 'batch', 'seq', 'embed'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"sum\(\): where= NamedArray\(vocab=5\) has axes 'vocab' that NamedArray\(batch=2, seq=3, embed=4\) lacks; it may only use 'batch', 'seq', 'embed'",
+    ):
         na.sum(x, "seq", where=na.named(jnp.ones(5, bool), "vocab"))
-    with pytest.raises(na.AxisSizeError, match=r"mean\(\): where= axis 'seq' has size 2, but the result's 'seq' has size 3"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"mean\(\): where= axis 'seq' has size 2, but the result's 'seq' has size 3",
+    ):
         na.mean(x, where=na.named(jnp.ones(2, bool), "seq"))
-    with pytest.raises(na.NamedTypeError, match=r"softmax\(\) got a plain array of shape \(4,\) for where="):
+    with pytest.raises(
+        na.NamedTypeError, match=r"softmax\(\) got a plain array of shape \(4,\) for where="
+    ):
         na.softmax(x, "embed", where=jnp.ones(4, bool))
     with pytest.raises(
         na.AxisError,
@@ -187,28 +210,41 @@ def test_bad_masks():
         r"\(e\.g\. initial=-jnp\.inf\)\.$",
     ):
         na.max(x, "seq", where=x > 0)
-    with pytest.raises(na.AxisError, match=r"^min\(\) with where= needs initial=.*initial=jnp\.inf"):
+    with pytest.raises(
+        na.AxisError, match=r"^min\(\) with where= needs initial=.*initial=jnp\.inf"
+    ):
         x.min("seq", where=x > 0)
 
 
 def test_bad_arguments():
     x = na.named(A, AXES)
-    with pytest.raises(na.AxisError, match=r"argmax\(\) needs one axis for NamedArray\(batch=2, seq=3, embed=4\); axis=None only works on a 1-axis array\. Pass one of 'batch', 'seq', 'embed'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"argmax\(\) needs one axis for NamedArray\(batch=2, seq=3, embed=4\); axis=None only works on a 1-axis array\. Pass one of 'batch', 'seq', 'embed'",
+    ):
         na.argmax(x)
-    with pytest.raises(na.NamedTypeError, match=r"argmin\(\) reduces exactly one axis; got \('seq', 'embed'\)"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"argmin\(\) reduces exactly one axis; got \('seq', 'embed'\)"
+    ):
         na.argmin(x, ("seq", "embed"))
     with pytest.raises(na.NamedTypeError, match=r"softmax\(\) needs the axis to normalize over"):
         na.softmax(x, None)
-    with pytest.raises(na.NamedTypeError, match=r"sum\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)\. Name its axes first"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"sum\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)\. Name its axes first",
+    ):
         na.sum(A, "seq")
 
 
 def test_sharded_reductions_and_cumsum(mesh_2x4):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     a = jnp.arange(8 * 12, dtype=jnp.float32).reshape(8, 12) / 10
     with jax.set_mesh(mesh_2x4):
-        x = na.named(jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed"))
+        x = na.named(
+            jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed")
+        )
         total = na.sum(x, "embed")
         running = na.cumsum(x, "batch")  # along a sharded axis: replicated first on Explicit meshes
         probs = na.softmax(x, "embed")

@@ -3,7 +3,8 @@
 import pickle
 
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
 
 from namedaxes import Axis, AxisRules, DuplicateAxisError, MappingTypeError, ShardingError, resolve
 from namedaxes._errors import MeshError, NamedTypeError
@@ -75,8 +76,13 @@ def _permuted_spec(spec, perm):
     "rules",
     [
         AxisRules([("embed", "model"), ("batch", "model"), ("batch", "data"), ("mlp", "data")]),
-        AxisRules([("batch", ("data", "model")), ("batch", "data"), ("mlp", "model"), ("embed", "data")]),
-        AxisRules([("mlp", "model"), ("embed", "model"), ("embed", None), ("batch", "data")], unsatisfied="replicate"),
+        AxisRules(
+            [("batch", ("data", "model")), ("batch", "data"), ("mlp", "model"), ("embed", "data")]
+        ),
+        AxisRules(
+            [("mlp", "model"), ("embed", "model"), ("embed", None), ("batch", "data")],
+            unsatisfied="replicate",
+        ),
         [("heads", "model"), ("mlp", "model"), ("batch", "data"), ("mlp", "data")],
     ],
 )
@@ -105,7 +111,9 @@ def test_rules_as_a_list_of_pairs():
     pairs = [("embed", "model"), ("embed", "data")]
     assert resolve((Axis("embed", 6),), pairs, MESH) == P("data")
     assert resolve((Axis("embed", 6),), tuple(pairs), MESH) == P("data")
-    with pytest.raises(MappingTypeError, match=r"Each rule must be a \(logical_name, mesh_axes\) pair"):
+    with pytest.raises(
+        MappingTypeError, match=r"Each rule must be a \(logical_name, mesh_axes\) pair"
+    ):
         resolve((E6,), [("embed",)], MESH)
 
 
@@ -176,7 +184,9 @@ def test_bad_inputs_are_typed_errors():
 def test_mesh_checks_are_the_shared_ones():
     # One check for every entry point: a wrongly typed size is both a MeshError and a TypeError,
     # and a mesh without devices is refused here as it is by the rules.
-    with pytest.raises(MeshError, match=r"needs str axis names and positive int sizes, got 'data': '2'") as info:
+    with pytest.raises(
+        MeshError, match=r"needs str axis names and positive int sizes, got 'data': '2'"
+    ) as info:
         resolve((B8,), {"batch": "data"}, {"data": "2"})
     assert isinstance(info.value, NamedTypeError)
     with pytest.raises(MeshError, match=r"The mesh Mesh\(data=0\) has no devices"):
@@ -225,24 +235,39 @@ def test_axis_rules_validation():
         AxisRules({"embed": ("data", 3)})
     with pytest.raises(ShardingError, match=r"names a mesh axis twice"):
         AxisRules({"embed": ("data", "data")})
-    with pytest.raises(MappingTypeError, match=r"must be a \(logical_name, mesh_axes\) pair, got 'ab'"):
+    with pytest.raises(
+        MappingTypeError, match=r"must be a \(logical_name, mesh_axes\) pair, got 'ab'"
+    ):
         AxisRules(["ab"])
-    with pytest.raises(MappingTypeError, match=r"logical axis name must be a non-empty string, got 3"):
+    with pytest.raises(
+        MappingTypeError, match=r"logical axis name must be a non-empty string, got 3"
+    ):
         AxisRules([(3, "data")])
-    with pytest.raises(ShardingError, match=r"unsatisfied must be one of 'error', 'replicate', got 'x'"):
+    with pytest.raises(
+        ShardingError, match=r"unsatisfied must be one of 'error', 'replicate', got 'x'"
+    ):
         AxisRules([], unsatisfied="x")  # type: ignore[arg-type]
     # A list is read as flax-style pairs, so a list of bare names is refused pair by pair.
-    with pytest.raises(MappingTypeError, match=r"Each rule must be a \(logical_name, mesh_axes\) pair, got 'batch'"):
+    with pytest.raises(
+        MappingTypeError, match=r"Each rule must be a \(logical_name, mesh_axes\) pair, got 'batch'"
+    ):
         as_rules(["batch"])  # type: ignore[arg-type]
-    with pytest.raises(MappingTypeError, match=r"Expected axis rules: a dict .* got 'batch' \(str\)"):
+    with pytest.raises(
+        MappingTypeError, match=r"Expected axis rules: a dict .* got 'batch' \(str\)"
+    ):
         as_rules("batch")  # type: ignore[arg-type]
 
 
 def test_replace_and_merge():
     r = AxisRules([("batch", "data"), ("batch", None), ("embed", "model")])
     assert r.replace({"batch": "model"}).pairs == (("embed", "model"), ("batch", "model"))
-    assert merge_rules({"batch": "model"}, {"batch": "data", "e": None}) == {"batch": "model", "e": None}
-    merged = merge_rules({"batch": "model"}, AxisRules([("batch", "data")], unsatisfied="replicate"))
+    assert merge_rules({"batch": "model"}, {"batch": "data", "e": None}) == {
+        "batch": "model",
+        "e": None,
+    }
+    merged = merge_rules(
+        {"batch": "model"}, AxisRules([("batch", "data")], unsatisfied="replicate")
+    )
     assert merged == AxisRules([("batch", "model"), ("batch", "data")], unsatisfied="replicate")
     # Inner wins, outer stays as a fallback.
     assert resolve((Axis("batch", 6),), merged, MESH) == P("data")

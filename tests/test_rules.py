@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import sds
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -29,8 +30,6 @@ from namedaxes.rules import (
     ShapeBasedShardingRule,
     ShardingRule,
 )
-
-from _helpers import sds
 
 MESH = {"data": 2, "model": 4}
 
@@ -53,7 +52,9 @@ def assert_valid(tree, specs, mesh):
 
 def test_auto_largest_dimension_takes_largest_axis():
     rule = AutoShardingRule(MESH)
-    specs = rule.apply({"w": sds(6, 8), "sq": sds(8, 8), "v": sds(12), "odd": sds(3, 5), "s": sds()})
+    specs = rule.apply(
+        {"w": sds(6, 8), "sq": sds(8, 8), "v": sds(12), "odd": sds(3, 5), "s": sds()}
+    )
     # (6, 8): 8 takes model=4, then 6 takes data=2. Ties (8, 8) go by dimension index.
     assert specs == {
         "w": P("data", "model"),
@@ -73,7 +74,9 @@ def test_auto_reverse_visits_smallest_first():
 
 def test_auto_axis_names_order_min_size_and_size_one_axes():
     mesh = {"one": 1, "data": 2, "model": 4}
-    assert AutoShardingRule(mesh, axis_names=["data", "model"]).apply([sds(8, 4)]) == [P("data", "model")]
+    assert AutoShardingRule(mesh, axis_names=["data", "model"]).apply([sds(8, 4)]) == [
+        P("data", "model")
+    ]
     # the size-1 axis is never used even when listed first
     assert AutoShardingRule(mesh, axis_names=["one", "data"]).apply([sds(8)]) == [P("data")]
     small = AutoShardingRule(mesh, min_shard_size=64).apply({"small": sds(8, 4), "big": sds(16, 4)})
@@ -85,7 +88,12 @@ def test_auto_non_array_leaves_get_none_and_structure_is_kept():
     x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
     tree = {"x": x, "lr": 0.1, "nothing": None, "layers": [jnp.zeros(4), "name"]}
     specs = AutoShardingRule(MESH).apply(tree)
-    assert specs == {"x": P("model", "data"), "lr": None, "nothing": None, "layers": [P("model"), None]}
+    assert specs == {
+        "x": P("model", "data"),
+        "lr": None,
+        "nothing": None,
+        "layers": [P("model"), None],
+    }
 
 
 def test_auto_specs_are_valid_on_random_shapes():
@@ -97,7 +105,10 @@ def test_auto_specs_are_valid_on_random_shapes():
 
 
 def test_auto_rejects_unknown_axis_names():
-    with pytest.raises(ShardingError, match=r"axis_names 'tensor', which the mesh Mesh\(data=2, model=4\) lacks\. Available mesh axes: 'data', 'model'"):
+    with pytest.raises(
+        ShardingError,
+        match=r"axis_names 'tensor', which the mesh Mesh\(data=2, model=4\) lacks\. Available mesh axes: 'data', 'model'",
+    ):
         AutoShardingRule(MESH, axis_names=["data", "tensor"]).apply([sds(8)])
 
 
@@ -105,7 +116,10 @@ def test_auto_uses_the_context_mesh_and_needs_one():
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     with jax.set_mesh(mesh):
         assert AutoShardingRule().apply([sds(8, 2)]) == [P("model", "data")]
-    with pytest.raises(MeshError, match=r"AutoShardingRule needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a jax\.sharding\.Mesh, AbstractMesh or \{axis: size\} mapping\)"):
+    with pytest.raises(
+        MeshError,
+        match=r"AutoShardingRule needs a device mesh, but none was given and none is set\. Pass mesh=\.\.\. \(a jax\.sharding\.Mesh, AbstractMesh or \{axis: size\} mapping\)",
+    ):
         AutoShardingRule().apply([sds(8)])
 
 
@@ -134,7 +148,10 @@ def test_shard_places_arrays_named_arrays_and_abstract_leaves(mesh):
     np.testing.assert_array_equal(out["x"].array, x.array)
     assert out["abs"].sharding.spec == specs["abs"]
     assert out["lr"] == 0.5
-    ways = [math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ())) for e in specs["w"]]
+    ways = [
+        math.prod(mesh.shape[a] for a in ((e,) if isinstance(e, str) else e or ()))
+        for e in specs["w"]
+    ]
     assert shard_shapes(out["w"]) == [(16 // ways[0], 2 // ways[1])] * 8
     shardings = rule.to_shardings(tree)
     assert shardings["x"] == NamedSharding(mesh, specs["x"]) and shardings["lr"] is None
@@ -157,7 +174,9 @@ def test_shard_inside_jit_constrains(mesh):
 
 
 def test_to_shardings_needs_a_real_mesh():
-    with pytest.raises(MeshError, match=r"to_shardings needs a jax.sharding.Mesh.*\{axis: size\} dict can plan"):
+    with pytest.raises(
+        MeshError, match=r"to_shardings needs a jax.sharding.Mesh.*\{axis: size\} dict can plan"
+    ):
         AutoShardingRule(MESH).to_shardings([sds(8)])
     abstract = AbstractMesh((2, 4), ("data", "model"))
     assert AutoShardingRule(abstract).to_shardings([sds(8)])[0].spec == P("model")
@@ -182,7 +201,9 @@ def test_memory_rule_stacks_mesh_axes_on_one_dimension():
 def test_memory_rule_searches_when_greedy_fails():
     # Greedy puts a=6 on the 12 (largest), leaving b=4 nothing to divide (12 B/device);
     # a=6 on dim 0 and b=4 on dim 1 reaches 3 B/device.
-    specs = MemoryConstrainedShardingRule(5, {"a": 6, "b": 4}).apply({"w": sds(6, 12, dtype="int8")})
+    specs = MemoryConstrainedShardingRule(5, {"a": 6, "b": 4}).apply(
+        {"w": sds(6, 12, dtype="int8")}
+    )
     assert specs == {"w": P("a", "b")}
 
 
@@ -202,7 +223,9 @@ def test_memory_rule_unfit_error_and_warning():
 def test_memory_rule_bad_budget():
     with pytest.raises(ShardingError, match=r"max_memory_per_device must be >= 0 bytes, got -1"):
         MemoryConstrainedShardingRule(-1, MESH)
-    with pytest.raises(NamedTypeError, match=r"max_memory_per_device must be a number of bytes, got '1GB'"):
+    with pytest.raises(
+        NamedTypeError, match=r"max_memory_per_device must be a number of bytes, got '1GB'"
+    ):
         MemoryConstrainedShardingRule("1GB", MESH)
     with pytest.raises(ShardingError, match=r"on_unfit must be 'error' or 'warn', got 'ignore'"):
         MemoryConstrainedShardingRule(1, MESH, on_unfit="ignore")
@@ -213,7 +236,7 @@ def _fewest_bytes(shape, itemsize, mesh):
     best = math.prod(shape) * itemsize
     for choice in itertools.product(range(len(shape) + 1), repeat=len(mesh)):
         ways = [1] * len(shape)
-        for (name, size), d in zip(mesh.items(), choice):
+        for (_, size), d in zip(mesh.items(), choice):
             if d < len(shape):
                 ways[d] *= size
         if all(n % w == 0 for n, w in zip(shape, ways)):
@@ -245,21 +268,39 @@ def test_shape_rule_first_match_wins_in_order():
     patterns = [((None, 1024), P("model", None)), ((1024, 1024), P(None, "model")), ((None,), None)]
     rule = ShapeBasedShardingRule(patterns, mesh=MESH)
     tree = {"emb": sds(32000, 1024), "sq": sds(1024, 1024), "b": sds(7), "other": sds(4, 4)}
-    assert rule.apply(tree) == {"emb": P("model", None), "sq": P("model", None), "b": P(), "other": P(None, None)}
-    as_dict = ShapeBasedShardingRule({(1024, 1024): P(None, "model"), (None, 1024): P("model")}, mesh=MESH)
+    assert rule.apply(tree) == {
+        "emb": P("model", None),
+        "sq": P("model", None),
+        "b": P(),
+        "other": P(None, None),
+    }
+    as_dict = ShapeBasedShardingRule(
+        {(1024, 1024): P(None, "model"), (None, 1024): P("model")}, mesh=MESH
+    )
     assert as_dict.apply(tree)["sq"] == P(None, "model")
 
 
 def test_shape_rule_checks_specs():
-    with pytest.raises(ShardingError, match=r"Shape pattern \(None,\) \(rank 1\) has spec P\('data', 'model'\) with 2 entries"):
+    with pytest.raises(
+        ShardingError,
+        match=r"Shape pattern \(None,\) \(rank 1\) has spec P\('data', 'model'\) with 2 entries",
+    ):
         ShapeBasedShardingRule({(None,): P("data", "model")})
     # a mesh axis the mesh lacks fails when the rule is built with that mesh (matched or not)
-    with pytest.raises(ShardingError, match=r"shape pattern \(None, 8\) has spec P\('tensor',\), which names mesh axis 'tensor', but Mesh\(data=2, model=4\) has axes 'data', 'model'"):
+    with pytest.raises(
+        ShardingError,
+        match=r"shape pattern \(None, 8\) has spec P\('tensor',\), which names mesh axis 'tensor', but Mesh\(data=2, model=4\) has axes 'data', 'model'",
+    ):
         ShapeBasedShardingRule({(None, 8): P("tensor")}, mesh=MESH)
     rule = ShapeBasedShardingRule({(None, 8): P("model")}, mesh=MESH)
-    with pytest.raises(ShardingError, match=r"leaf 'w'.*dimension 0 of shape \(6, 8\) has size 6, which is not divisible by 4"):
+    with pytest.raises(
+        ShardingError,
+        match=r"leaf 'w'.*dimension 0 of shape \(6, 8\) has size 6, which is not divisible by 4",
+    ):
         rule.apply({"w": sds(6, 8)})
-    with pytest.raises(NamedTypeError, match=r"shape pattern must be a tuple of ints and None wildcards, got \[8\]"):
+    with pytest.raises(
+        NamedTypeError, match=r"shape pattern must be a tuple of ints and None wildcards, got \[8\]"
+    ):
         ShapeBasedShardingRule([([8], P())])
 
 
@@ -270,7 +311,8 @@ def test_path_rule_matches_rendered_paths():
     x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
     tree = {"attn": [{"kernel": jnp.zeros((8, 8))}], "x": x, "bias": jnp.zeros(8), "step": 3}
     rule = PathRegexRule(
-        [(r"attn/0/kernel$", P(None, "model")), (r"^x$", {"batch": "data"}), (r".*", P())], mesh=MESH
+        [(r"attn/0/kernel$", P(None, "model")), (r"^x$", {"batch": "data"}), (r".*", P())],
+        mesh=MESH,
     )
     assert rule.apply(tree) == {
         "attn": [{"kernel": P(None, "model")}],
@@ -282,7 +324,10 @@ def test_path_rule_matches_rendered_paths():
 
 def test_path_rule_strict_lists_unmatched():
     tree = {"a": jnp.zeros(4), "b": {"c": jnp.zeros(4)}, "d": jnp.zeros(4)}
-    with pytest.raises(ShardingError, match=r"matched no pattern for 2 leaf path\(s\): 'b/c', 'd'\. Patterns: '\^a'"):
+    with pytest.raises(
+        ShardingError,
+        match=r"matched no pattern for 2 leaf path\(s\): 'b/c', 'd'\. Patterns: '\^a'",
+    ):
         PathRegexRule([(r"^a", P("data"))], mesh=MESH).apply(tree)
     loose = PathRegexRule([(r"^a", P("data"))], strict=False, mesh=MESH).apply(tree)
     assert loose == {"a": P("data"), "b": {"c": P(None)}, "d": P(None)}
@@ -291,12 +336,20 @@ def test_path_rule_strict_lists_unmatched():
 def test_path_rule_bad_input():
     with pytest.raises(ShardingError, match=r"pattern '\(' is not a valid regex"):
         PathRegexRule([("(", P())])
-    with pytest.raises(NamedTypeError, match=r"Pattern 'w' has spec 'data' \(str\); expected a PartitionSpec"):
+    with pytest.raises(
+        NamedTypeError, match=r"Pattern 'w' has spec 'data' \(str\); expected a PartitionSpec"
+    ):
         PathRegexRule([("w", "data")])
     rule = PathRegexRule([("w", {"embed": "model"})], mesh=MESH)
-    with pytest.raises(ShardingError, match=r"gives leaf 'w' the axis mapping .* plain array of shape \(8,\) with no axis names"):
+    with pytest.raises(
+        ShardingError,
+        match=r"gives leaf 'w' the axis mapping .* plain array of shape \(8,\) with no axis names",
+    ):
         rule.apply({"w": jnp.zeros(8)})
-    with pytest.raises(ShardingError, match=r"PathRegexRule pattern 'x': The axis mapping names mesh axis 'tensor' \(used by logical axis 'batch'\)"):
+    with pytest.raises(
+        ShardingError,
+        match=r"PathRegexRule pattern 'x': The axis mapping names mesh axis 'tensor' \(used by logical axis 'batch'\)",
+    ):
         PathRegexRule([("x", {"batch": "tensor"})], mesh=MESH)
     rule = PathRegexRule([("x", {"batch": "model"})], mesh=MESH)
     with pytest.raises(ShardingError, match=r"At leaf 'x': .*'batch'"):
@@ -308,9 +361,9 @@ def test_path_rule_bad_input():
 
 def test_logical_rule_resolves_named_arrays_and_replicates_plain_ones():
     x = na.named(jnp.zeros((8, 6)), ("batch", "embed"))
-    specs = LogicalAxisRule({"batch": "data", "embed": "model"}, MESH, unsatisfied="replicate").apply(
-        {"x": x, "plain": jnp.zeros((4, 4))}
-    )
+    specs = LogicalAxisRule(
+        {"batch": "data", "embed": "model"}, MESH, unsatisfied="replicate"
+    ).apply({"x": x, "plain": jnp.zeros((4, 4))})
     assert specs == {"x": P("data", None), "plain": P(None, None)}  # 6 % 4 != 0: replicated
 
 
@@ -356,7 +409,13 @@ def test_composite_first_rule_that_shards_wins():
         PathRegexRule([("special", P(None, "data"))], strict=False, mesh=MESH),
         AutoShardingRule(MESH),
     )
-    tree = {"x": x, "w": jnp.zeros((16, 4)), "special": jnp.zeros((4, 4)), "odd": jnp.zeros(3), "k": "s"}
+    tree = {
+        "x": x,
+        "w": jnp.zeros((16, 4)),
+        "special": jnp.zeros((4, 4)),
+        "odd": jnp.zeros(3),
+        "k": "s",
+    }
     assert rule.apply(tree) == {
         "x": P("data", None),
         "w": P("model", "data"),
@@ -369,7 +428,10 @@ def test_composite_first_rule_that_shards_wins():
 def test_composite_bad_input():
     with pytest.raises(NamedTypeError, match=r"needs at least one rule"):
         CompositeShardingRule()
-    with pytest.raises(NamedTypeError, match=r"argument 1 is \{'a': 'b'\} \(dict\); every argument must be a ShardingRule"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"argument 1 is \{'a': 'b'\} \(dict\); every argument must be a ShardingRule",
+    ):
         CompositeShardingRule(AutoShardingRule(), {"a": "b"})
 
 
@@ -398,7 +460,9 @@ def test_helper_suggestions_and_specs():
     assert helper.create_partition_spec((1024, 4096), methods) == P("tp", ("fsdp", "sp"))
     assert helper.create_partition_spec((16, 16), methods) == P(None, None)  # < min_shard_size
     # ties between equal dimensions go to the first one
-    assert helper.create_partition_spec((16, 16), methods, min_shard_size=1) == P(("fsdp", "sp"), "tp")
+    assert helper.create_partition_spec((16, 16), methods, min_shard_size=1) == P(
+        ("fsdp", "sp"), "tp"
+    )
 
 
 def test_helper_generic_mesh_and_validity():
@@ -407,18 +471,26 @@ def test_helper_generic_mesh_and_validity():
     rng = np.random.default_rng(2)
     tree = [sds(*rng.integers(1, 40, rng.integers(0, 4))) for _ in range(100)]
     assert_valid(tree, helper.apply(tree), {"data": 2, "model": 4, "x": 3})
-    with pytest.raises(ShardingError, match=r"methods naming mesh axis 'tp', which the mesh .* lacks"):
+    with pytest.raises(
+        ShardingError, match=r"methods naming mesh axis 'tp', which the mesh .* lacks"
+    ):
         helper.create_partition_spec((8,), [("tp",)])
 
 
 def test_helper_auto_shard_pytree(mesh):
     helper = MeshPartitionHelper(mesh)
-    tree = {"w": jnp.zeros((64, 64)), "b": jnp.zeros(64), "x": na.named(jnp.zeros((64, 32)), ("a", "b"))}
+    tree = {
+        "w": jnp.zeros((64, 64)),
+        "b": jnp.zeros(64),
+        "x": na.named(jnp.zeros((64, 32)), ("a", "b")),
+    }
     out = helper.auto_shard_pytree(tree)
     specs = helper.apply(tree)
     assert out["w"].sharding.spec == specs["w"] and out["b"].sharding.spec == P(None)  # 64 < 1024
     assert out["x"].array.sharding.spec == specs["x"] and out["x"].axes == tree["x"].axes
-    assert helper.shard_array(jnp.zeros(16), P(mesh.axis_names[0])).sharding.spec == P(mesh.axis_names[0])
+    assert helper.shard_array(jnp.zeros(16), P(mesh.axis_names[0])).sharding.spec == P(
+        mesh.axis_names[0]
+    )
 
 
 # -- determinism -----------------------------------------------------------------------------
@@ -449,7 +521,11 @@ def test_rules_do_not_depend_on_hash_seed():
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
         proc = subprocess.run(
-            [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=120,
+            [sys.executable, "-c", _SCRIPT],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
         assert proc.returncode == 0, proc.stderr
@@ -477,24 +553,44 @@ def test_shape_and_path_rules_need_no_mesh():
     path_rule = PathRegexRule([(r"^w$", P("fsdp")), (r".*", P())])
     assert path_rule.apply(tree) == {"w": P("fsdp"), "b": P(), "x": P()}
     # checks that need no mesh still apply: rank, and a mesh axis used twice
-    with pytest.raises(ShardingError, match=r"PathRegexRule pattern '\^w\$' gives leaf 'w' \(shape \(6, 8\)\) an invalid spec: spec P\('a', 'b', 'c'\) has 3 entries but the array has rank 2"):
+    with pytest.raises(
+        ShardingError,
+        match=r"PathRegexRule pattern '\^w\$' gives leaf 'w' \(shape \(6, 8\)\) an invalid spec: spec P\('a', 'b', 'c'\) has 3 entries but the array has rank 2",
+    ):
         PathRegexRule([(r"^w$", P("a", "b", "c")), (r".*", P())]).apply(tree)
-    with pytest.raises(ShardingError, match=r"Pattern 'w' has an invalid spec: spec P\('data', 'data'\) uses mesh axis 'data' more than once"):
+    with pytest.raises(
+        ShardingError,
+        match=r"Pattern 'w' has an invalid spec: spec P\('data', 'data'\) uses mesh axis 'data' more than once",
+    ):
         PathRegexRule([("w", P("data", "data"))])
-    with pytest.raises(ShardingError, match=r"Shape pattern \(None, 8\) has an invalid spec: spec P\(\('a', 'a'\),\) uses mesh axis 'a' more than once"):
+    with pytest.raises(
+        ShardingError,
+        match=r"Shape pattern \(None, 8\) has an invalid spec: spec P\(\('a', 'a'\),\) uses mesh axis 'a' more than once",
+    ):
         ShapeBasedShardingRule({(None, 8): P(("a", "a"))})
     # a mapping spec needs a mesh to be resolved
-    with pytest.raises(ShardingError, match=r"pattern '\^x\$' gives leaf 'x' the axis mapping \{'batch': 'data'\}, which needs a device mesh to resolve.*Pass mesh=\.\.\. to PathRegexRule"):
+    with pytest.raises(
+        ShardingError,
+        match=r"pattern '\^x\$' gives leaf 'x' the axis mapping \{'batch': 'data'\}, which needs a device mesh to resolve.*Pass mesh=\.\.\. to PathRegexRule",
+    ):
         PathRegexRule([(r"^x$", {"batch": "data"}), (r".*", P())]).apply(tree)
 
 
 def test_shape_and_path_rules_check_against_the_context_mesh(mesh_2x4):
     tree = {"w": sds(6, 8)}
     with jax.set_mesh(mesh_2x4):
-        assert ShapeBasedShardingRule({(None, 8): P(None, "model")}).apply(tree) == {"w": P(None, "model")}
-        with pytest.raises(ShardingError, match=r"leaf 'w'.*dimension 0 of shape \(6, 8\) has size 6, which is not divisible by 4"):
+        assert ShapeBasedShardingRule({(None, 8): P(None, "model")}).apply(tree) == {
+            "w": P(None, "model")
+        }
+        with pytest.raises(
+            ShardingError,
+            match=r"leaf 'w'.*dimension 0 of shape \(6, 8\) has size 6, which is not divisible by 4",
+        ):
             ShapeBasedShardingRule({(None, 8): P("model")}).apply(tree)
-        with pytest.raises(ShardingError, match=r"PathRegexRule pattern 'nothing' has spec P\('tensor',\), which names mesh axis 'tensor'"):
+        with pytest.raises(
+            ShardingError,
+            match=r"PathRegexRule pattern 'nothing' has spec P\('tensor',\), which names mesh axis 'tensor'",
+        ):
             PathRegexRule([("nothing", P("tensor")), (".*", P())]).apply(tree)
 
 
@@ -504,35 +600,64 @@ def test_mesh_typo_in_a_pattern_that_matches_nothing_raises(given, mesh_2x4):
     shape_patterns = [((None, 8), P()), ((3, 3), P("tensor"))]
     path_patterns = [("^w$", P()), ("^never$", P(None, "modle")), ("^x$", {"batch": "dta"})]
     if given == "argument":
-        with pytest.raises(ShardingError, match=r"ShapeBasedShardingRule shape pattern \(3, 3\) has spec P\('tensor',\), which names mesh axis 'tensor', but Mesh\(data=2, model=4\) has axes 'data', 'model' \(every pattern is checked, whether a leaf matches it or not\)\. Fix the spec's mesh-axis name"):
+        with pytest.raises(
+            ShardingError,
+            match=r"ShapeBasedShardingRule shape pattern \(3, 3\) has spec P\('tensor',\), which names mesh axis 'tensor', but Mesh\(data=2, model=4\) has axes 'data', 'model' \(every pattern is checked, whether a leaf matches it or not\)\. Fix the spec's mesh-axis name",
+        ):
             ShapeBasedShardingRule(shape_patterns, mesh=mesh_2x4)
-        with pytest.raises(ShardingError, match=r"PathRegexRule pattern '\^never\$' has spec P\(None, 'modle'\), which names mesh axis 'modle'"):
+        with pytest.raises(
+            ShardingError,
+            match=r"PathRegexRule pattern '\^never\$' has spec P\(None, 'modle'\), which names mesh axis 'modle'",
+        ):
             PathRegexRule(path_patterns, mesh=mesh_2x4)
-        with pytest.raises(ShardingError, match=r"PathRegexRule pattern '\^x\$': The axis mapping names mesh axis 'dta' \(used by logical axis 'batch'\)"):
+        with pytest.raises(
+            ShardingError,
+            match=r"PathRegexRule pattern '\^x\$': The axis mapping names mesh axis 'dta' \(used by logical axis 'batch'\)",
+        ):
             PathRegexRule(path_patterns[::2], mesh=mesh_2x4)
     else:
-        shape_rule, path_rule = ShapeBasedShardingRule(shape_patterns), PathRegexRule(path_patterns[::2])
-        assert shape_rule.apply(tree) == {"w": P()} and path_rule.apply(tree) == {"w": P()}  # no mesh
+        shape_rule, path_rule = (
+            ShapeBasedShardingRule(shape_patterns),
+            PathRegexRule(path_patterns[::2]),
+        )
+        assert shape_rule.apply(tree) == {"w": P()} and path_rule.apply(tree) == {
+            "w": P()
+        }  # no mesh
         with jax.set_mesh(mesh_2x4):
-            with pytest.raises(ShardingError, match=r"shape pattern \(3, 3\) has spec P\('tensor',\), which names mesh axis 'tensor'"):
+            with pytest.raises(
+                ShardingError,
+                match=r"shape pattern \(3, 3\) has spec P\('tensor',\), which names mesh axis 'tensor'",
+            ):
                 shape_rule.apply(tree)
-            with pytest.raises(ShardingError, match=r"pattern '\^x\$': The axis mapping names mesh axis 'dta'"):
+            with pytest.raises(
+                ShardingError, match=r"pattern '\^x\$': The axis mapping names mesh axis 'dta'"
+            ):
                 path_rule.apply(tree)
 
 
 def test_composite_refuses_rules_on_different_meshes(axis_type):
     a = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
     b = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
-    with pytest.raises(MeshError, match=r"CompositeShardingRule combines rules planned on different meshes: rule 0 \(LogicalAxisRule\) uses Mesh\(data=2, model=4\) on devices \[0, 1, 2, 3, 4, 5, 6, 7\] and rule 1 \(AutoShardingRule\) uses Mesh\(data=4, model=2\) on devices .*Give every rule the same mesh"):
+    with pytest.raises(
+        MeshError,
+        match=r"CompositeShardingRule combines rules planned on different meshes: rule 0 \(LogicalAxisRule\) uses Mesh\(data=2, model=4\) on devices \[0, 1, 2, 3, 4, 5, 6, 7\] and rule 1 \(AutoShardingRule\) uses Mesh\(data=4, model=2\) on devices .*Give every rule the same mesh",
+    ):
         CompositeShardingRule(LogicalAxisRule({"batch": "data"}, a), AutoShardingRule(b))
-    with pytest.raises(MeshError, match=r"rule 0 \(AutoShardingRule\) uses Mesh\(data=2, model=4\) and rule 2 \(AutoShardingRule\) uses Mesh\(data=8\)"):
-        CompositeShardingRule(AutoShardingRule(MESH), AutoShardingRule(), AutoShardingRule({"data": 8}))
+    with pytest.raises(
+        MeshError,
+        match=r"rule 0 \(AutoShardingRule\) uses Mesh\(data=2, model=4\) and rule 2 \(AutoShardingRule\) uses Mesh\(data=8\)",
+    ):
+        CompositeShardingRule(
+            AutoShardingRule(MESH), AutoShardingRule(), AutoShardingRule({"data": 8})
+        )
     # same devices in another order: shardings would be built on the first mesh only
     c = jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("data", "model"))
     with pytest.raises(MeshError, match=r"on devices \[7, 6, 5, 4, 3, 2, 1, 0\]"):
         CompositeShardingRule(AutoShardingRule(a), AutoShardingRule(c))
     # the same shape as a dict, an abstract mesh or the real mesh plans the same specs: accepted
-    rule = CompositeShardingRule(AutoShardingRule(a), AutoShardingRule(MESH), AutoShardingRule(a.abstract_mesh))
+    rule = CompositeShardingRule(
+        AutoShardingRule(a), AutoShardingRule(MESH), AutoShardingRule(a.abstract_mesh)
+    )
     assert rule.mesh is a and rule.apply({"w": sds(6, 8)}) == {"w": P("data", "model")}
 
 
@@ -542,15 +667,42 @@ def test_composite_refuses_rules_on_different_meshes(axis_type):
 @pytest.mark.parametrize(
     "shape, methods, error, message",
     [
-        ((8, 16), [("data", "data")], ShardingError,
-         r"create_partition_spec: method \('data', 'data'\) names mesh axis 'data' more than once; a mesh axis can split a dimension only once\. List it once, e\.g\. \('data',\)"),
-        ((-8, 16), [("data",)], ShardingError,
-         r"create_partition_spec: shape \(-8, 16\) has negative dimension size -8; sizes must be >= 0"),
-        ((8.5, 16), [("data",)], NamedTypeError,
-         r"create_partition_spec: shape \(8\.5, 16\) has dimension 8\.5 \(float\); dimension sizes must be ints"),
-        ("8", [("data",)], NamedTypeError, r"create_partition_spec: shape must be a sequence of ints, got '8'"),
-        ((8, 16), [3], NamedTypeError, r"create_partition_spec: method 3 must be a mesh axis name or a non-empty tuple of them"),
-        ((8, 16), [()], NamedTypeError, r"method \(\) must be a mesh axis name or a non-empty tuple"),
+        (
+            (8, 16),
+            [("data", "data")],
+            ShardingError,
+            r"create_partition_spec: method \('data', 'data'\) names mesh axis 'data' more than once; a mesh axis can split a dimension only once\. List it once, e\.g\. \('data',\)",
+        ),
+        (
+            (-8, 16),
+            [("data",)],
+            ShardingError,
+            r"create_partition_spec: shape \(-8, 16\) has negative dimension size -8; sizes must be >= 0",
+        ),
+        (
+            (8.5, 16),
+            [("data",)],
+            NamedTypeError,
+            r"create_partition_spec: shape \(8\.5, 16\) has dimension 8\.5 \(float\); dimension sizes must be ints",
+        ),
+        (
+            "8",
+            [("data",)],
+            NamedTypeError,
+            r"create_partition_spec: shape must be a sequence of ints, got '8'",
+        ),
+        (
+            (8, 16),
+            [3],
+            NamedTypeError,
+            r"create_partition_spec: method 3 must be a mesh axis name or a non-empty tuple of them",
+        ),
+        (
+            (8, 16),
+            [()],
+            NamedTypeError,
+            r"method \(\) must be a mesh axis name or a non-empty tuple",
+        ),
         ((8, 16), "tensor", ShardingError, r"methods naming mesh axis 'tensor', which the mesh"),
     ],
 )
@@ -564,8 +716,12 @@ def test_create_partition_spec_string_is_one_name():
     helper = MeshPartitionHelper(MESH)
     # "data" is one mesh axis (not the axes 'd', 'a', 't'), as a method list or as a method
     assert helper.create_partition_spec((8, 16), "data", min_shard_size=1) == P(None, "data")
-    assert helper.create_partition_spec((8, 16), ["model", "data"], min_shard_size=1) == P("data", "model")
-    assert helper.create_partition_spec(np.array([8, 16]), [("model",)], min_shard_size=1) == P(None, "model")
+    assert helper.create_partition_spec((8, 16), ["model", "data"], min_shard_size=1) == P(
+        "data", "model"
+    )
+    assert helper.create_partition_spec(np.array([8, 16]), [("model",)], min_shard_size=1) == P(
+        None, "model"
+    )
     with pytest.raises(ShardingError, match=r"shape \(-1,\) has negative dimension size -1"):
         helper.suggest_methods((-1,))
 
@@ -573,8 +729,13 @@ def test_create_partition_spec_string_is_one_name():
 def test_rules_read_a_bare_string_as_one_mesh_axis():
     tree = {"w": sds(8, 16)}
     assert AutoShardingRule(MESH, axis_names="data").apply(tree) == {"w": P(None, "data")}
-    assert MemoryConstrainedShardingRule(128, MESH, axis_names="model").apply(tree) == {"w": P(None, "model")}
-    with pytest.raises(ShardingError, match=r"AutoShardingRule was given axis_names 'dat', which the mesh Mesh\(data=2, model=4\) lacks"):
+    assert MemoryConstrainedShardingRule(128, MESH, axis_names="model").apply(tree) == {
+        "w": P(None, "model")
+    }
+    with pytest.raises(
+        ShardingError,
+        match=r"AutoShardingRule was given axis_names 'dat', which the mesh Mesh\(data=2, model=4\) lacks",
+    ):
         AutoShardingRule(MESH, axis_names="dat").apply(tree)
 
 

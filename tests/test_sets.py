@@ -1,16 +1,16 @@
 """unique family, bincount, nonzero, one-argument where, allclose, array_equal: oracles, errors,
 sharding; and the nan* reductions built from the reductions' helpers."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
-from _helpers import spec_of
 
 I = jnp.array([[3, 1, 0, 3], [2, 2, 0, 5]], dtype=jnp.int32)  # (batch, seq)
 F = jnp.array([[1.0, jnp.nan, 3.0, -1.0], [jnp.nan, 2.0, 0.5, 4.0]], dtype=jnp.float32)
@@ -22,7 +22,9 @@ def results():
     def run(i, f):
         x = na.named(i, ("batch", "seq"))
         v, first, inv, cnt = na.unique_all(x, Axis("value", 6), fill_value=-1)
-        ev, eidx, einv, ecnt = jnp.unique(i, return_index=True, return_inverse=True, return_counts=True, size=6, fill_value=-1)
+        ev, eidx, einv, ecnt = jnp.unique(
+            i, return_index=True, return_inverse=True, return_counts=True, size=6, fill_value=-1
+        )
         rows = na.unique(x, {"u": 2}, axis="batch", return_inverse=True, return_counts=True)
         erows = jnp.unique(i, axis=0, size=2, return_inverse=True, return_counts=True)
         nz = na.nonzero(x, size=Axis("hit", 8))
@@ -45,11 +47,23 @@ def results():
                 na.bincount(x, {"bin": 7}, weights=na.nan_to_num(w)).array,
                 jnp.bincount(i.ravel(), weights=jnp.nan_to_num(f).ravel(), length=7),
             ),
-            "allclose": (na.allclose(na.named(f, ("batch", "seq")), w, equal_nan=True).array, jnp.array(True)),
-            "allclose_no": (na.allclose(na.named(f, ("batch", "seq")), w + 1e-3).array, jnp.array(False)),
-            "array_equal": (na.array_equal(na.named(f, ("batch", "seq")), w, equal_nan=True).array, jnp.array(True)),
+            "allclose": (
+                na.allclose(na.named(f, ("batch", "seq")), w, equal_nan=True).array,
+                jnp.array(True),
+            ),
+            "allclose_no": (
+                na.allclose(na.named(f, ("batch", "seq")), w + 1e-3).array,
+                jnp.array(False),
+            ),
+            "array_equal": (
+                na.array_equal(na.named(f, ("batch", "seq")), w, equal_nan=True).array,
+                jnp.array(True),
+            ),
             "array_equal_axes": (na.array_equal(x, na.named(i[0], "seq")).array, jnp.array(False)),
-            "nansum": (na.nansum(na.named(f, ("batch", "seq")), "seq").array, jnp.nansum(f, axis=1)),
+            "nansum": (
+                na.nansum(na.named(f, ("batch", "seq")), "seq").array,
+                jnp.nansum(f, axis=1),
+            ),
             "nanmean": (na.nanmean(w, "seq").array, jnp.nanmean(f, axis=1)),
             "nanmax": (na.nanmax(w).array, jnp.nanmax(f)),
             "nanmin": (na.nanmin(w, "batch").array, jnp.nanmin(f, axis=0)),
@@ -57,13 +71,21 @@ def results():
             "nanstd": (na.nanstd(w, "seq", ddof=1).array, jnp.nanstd(f, axis=1, ddof=1)),
             "nanvar": (na.nanvar(w, "seq").array, jnp.nanvar(f, axis=1)),
             "nanvar_where": (
-                na.nanvar(w, "seq", where=na.named(jnp.array([True, True, False, True]), "seq")).array,
+                na.nanvar(
+                    w, "seq", where=na.named(jnp.array([True, True, False, True]), "seq")
+                ).array,
                 jnp.nanvar(f, axis=1, where=jnp.array([True, True, False, True])[None, :]),
             ),
             "nanargmax": (na.nanargmax(w, "seq").array, jnp.nanargmax(f, axis=1)),
             "nanargmin": (na.nanargmin(w, "batch").array, jnp.nanargmin(f, axis=0)),
-            "nancumsum": (na.nancumsum(na.named(f, ("batch", "seq")), "seq").array, jnp.nancumsum(f, axis=1)),
-            "nancumprod": (na.nancumprod(na.named(f, ("batch", "seq")), "seq").array, jnp.nancumprod(f, axis=1)),
+            "nancumsum": (
+                na.nancumsum(na.named(f, ("batch", "seq")), "seq").array,
+                jnp.nancumsum(f, axis=1),
+            ),
+            "nancumprod": (
+                na.nancumprod(na.named(f, ("batch", "seq")), "seq").array,
+                jnp.nancumprod(f, axis=1),
+            ),
         }
 
     return run(I, F)
@@ -71,11 +93,37 @@ def results():
 
 @pytest.mark.parametrize(
     "name",
-    ["unique", "unique_index", "unique_inverse", "unique_counts", "unique_values", "unique_rows",
-     "unique_rows_inv", "unique_rows_cnt", "nonzero_b", "nonzero_s", "where1", "bincount", "bincount_w",
-     "allclose", "allclose_no", "array_equal", "array_equal_axes", "nansum", "nanmean", "nanmax",
-     "nanmin", "nanprod", "nanstd", "nanvar", "nanvar_where", "nanargmax", "nanargmin", "nancumsum",
-     "nancumprod"],  # fmt: skip
+    [
+        "unique",
+        "unique_index",
+        "unique_inverse",
+        "unique_counts",
+        "unique_values",
+        "unique_rows",
+        "unique_rows_inv",
+        "unique_rows_cnt",
+        "nonzero_b",
+        "nonzero_s",
+        "where1",
+        "bincount",
+        "bincount_w",
+        "allclose",
+        "allclose_no",
+        "array_equal",
+        "array_equal_axes",
+        "nansum",
+        "nanmean",
+        "nanmax",
+        "nanmin",
+        "nanprod",
+        "nanstd",
+        "nanvar",
+        "nanvar_where",
+        "nanargmax",
+        "nanargmin",
+        "nancumsum",
+        "nancumprod",
+    ],  # fmt: skip
 )
 def test_matches_jnp(results, name):
     got, expected = results[name]
@@ -102,17 +150,33 @@ def _check_forms(i):
 
 def test_errors():
     x = na.named(I, ("batch", "seq"))
-    with pytest.raises(na.NamedTypeError, match=r"unique\(\) needs size= as an Axis \(the result's axis name and length\), got 4"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"unique\(\) needs size= as an Axis \(the result's axis name and length\), got 4",
+    ):
         na.unique(x, 4)
-    with pytest.raises(na.DuplicateAxisError, match=r"nonzero\(\): result axis 'seq' is already an axis of NamedArray\(batch=2, seq=4\)"):
+    with pytest.raises(
+        na.DuplicateAxisError,
+        match=r"nonzero\(\): result axis 'seq' is already an axis of NamedArray\(batch=2, seq=4\)",
+    ):
         na.nonzero(x, size=Axis("seq", 2))
-    with pytest.raises(na.NamedTypeError, match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 1\. The one-argument form needs size="):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 1\. The one-argument form needs size=",
+    ):
         na.where(x > 0)
-    with pytest.raises(na.NamedTypeError, match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 2"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"where\(\) takes 3 operand\(s\) \(condition, x, y\), got 2"
+    ):
         na.where(x > 0, x)
-    with pytest.raises(na.NamedTypeError, match=r"bincount\(\) needs integer values, got dtype float32"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"bincount\(\) needs integer values, got dtype float32"
+    ):
         na.bincount(x.astype(jnp.float32), {"bin": 3})
-    with pytest.raises(na.AxisError, match=r"bincount\(\): weights NamedArray\(seq=4\) must have exactly the axes of x"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"bincount\(\): weights NamedArray\(seq=4\) must have exactly the axes of x",
+    ):
         na.bincount(x, {"bin": 3}, weights=na.named(jnp.ones(4), "seq"))
     with pytest.raises(na.AxisSizeError, match=r"allclose\(\): Cannot broadcast axis 'seq'"):
         na.allclose(x, na.named(jnp.ones(3), "seq"))
@@ -120,9 +184,13 @@ def test_errors():
         na.array_equal(x, I)
     with pytest.raises(na.NamedTypeError, match=r"nansum\(\) got unexpected keyword\(s\) 'ddof'"):
         na.nansum(x, "seq", ddof=1)
-    with pytest.raises(na.AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=2, seq=4\)"):
+    with pytest.raises(
+        na.AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=2, seq=4\)"
+    ):
         na.nanmean(x, "sq")
-    with pytest.raises(na.AxisError, match=r"nanargmax\(\) needs one axis for NamedArray\(batch=2, seq=4\)"):
+    with pytest.raises(
+        na.AxisError, match=r"nanargmax\(\) needs one axis for NamedArray\(batch=2, seq=4\)"
+    ):
         na.nanargmax(x)
 
 
@@ -148,5 +216,3 @@ def test_sharded(mesh_2x4):
     np.testing.assert_array_equal(nz["seq"].array, jnp.nonzero(I, size=8)[1])
     assert spec_of(s) == P("data")  # a reduction keeps the other axis' mesh axis
     assert bool(close)
-
-

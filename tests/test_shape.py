@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from _helpers import same
 
 import namedaxes as na
 from namedaxes import (
@@ -14,8 +15,6 @@ from namedaxes import (
     NamedTypeError,
     named,
 )
-
-from _helpers import same
 
 A = jnp.arange(24.0).reshape(2, 3, 4)
 
@@ -29,21 +28,39 @@ def x():
 
 
 def test_rearrange_matches_transpose(x):
-    same(na.rearrange(x, ("embed", "batch", "seq")), jnp.transpose(A, (2, 0, 1)), ("embed", "batch", "seq"))
-    same(x.rearrange(("seq", Axis("embed", 4), "batch")), jnp.transpose(A, (1, 2, 0)), ("seq", "embed", "batch"))
+    same(
+        na.rearrange(x, ("embed", "batch", "seq")),
+        jnp.transpose(A, (2, 0, 1)),
+        ("embed", "batch", "seq"),
+    )
+    same(
+        x.rearrange(("seq", Axis("embed", 4), "batch")),
+        jnp.transpose(A, (1, 2, 0)),
+        ("seq", "embed", "batch"),
+    )
 
 
 def test_rearrange_ellipsis(x):
     same(na.rearrange(x, ("embed", ...)), jnp.transpose(A, (2, 0, 1)), ("embed", "batch", "seq"))
     same(na.rearrange(x, (..., "batch")), jnp.transpose(A, (1, 2, 0)), ("seq", "embed", "batch"))
-    same(na.rearrange(x, ("embed", ..., "batch")), jnp.transpose(A, (2, 1, 0)), ("embed", "seq", "batch"))
+    same(
+        na.rearrange(x, ("embed", ..., "batch")),
+        jnp.transpose(A, (2, 1, 0)),
+        ("embed", "seq", "batch"),
+    )
     assert na.rearrange(x, (...,)) is x
 
 
 def test_rearrange_errors(x):
-    with pytest.raises(AxisNotFoundError, match=r"Axis 'embd' not found in NamedArray\(batch=2, seq=3, embed=4\). Available axes: 'batch', 'seq', 'embed'"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"Axis 'embd' not found in NamedArray\(batch=2, seq=3, embed=4\). Available axes: 'batch', 'seq', 'embed'",
+    ):
         na.rearrange(x, ("embd", ...))
-    with pytest.raises(AxisError, match=r"axes 'seq' of NamedArray\(batch=2, seq=3, embed=4\) are not in the new order \('embed', 'batch'\).*add \.\.\."):
+    with pytest.raises(
+        AxisError,
+        match=r"axes 'seq' of NamedArray\(batch=2, seq=3, embed=4\) are not in the new order \('embed', 'batch'\).*add \.\.\.",
+    ):
         na.rearrange(x, ("embed", "batch"))
     with pytest.raises(DuplicateAxisError, match="Duplicate axis names 'batch'"):
         na.rearrange(x, ("batch", "batch", ...))
@@ -51,7 +68,10 @@ def test_rearrange_errors(x):
         na.rearrange(x, (..., "batch", ...))
     with pytest.raises(AxisSizeError, match="Axis 'seq' has size 3 .* but size 5 was asked for"):
         na.rearrange(x, (Axis("seq", 5), ...))
-    with pytest.raises(NamedTypeError, match=r"rearrange\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)\. Name its axes first"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"rearrange\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)\. Name its axes first",
+    ):
         na.rearrange(A, ("embed", ...))
 
 
@@ -64,11 +84,19 @@ def test_rename(x):
 
 
 def test_rename_errors(x):
-    with pytest.raises(DuplicateAxisError, match=r"renaming NamedArray\(batch=2, seq=3, embed=4\) with \{'embed': 'seq'\} gives axis name\(s\) 'seq' twice"):
+    with pytest.raises(
+        DuplicateAxisError,
+        match=r"renaming NamedArray\(batch=2, seq=3, embed=4\) with \{'embed': 'seq'\} gives axis name\(s\) 'seq' twice",
+    ):
         na.rename(x, {"embed": "seq"})
-    with pytest.raises(AxisNotFoundError, match="Axis 'hidden' not found .* Available axes: 'batch', 'seq', 'embed'"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match="Axis 'hidden' not found .* Available axes: 'batch', 'seq', 'embed'",
+    ):
         na.rename(x, {"hidden": "h"})
-    with pytest.raises(AxisSizeError, match=r"cannot rename axis 'embed' \(size 4\) to 'h' with size 5"):
+    with pytest.raises(
+        AxisSizeError, match=r"cannot rename axis 'embed' \(size 4\) to 'h' with size 5"
+    ):
         na.rename(x, {"embed": Axis("h", 5)})
     with pytest.raises(NamedTypeError, match=r"rename\(\) takes a \{old: new\} dict"):
         na.rename(x, [("embed", "h")])
@@ -98,17 +126,29 @@ def test_unflatten_inverts_flatten(x):
     same(back, A, ("batch", "seq", "embed"))
     same(flat.unflatten_axis("embed", {"h": 2, "d": 2}), A.reshape(6, 2, 2), ("tokens", "h", "d"))
     # The split axis' own name may be reused.
-    same(na.unflatten_axis(x, "embed", {"embed": 2, "d": 2}), A.reshape(2, 3, 2, 2), ("batch", "seq", "embed", "d"))
+    same(
+        na.unflatten_axis(x, "embed", {"embed": 2, "d": 2}),
+        A.reshape(2, 3, 2, 2),
+        ("batch", "seq", "embed", "d"),
+    )
 
 
 def test_flatten_unflatten_errors(x):
-    with pytest.raises(AxisSizeError, match=r"axis 'embed' has size 4, but the new axes \(h=3, d=2\) multiply to 6"):
+    with pytest.raises(
+        AxisSizeError, match=r"axis 'embed' has size 4, but the new axes \(h=3, d=2\) multiply to 6"
+    ):
         na.unflatten_axis(x, "embed", {"h": 3, "d": 2})
-    with pytest.raises(DuplicateAxisError, match=r"new axis name\(s\) 'seq' already exist in NamedArray\(batch=2, seq=3, embed=4\)"):
+    with pytest.raises(
+        DuplicateAxisError,
+        match=r"new axis name\(s\) 'seq' already exist in NamedArray\(batch=2, seq=3, embed=4\)",
+    ):
         na.unflatten_axis(x, "embed", {"seq": 2, "d": 2})
     with pytest.raises(DuplicateAxisError, match=r"new axis name\(s\) 'embed' already exist"):
         na.flatten_axes(x, ("batch", "seq"), "embed")
-    with pytest.raises(AxisSizeError, match=r"merging \(batch=2, seq=3\) gives size 6, but new axis 'bs' was given size 7"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"merging \(batch=2, seq=3\) gives size 6, but new axis 'bs' was given size 7",
+    ):
         na.flatten_axes(x, ("batch", "seq"), Axis("bs", 7))
     with pytest.raises(AxisNotFoundError, match="Axis 'sq' not found"):
         na.flatten_axes(x, ("batch", "sq"), "bs")
@@ -128,7 +168,9 @@ def test_split_matches_jnp_split(x):
 
 
 def test_split_errors(x):
-    with pytest.raises(AxisSizeError, match=r"chunk sizes \(q=1, k=2\) add up to 3, but axis 'embed' has size 4"):
+    with pytest.raises(
+        AxisSizeError, match=r"chunk sizes \(q=1, k=2\) add up to 3, but axis 'embed' has size 4"
+    ):
         na.split(x, "embed", (Axis("q", 1), Axis("k", 2)))
     with pytest.raises(DuplicateAxisError, match=r"new axis name\(s\) 'batch' already exist"):
         na.split(x, "embed", (Axis("batch", 2), Axis("k", 2)))
@@ -161,16 +203,27 @@ def test_concatenate_reorders_to_first(x):
 
 def test_concatenate_errors(x):
     y = named(jnp.zeros((2, 5, 5)), ("batch", "seq", "embed"))
-    with pytest.raises(AxisSizeError, match=r"concatenate\(\) along 'seq': arrays\[1\] has axes \(batch=2, seq=5, embed=5\) but arrays\[0\] has \(batch=2, seq=3, embed=4\).*differ in 'embed'"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"concatenate\(\) along 'seq': arrays\[1\] has axes \(batch=2, seq=5, embed=5\) but arrays\[0\] has \(batch=2, seq=3, embed=4\).*differ in 'embed'",
+    ):
         na.concatenate("seq", [x, y])
     z = named(jnp.zeros((2, 5, 4)), ("batch", "seq", "hidden"))
     with pytest.raises(AxisSizeError, match=r"differ in 'embed', 'hidden'"):
         na.concatenate("seq", [x, z])
-    with pytest.raises(AxisNotFoundError, match=r"Axis 'time' not found in concatenate\(\) arrays\[0\] NamedArray\(batch=2, seq=3, embed=4\)"):
+    with pytest.raises(
+        AxisNotFoundError,
+        match=r"Axis 'time' not found in concatenate\(\) arrays\[0\] NamedArray\(batch=2, seq=3, embed=4\)",
+    ):
         na.concatenate("time", [x, x])
-    with pytest.raises(AxisSizeError, match=r"sizes add up to 3 \+ 3 = 6, but Axis\('seq', 5\) was asked for"):
+    with pytest.raises(
+        AxisSizeError, match=r"sizes add up to 3 \+ 3 = 6, but Axis\('seq', 5\) was asked for"
+    ):
         na.concatenate(Axis("seq", 5), [x, x])
-    with pytest.raises(NamedTypeError, match=r"concatenate\(\) needs a NamedArray for `arrays\[1\]`, got ArrayImpl of shape \(2, 3, 4\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"concatenate\(\) needs a NamedArray for `arrays\[1\]`, got ArrayImpl of shape \(2, 3, 4\)",
+    ):
         na.concatenate("seq", [x, A])
     with pytest.raises(NamedTypeError, match="non-empty list"):
         na.concatenate("seq", [])
@@ -184,9 +237,14 @@ def test_stack_matches_jnp_stack(x):
 
 
 def test_stack_errors(x):
-    with pytest.raises(DuplicateAxisError, match=r"stack\(\): the arrays already have an axis 'seq' \(NamedArray\(batch=2, seq=3, embed=4\)\)"):
+    with pytest.raises(
+        DuplicateAxisError,
+        match=r"stack\(\): the arrays already have an axis 'seq' \(NamedArray\(batch=2, seq=3, embed=4\)\)",
+    ):
         na.stack("seq", [x, x])
-    with pytest.raises(AxisSizeError, match=r"Axis\('layer', 3\) was asked for, but 2 arrays were given"):
+    with pytest.raises(
+        AxisSizeError, match=r"Axis\('layer', 3\) was asked for, but 2 arrays were given"
+    ):
         na.stack(Axis("layer", 3), [x, x])
     with pytest.raises(AxisSizeError, match=r"arrays\[1\] has axes \(batch=2, seq=3\)"):
         na.stack("layer", [x, x["embed", 0]])
@@ -201,7 +259,11 @@ def test_broadcast_to_matches_jnp(x):
     same(out, jnp.broadcast_to(jnp.arange(4.0), (2, 4)), ("batch", "embed"))
     # Reorders as well as adds.
     out = na.broadcast_to(x, (Axis("embed", 4), Axis("k", 2), Axis("seq", 3), Axis("batch", 2)))
-    same(out, jnp.broadcast_to(jnp.transpose(A, (2, 1, 0))[:, None], (4, 2, 3, 2)), ("embed", "k", "seq", "batch"))
+    same(
+        out,
+        jnp.broadcast_to(jnp.transpose(A, (2, 1, 0))[:, None], (4, 2, 3, 2)),
+        ("embed", "k", "seq", "batch"),
+    )
     out = na.broadcast_to(x, (Axis("k", 2), ...))
     same(out, jnp.broadcast_to(A, (2, 2, 3, 4)), ("k", "batch", "seq", "embed"))
     same(na.broadcast_to(3.0, {"a": 2}), jnp.full((2,), 3.0), ("a",))
@@ -214,13 +276,22 @@ def test_broadcast_axis(x):
 
 
 def test_broadcast_errors(x):
-    with pytest.raises(AxisError, match=r"NamedArray\(batch=2, seq=3, embed=4\) has axes 'seq', 'embed' that are not in the target \(batch=2\)\. List them in the target, or add \.\.\."):
+    with pytest.raises(
+        AxisError,
+        match=r"NamedArray\(batch=2, seq=3, embed=4\) has axes 'seq', 'embed' that are not in the target \(batch=2\)\. List them in the target, or add \.\.\.",
+    ):
         na.broadcast_to(x, {"batch": 2})
-    with pytest.raises(AxisSizeError, match=r"axis 'batch' has size 2 in NamedArray\(batch=2, seq=3, embed=4\) but size 4 in the target"):
+    with pytest.raises(
+        AxisSizeError,
+        match=r"axis 'batch' has size 2 in NamedArray\(batch=2, seq=3, embed=4\) but size 4 in the target",
+    ):
         na.broadcast_to(x, (Axis("batch", 4), ...))
     with pytest.raises(DuplicateAxisError, match=r"already has axis\(es\) 'seq'"):
         na.broadcast_axis(x, Axis("seq", 3))
-    with pytest.raises(NamedTypeError, match=r"broadcast_to\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)"):
+    with pytest.raises(
+        NamedTypeError,
+        match=r"broadcast_to\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2, 3, 4\)",
+    ):
         na.broadcast_to(A, {"a": 2})
     with pytest.raises(NamedTypeError, match="Give sizes"):
         na.broadcast_to(x, ("batch", ...))
@@ -244,7 +315,8 @@ B = jnp.arange(4 * 4 * 8.0).reshape(4, 4, 8)
 
 
 def test_shape_ops_on_sharded_arrays(mesh_2x4):
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
     a = jax.device_put(B, NamedSharding(mesh_2x4, P("data", None, "model")))
@@ -255,7 +327,9 @@ def test_shape_ops_on_sharded_arrays(mesh_2x4):
         return {
             "rearrange": na.rearrange(x, ("embed", ...)),
             "flatten_outer": na.flatten_axes(x, ("batch", "seq"), "bs"),
-            "flatten_inner": na.flatten_axes(x, ("seq", "embed"), "se"),  # sharded axis not outermost
+            "flatten_inner": na.flatten_axes(
+                x, ("seq", "embed"), "se"
+            ),  # sharded axis not outermost
             "unflatten": na.unflatten_axis(x, "embed", {"h": 4, "d": 2}),
             "split": na.split(x, "batch", (1, 3))[0],  # 1 row of a 2-way sharded axis
             "unbind": na.unbind(x, "batch")[3],

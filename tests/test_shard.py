@@ -5,13 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from _helpers import shard_shapes, spec_of
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis, ShardingError, axis_mapping, named
 from namedaxes._errors import AxisError
-
-from _helpers import spec_of, shard_shapes
 
 
 def mapping_for(mesh):
@@ -146,7 +146,9 @@ def test_module_fields_are_sharded_by_name(mesh_2x4):
 
 def test_field_rank_mismatch(mesh_2x4):
     bad = Linear(jnp.ones((8,)), jnp.zeros((4,)))
-    with pytest.raises(AxisError, match=r"Field Linear.weight is declared with axis_names \('embed', 'mlp'\)"):
+    with pytest.raises(
+        AxisError, match=r"Field Linear.weight is declared with axis_names \('embed', 'mlp'\)"
+    ):
         na.shard(bad, {"embed": "data"}, mesh_2x4)
 
 
@@ -208,7 +210,9 @@ def test_physical_axis_queries(mesh_2x4):
     assert na.round_axis_for_partitioning(Axis("embed", 12), m, mesh_2x4) == Axis("embed", 12)
     s = na.sharding_for_axis(Axis("batch", 16), m, mesh_2x4)
     assert s == NamedSharding(mesh_2x4, P(("data", "model")))
-    s2 = na.sharding_for_axis((Axis("batch", 16), Axis("embed", 4)), {"batch": "data", "embed": "model"}, mesh_2x4)
+    s2 = na.sharding_for_axis(
+        (Axis("batch", 16), Axis("embed", 4)), {"batch": "data", "embed": "model"}, mesh_2x4
+    )
     assert s2.spec == P("data", "model")
 
 
@@ -222,14 +226,23 @@ def test_physical_axis_queries_agree_with_resolve(mesh_2x4):
                 na.physical_axis_size(Axis("embed", size), rules, mesh_2x4)
             continue
         assert na.physical_axis_name(Axis("embed", size), rules, mesh_2x4) == spec[0]
-        assert na.physical_axis_size(Axis("embed", size), rules, mesh_2x4) == {"model": 4, "data": 2}[spec[0]]
-    assert na.physical_axis_size(Axis("embed", 6), rules, mesh_2x4) == 2  # not 4: 4 does not divide 6
-    with pytest.raises(ShardingError, match=r"needs an Axis with its size for 'embed': it has 2 rules"):
+        assert (
+            na.physical_axis_size(Axis("embed", size), rules, mesh_2x4)
+            == {"model": 4, "data": 2}[spec[0]]
+        )
+    assert (
+        na.physical_axis_size(Axis("embed", 6), rules, mesh_2x4) == 2
+    )  # not 4: 4 does not divide 6
+    with pytest.raises(
+        ShardingError, match=r"needs an Axis with its size for 'embed': it has 2 rules"
+    ):
         na.physical_axis_name("embed", rules)
     # round_axis_for_partitioning gives a size resolve places on the first rule's mesh axes.
     padded = na.round_axis_for_partitioning(Axis("embed", 6), rules, mesh_2x4)
     assert padded == Axis("embed", 8) and na.resolve((padded,), rules, mesh_2x4) == P("model")
-    with pytest.raises(na.NamedTypeError, match=r"sharding_for_axis needs an Axis or a sequence of Axis"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"sharding_for_axis needs an Axis or a sequence of Axis"
+    ):
         na.sharding_for_axis("batch", {"batch": "data"}, mesh_2x4)
 
 
@@ -237,12 +250,16 @@ def test_physical_axis_queries_agree_with_resolve(mesh_2x4):
 
 
 def test_shard_without_mesh():
-    with pytest.raises(ShardingError, match=r"shard needs a device mesh, but none was given and none is set"):
+    with pytest.raises(
+        ShardingError, match=r"shard needs a device mesh, but none was given and none is set"
+    ):
         na.shard(data(), {"batch": "data"})
 
 
 def test_shard_without_mapping(mesh_2x4):
-    with pytest.raises(ShardingError, match=r"shard\(\) got no mapping and no axis_mapping is in force"):
+    with pytest.raises(
+        ShardingError, match=r"shard\(\) got no mapping and no axis_mapping is in force"
+    ):
         na.shard(data(), mesh=mesh_2x4)
 
 
@@ -253,7 +270,10 @@ def test_shard_bad_mesh_axis(mesh_2x4):
 
 def test_shard_indivisible(mesh_2x4):
     x = named(jnp.ones((6, 3)), ("batch", "embed"))
-    with pytest.raises(ShardingError, match=r"Cannot shard axis 'embed' \(size 3\).*\(model=4\): 4 does not divide 3"):
+    with pytest.raises(
+        ShardingError,
+        match=r"Cannot shard axis 'embed' \(size 3\).*\(model=4\): 4 does not divide 3",
+    ):
         na.shard(x, {"batch": "data", "embed": "model"}, mesh_2x4)
 
 

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
-from _helpers import spec_of
 
 A = jnp.arange(8 * 12, dtype=jnp.float32).reshape(8, 12)  # (batch, embed)
 RULES = {"batch": "data", "embed": "model"}
@@ -59,7 +59,9 @@ def test_ring_shift_psum_scatter_axis_index(mesh_2x4):
     np.testing.assert_array_equal(shifted.array, jnp.roll(A, 3, axis=1))
     np.testing.assert_array_equal(back.array, A)
     np.testing.assert_array_equal(scattered.array, 2 * A)  # two data shards each contributed A
-    np.testing.assert_array_equal(where.array, jnp.repeat(jnp.arange(4.0), 3)[None, :] * jnp.ones((8, 1)))
+    np.testing.assert_array_equal(
+        where.array, jnp.repeat(jnp.arange(4.0), 3)[None, :] * jnp.ones((8, 1))
+    )
     np.testing.assert_array_equal(scaled.array, 4 * A)
     assert "collective-permute" in hlo and "all-gather" in hlo and "reduce-scatter" in hlo
     assert spec_of(shifted) == P("data", "model")
@@ -89,32 +91,54 @@ def test_mapping_and_spec_overrides(mesh_2x4):
         out = jax.jit(na.shard_map(body, mapping={"batch": ("data", "model")}))(x)
         assert shapes["x"] == {"batch": 1, "embed": 12}
         assert spec_of(out) == P(("data", "model"))
-        out = jax.jit(na.shard_map(lambda x: x, in_specs=(P(None, "model"),), out_specs=P(None, "model")))(x)
+        out = jax.jit(
+            na.shard_map(lambda x: x, in_specs=(P(None, "model"),), out_specs=P(None, "model"))
+        )(x)
         assert spec_of(out) == P(None, "model")
     np.testing.assert_array_equal(out.array, A)
 
 
 def test_errors(mesh_2x4):
     x = na.named(A, ("batch", "embed"))
-    with pytest.raises(na.MeshError, match=r"shard_map\(\) needs a mesh: pass mesh=, or call it under"):
+    with pytest.raises(
+        na.MeshError, match=r"shard_map\(\) needs a mesh: pass mesh=, or call it under"
+    ):
         na.shard_map(lambda x: x, mapping=RULES)(x)
     with jax.set_mesh(mesh_2x4):
-        with pytest.raises(na.ShardingError, match=r"shard_map\(\) needs a mapping to split its NamedArray arguments"):
+        with pytest.raises(
+            na.ShardingError,
+            match=r"shard_map\(\) needs a mapping to split its NamedArray arguments",
+        ):
             na.shard_map(lambda x: x)(x)
         with na.axis_mapping(RULES):
-            with pytest.raises(na.AxisError, match=r"psum\(\): logical axis 'heads' is not an axis of any shard_map argument.*Known axes: 'batch', 'embed'"):
+            with pytest.raises(
+                na.AxisError,
+                match=r"psum\(\): logical axis 'heads' is not an axis of any shard_map argument.*Known axes: 'batch', 'embed'",
+            ):
                 na.shard_map(lambda x: na.psum(x, "heads"))(x)
-            with pytest.raises(na.ShardingError, match=r"shard_map\(\): an output is assembled as replicated over some mesh axes, but its value may differ"):
+            with pytest.raises(
+                na.ShardingError,
+                match=r"shard_map\(\): an output is assembled as replicated over some mesh axes, but its value may differ",
+            ):
                 jax.jit(na.shard_map(lambda x: x.sum("embed")))(x)  # forgot the psum
-            with pytest.raises(na.NamedTypeError, match=r"ppermute\(\) takes exactly one of perm= \(src, dst\) pairs and shift="):
+            with pytest.raises(
+                na.NamedTypeError,
+                match=r"ppermute\(\) takes exactly one of perm= \(src, dst\) pairs and shift=",
+            ):
                 na.shard_map(lambda x: na.ppermute(x, "embed"))(x)
-            with pytest.raises(na.AxisError, match=r"ppermute\(\): pairs \[\(0, 9\)\] are outside the 4 blocks"):
+            with pytest.raises(
+                na.AxisError, match=r"ppermute\(\): pairs \[\(0, 9\)\] are outside the 4 blocks"
+            ):
                 na.shard_map(lambda x: na.ppermute(x, "embed", perm=[(0, 9)]))(x)
-            with pytest.raises(na.AxisNotFoundError, match=r"Axis 'batch' not found in NamedArray\(embed=3\)"):
+            with pytest.raises(
+                na.AxisNotFoundError, match=r"Axis 'batch' not found in NamedArray\(embed=3\)"
+            ):
                 na.shard_map(lambda x: na.all_gather(x["batch", 0], "batch"))(x)
-    with pytest.raises(na.ShardingError, match=r"psum\(\) by logical axis name only works inside namedaxes\.shard_map"):
+    with pytest.raises(
+        na.ShardingError,
+        match=r"psum\(\) by logical axis name only works inside namedaxes\.shard_map",
+    ):
         na.psum(x, "batch")
-
 
 
 def test_repeated_calls_reuse_one_trace(mesh_2x4):

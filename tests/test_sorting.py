@@ -1,15 +1,15 @@
 """sort, argsort, top_k and searchsorted by name: jax.numpy oracles, errors, Auto/Explicit sharding."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
-from _helpers import spec_of
 
 RNG = np.random.default_rng(0)
 A = jnp.asarray(RNG.normal(size=(4, 8)).astype(np.float32))  # (batch, seq)
@@ -26,7 +26,10 @@ def results():
         queries = na.named(a[:, :2] * 0.5, ("batch", "q"))
         return {
             "sort": (na.sort(x, "seq").array, jnp.sort(a, axis=1)),
-            "sort_desc": (na.sort(xt, "seq", descending=True).array, jnp.sort(a, axis=1, descending=True).T),
+            "sort_desc": (
+                na.sort(xt, "seq", descending=True).array,
+                jnp.sort(a, axis=1, descending=True).T,
+            ),
             "argsort": (na.argsort(x, "batch").array, jnp.argsort(a, axis=0)),
             "top_k_v": (v.array, jax.lax.top_k(a, 3)[0]),
             "top_k_i": (i.array, jax.lax.top_k(a, 3)[1]),
@@ -36,7 +39,11 @@ def results():
                 jax.vmap(jnp.searchsorted)(jnp.sort(a, axis=1), a[:, :2] * 0.5),
             ),
             "searchsorted_right": (
-                na.searchsorted(na.named(jnp.array([0.0, 1.0, 1.0]), "e"), na.named(jnp.array([1.0, 2.0]), "q"), side="right").array,
+                na.searchsorted(
+                    na.named(jnp.array([0.0, 1.0, 1.0]), "e"),
+                    na.named(jnp.array([1.0, 2.0]), "q"),
+                    side="right",
+                ).array,
                 jnp.searchsorted(jnp.array([0.0, 1.0, 1.0]), jnp.array([1.0, 2.0]), side="right"),
             ),
         }
@@ -45,7 +52,17 @@ def results():
 
 
 @pytest.mark.parametrize(
-    "name", ["sort", "sort_desc", "argsort", "top_k_v", "top_k_i", "top_k_t", "searchsorted", "searchsorted_right"]
+    "name",
+    [
+        "sort",
+        "sort_desc",
+        "argsort",
+        "top_k_v",
+        "top_k_i",
+        "top_k_t",
+        "searchsorted",
+        "searchsorted_right",
+    ],
 )
 def test_matches_jnp(results, name):
     got, expected = results[name]
@@ -64,9 +81,14 @@ def test_axes_of_results():
 
 def test_errors():
     x = na.named(A, ("batch", "seq"))
-    with pytest.raises(na.AxisError, match=r"sort\(\) needs axis= for NamedArray\(batch=4, seq=8\); pass one of 'batch', 'seq'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"sort\(\) needs axis= for NamedArray\(batch=4, seq=8\); pass one of 'batch', 'seq'",
+    ):
         na.sort(x)
-    with pytest.raises(na.AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=4, seq=8\)"):
+    with pytest.raises(
+        na.AxisNotFoundError, match=r"Axis 'sq' not found in NamedArray\(batch=4, seq=8\)"
+    ):
         na.argsort(x, "sq")
     with pytest.raises(na.NamedTypeError, match=r"sort\(\) works along exactly one axis"):
         na.sort(x, ("batch", "seq"))
@@ -74,7 +96,10 @@ def test_errors():
         na.top_k(x, "seq", 9)
     with pytest.raises(na.DuplicateAxisError, match="Duplicate axis names 'batch'"):
         na.top_k(x, "seq", Axis("batch", 2))
-    with pytest.raises(na.AxisError, match=r"searchsorted\(\): values NamedArray\(q=2\) lacks the batch axes 'batch'"):
+    with pytest.raises(
+        na.AxisError,
+        match=r"searchsorted\(\): values NamedArray\(q=2\) lacks the batch axes 'batch'",
+    ):
         na.searchsorted(x, na.named(jnp.zeros(2), "q"), "seq")
     with pytest.raises(na.AxisError, match=r"values NamedArray\(seq=2\) has the sorted axis 'seq'"):
         na.searchsorted(na.named(jnp.zeros(3), "seq"), na.named(jnp.zeros(2), "seq"))
@@ -106,5 +131,3 @@ def test_sharded_sort_family(mesh_2x4):
     np.testing.assert_array_equal(s.array, jnp.sort(A, axis=1))
     np.testing.assert_array_equal(t.array, jax.lax.top_k(A, 2)[0])
     np.testing.assert_array_equal(g.array, jnp.argsort(A, axis=0))
-
-

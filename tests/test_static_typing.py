@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "typed_usage.py"
 
-MISTAKES = '''\
+MISTAKES = """\
 import jax.numpy as jnp
 
 import namedaxes as na
@@ -29,13 +29,16 @@ d: int = x.sum("embed")
 e = x + "text"
 f = x.rename({"embed": 3.5})
 g = x.take("embed")
-'''
+"""
 # (line, start of mypy's message) for each mistake above.
 EXPECTED = [
     (7, '"NamedArray" has no attribute "summ"; maybe "sum"?'),
     (8, "NamedArray['batch batch'] names 'batch' more than once."),
     (9, "NamedArray[...] takes a string of axis names and optionally a dtype"),
-    (10, 'Incompatible types in assignment (expression has type "NamedArray", variable has type "int")'),
+    (
+        10,
+        'Incompatible types in assignment (expression has type "NamedArray", variable has type "int")',
+    ),
     (11, 'Unsupported operand types for + ("NamedArray" and "str")'),
     (12, "Dict entry 0 has incompatible type"),
     (13, 'Missing positional argument "indices" in call to "take" of "NamedArray"'),
@@ -73,7 +76,9 @@ def test_typed_example_passes_mypy(mypy_run):
 @pytest.mark.parametrize(("line", "message"), EXPECTED, ids=[str(n) for n, _ in EXPECTED])
 def test_mistakes_are_flagged(mypy_run, line, message):
     at_line = [out for out in mypy_run if f"mistakes.py:{line}: error: " in out]
-    assert any(message in out for out in at_line), f"line {line}: expected {message!r}, got {at_line}"
+    assert any(message in out for out in at_line), (
+        f"line {line}: expected {message!r}, got {at_line}"
+    )
 
 
 def test_every_mistake_is_accounted_for(mypy_run):

@@ -1,15 +1,15 @@
 """repeat, tile, roll, pad, ravel, tril/triu, diagonal, trace by name: oracles, errors, sharding."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from _helpers import spec_of
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import Axis
-from _helpers import spec_of
 
 A = jnp.arange(4 * 8 * 6, dtype=jnp.float32).reshape(4, 8, 6)  # (batch, q, k)
 AXES = ("batch", "q", "k")
@@ -33,17 +33,29 @@ def results():
             "roll": (na.roll(x, shift, "q").array, jnp.roll(a, shift, axis=1)),
             "roll_many": (back(na.roll(xt, {"q": 1, "k": -2})), jnp.roll(a, (1, -2), axis=(1, 2))),
             "pad": (back(na.pad(xt, {"q": (1, 2), "k": 1})), jnp.pad(a, ((0, 0), (1, 2), (1, 1)))),
-            "pad_edge": (na.pad(x, {"k": 2}, mode="edge").array, jnp.pad(a, ((0, 0), (0, 0), (2, 2)), mode="edge")),
+            "pad_edge": (
+                na.pad(x, {"k": 2}, mode="edge").array,
+                jnp.pad(a, ((0, 0), (0, 0), (2, 2)), mode="edge"),
+            ),
             "ravel": (na.ravel(x, "flat").array, jnp.ravel(a)),
             "ravel_order": (na.ravel(xt, "flat", order=AXES).array, jnp.ravel(a)),
             "tril": (na.tril(x, ("q", "k")).array, jnp.tril(a)),
             "tril_t": (back(na.tril(xt, ("q", "k"), k=1)), jnp.tril(a, 1)),
             "triu": (na.triu(x, ("q", "k"), k=-1).array, jnp.triu(a, -1)),
             "diagonal": (na.diagonal(x, ("q", "k")).array, jnp.diagonal(a, axis1=1, axis2=2)),
-            "diagonal_off": (na.rearrange(na.diagonal(xt, ("q", "k"), offset=2), ("batch", "q")).array, jnp.diagonal(a, 2, axis1=1, axis2=2)),
-            "diagonal_neg": (na.diagonal(x, ("q", "k"), offset=-3).array, jnp.diagonal(a, -3, axis1=1, axis2=2)),
+            "diagonal_off": (
+                na.rearrange(na.diagonal(xt, ("q", "k"), offset=2), ("batch", "q")).array,
+                jnp.diagonal(a, 2, axis1=1, axis2=2),
+            ),
+            "diagonal_neg": (
+                na.diagonal(x, ("q", "k"), offset=-3).array,
+                jnp.diagonal(a, -3, axis1=1, axis2=2),
+            ),
             "trace": (na.trace(xt, ("q", "k")).array, jnp.trace(a, axis1=1, axis2=2)),
-            "trace_off": (na.trace(x, ("k", "q"), offset=1).array, jnp.trace(a, 1, axis1=2, axis2=1)),
+            "trace_off": (
+                na.trace(x, ("k", "q"), offset=1).array,
+                jnp.trace(a, 1, axis1=2, axis2=1),
+            ),
         }
 
     return run(A, 3)
@@ -67,7 +79,10 @@ def test_result_axes():
     assert na.ravel(x, Axis("flat", 192)).axes == (Axis("flat", 192),)
     assert na.ravel(na.named(jnp.float32(2.0), ()), "one").axes == (Axis("one", 1),)
     assert na.diagonal(x, ("q", "k")).axes == (Axis("batch", 4), Axis("q", 6))
-    assert na.diagonal(x, ("k", "q"), new_axis="d", offset=1).axes == (Axis("batch", 4), Axis("d", 6))
+    assert na.diagonal(x, ("k", "q"), new_axis="d", offset=1).axes == (
+        Axis("batch", 4),
+        Axis("d", 6),
+    )
     assert na.trace(x, ("q", "k")).axes == (Axis("batch", 4),)
     assert na.tril(x, ("q", "k")).axes == x.axes
 
@@ -78,27 +93,45 @@ def test_errors():
         na.repeat(x, "k", -1)
     with pytest.raises(na.AxisError, match=r"per-entry repeats need total_repeat_length="):
         na.repeat(x, "q", na.named(jnp.ones(8, jnp.int32), "q"))
-    with pytest.raises(na.AxisError, match=r"per-entry repeats must be a NamedArray over \(q=8\) alone"):
+    with pytest.raises(
+        na.AxisError, match=r"per-entry repeats must be a NamedArray over \(q=8\) alone"
+    ):
         na.repeat(x, "q", na.named(jnp.ones(6, jnp.int32), "k"), total_repeat_length=8)
-    with pytest.raises(na.NamedTypeError, match=r"tile\(\) takes reps as a \{axis: value\} dict, got \(1, 2\)"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"tile\(\) takes reps as a \{axis: value\} dict, got \(1, 2\)"
+    ):
         na.tile(x, (1, 2))
-    with pytest.raises(na.AxisNotFoundError, match=r"Axis 'kk' not found in NamedArray\(batch=4, q=8, k=6\)"):
+    with pytest.raises(
+        na.AxisNotFoundError, match=r"Axis 'kk' not found in NamedArray\(batch=4, q=8, k=6\)"
+    ):
         na.tile(x, {"kk": 2})
     with pytest.raises(na.AxisError, match=r"roll\(\) needs the axis to roll along"):
         na.roll(x, 1)
     with pytest.raises(na.AxisError, match=r"roll\(\): 2 shift\(s\) for 1 axis\(es\)"):
         na.roll(x, (1, 2), "q")
-    with pytest.raises(na.AxisSizeError, match=r"pad\(\): the width for axis 'q' must be an int >= 0 or a \(before, after\) pair of them, got -1"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"pad\(\): the width for axis 'q' must be an int >= 0 or a \(before, after\) pair of them, got -1",
+    ):
         na.pad(x, {"q": -1})
     with pytest.raises(na.AxisError, match=r"ravel\(\): order \('q', 'k'\) must list every axis"):
         na.ravel(x, "flat", order=("q", "k"))
-    with pytest.raises(na.AxisError, match=r"tril\(\) works over two named axes \(rows, columns\), got 'q'"):
+    with pytest.raises(
+        na.AxisError, match=r"tril\(\) works over two named axes \(rows, columns\), got 'q'"
+    ):
         na.tril(x, "q")
-    with pytest.raises(na.DuplicateAxisError, match=r"triu\(\) needs two different axes, got 'q' twice"):
+    with pytest.raises(
+        na.DuplicateAxisError, match=r"triu\(\) needs two different axes, got 'q' twice"
+    ):
         na.triu(x, ("q", "q"))
-    with pytest.raises(na.DuplicateAxisError, match=r"diagonal\(\): new axis 'batch' is already an axis"):
+    with pytest.raises(
+        na.DuplicateAxisError, match=r"diagonal\(\): new axis 'batch' is already an axis"
+    ):
         na.diagonal(x, ("q", "k"), new_axis="batch")
-    with pytest.raises(na.NamedTypeError, match=r"trace\(\): offset= \(the diagonal offset\) must be a static int, got 1.5"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"trace\(\): offset= \(the diagonal offset\) must be a static int, got 1.5",
+    ):
         na.trace(x, ("q", "k"), offset=1.5)
 
 
@@ -129,5 +162,3 @@ def test_sharded(mesh_2x4):
     np.testing.assert_array_equal(rep.array, jnp.repeat(A, 2, axis=1))
     np.testing.assert_array_equal(rav.array, jnp.ravel(A))
     np.testing.assert_array_equal(tr.array, jnp.trace(A, axis1=1, axis2=2))
-
-

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -50,7 +48,10 @@ def test_annotation_objects():
     assert repr(ann) == "NamedArray['batch embed']"
     assert repr(NamedArray["batch", jnp.float32]) == "NamedArray['batch', float32]"
     assert issubclass(ann, NamedArray)
-    with pytest.raises(na.NamedTypeError, match=r"NamedArray\['batch embed'\] is an annotation; create arrays with NamedArray\(array, axes\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"NamedArray\['batch embed'\] is an annotation; create arrays with NamedArray\(array, axes\)",
+    ):
         ann(jnp.ones((2, 3)), ("batch", "embed"))
 
 
@@ -64,22 +65,34 @@ def test_commas_separate_names_too():
 
 
 def test_bad_annotations():
-    with pytest.raises(na.NamedTypeError, match=r"NamedArray\[\.\.\.\] takes a string of axis names, optionally with a dtype.*got \('batch', 'embed', 'mlp'\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"NamedArray\[\.\.\.\] takes a string of axis names, optionally with a dtype.*got \('batch', 'embed', 'mlp'\)",
+    ):
         NamedArray["batch", "embed", "mlp"]
     with pytest.raises(na.NamedTypeError, match=r"takes a string of axis names.*got 3"):
         NamedArray[3]
-    with pytest.raises(na.NamedTypeError, match=r"NamedArray\['batch', 'flaot'\]: 'flaot' is not a dtype or dtype category"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"NamedArray\['batch', 'flaot'\]: 'flaot' is not a dtype or dtype category",
+    ):
         NamedArray["batch", "flaot"]
-    with pytest.raises(na.NamedTypeError, match=r"NamedArray\['batch batch'\] names 'batch' more than once"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"NamedArray\['batch batch'\] names 'batch' more than once"
+    ):
         NamedArray["batch batch"]
-    with pytest.raises(na.NamedTypeError, match=r"NamedArray\['\.\.\. batch \.\.\.'\] has more than one '\.\.\.'"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"NamedArray\['\.\.\. batch \.\.\.'\] has more than one '\.\.\.'"
+    ):
         NamedArray["... batch ..."]
     with pytest.raises(na.NamedTypeError, match=r"NamedArray\['batch'\] already names its axes"):
         NamedArray["batch"]["embed"]
 
 
 @na.check_axes
-def project(x: NamedArray["batch embed"], w: NamedArray["embed mlp", jnp.floating]) -> NamedArray["batch mlp"]:
+def project(
+    x: NamedArray["batch embed"], w: NamedArray["embed mlp", jnp.floating]
+) -> NamedArray["batch mlp"]:
     return na.dot(x, w, axis="embed")
 
 
@@ -89,7 +102,7 @@ def broken(x: NamedArray["batch ..."]) -> NamedArray["batch"]:
 
 
 @na.check_axes
-def maybe(x: Optional[NamedArray["batch"]] = None, n: int = 0) -> int:
+def maybe(x: NamedArray["batch"] | None = None, n: int = 0) -> int:
     return n
 
 
@@ -112,19 +125,31 @@ def test_check_axes_catches_wrong_axes_in_arguments_and_result():
     )
     with pytest.raises(na.NamedTypeError, match=msg):
         project(X, wrong)
-    with pytest.raises(na.NamedTypeError, match=r"project\(\) argument 'x' is ArrayImpl of shape \(2, 3\), which does not match NamedArray\['batch embed'\]: not a NamedArray \(name its axes with named\(x, \(\.\.\.\)\)\)"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"project\(\) argument 'x' is ArrayImpl of shape \(2, 3\), which does not match NamedArray\['batch embed'\]: not a NamedArray \(name its axes with named\(x, \(\.\.\.\)\)\)",
+    ):
         project(jnp.ones((2, 3)), W)
     with pytest.raises(na.NamedTypeError, match=r"dtype int32 is not floating"):
         project(X, W.astype(jnp.int32))
-    with pytest.raises(na.NamedTypeError, match=r"broken\(\) result is NamedArray\(batch=2, embed=3\), which does not match NamedArray\['batch'\]: unexpected axes 'embed'"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"broken\(\) result is NamedArray\(batch=2, embed=3\), which does not match NamedArray\['batch'\]: unexpected axes 'embed'",
+    ):
         broken(X)
-    with pytest.raises(na.NamedTypeError, match=r"maybe\(\) argument 'x' is NamedArray\(embed=3\), which does not match NamedArray\['batch'\]: missing axes 'batch'"):
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"maybe\(\) argument 'x' is NamedArray\(embed=3\), which does not match NamedArray\['batch'\]: missing axes 'batch'",
+    ):
         maybe(na.named(jnp.ones(3), "embed"))
 
 
 def test_check_axes_binds_one_size_per_name_within_a_call():
     w5 = na.named(jnp.ones((5, 4)), ("embed", "mlp"))
-    with pytest.raises(na.AxisSizeError, match=r"project\(\) axis 'embed' has size 5 in argument 'w' but size 3 in argument 'x'"):
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"project\(\) axis 'embed' has size 5 in argument 'w' but size 3 in argument 'x'",
+    ):
         project(X, w5)
 
 
@@ -133,7 +158,9 @@ def test_check_axes_under_jit():
     assert f(X, W).axis_names == ("batch", "mlp")
     # Axis order is free: (embed, batch) matches "batch embed".
     assert f(na.named(jnp.ones((3, 2)), ("embed", "batch")), W).axis_names == ("batch", "mlp")
-    with pytest.raises(na.NamedTypeError, match=r"project\(\) argument 'w' is NamedArray\(embed=3, hidden=4\)"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"project\(\) argument 'w' is NamedArray\(embed=3, hidden=4\)"
+    ):
         f(X, na.named(jnp.ones((3, 4)), ("embed", "hidden")))
 
 
@@ -144,7 +171,7 @@ def test_varargs_are_checked_one_by_one():
 
     ok = na.named(jnp.ones(2), "batch")
     assert total(ok, ok).item() == 4.0
-    with pytest.raises(na.NamedTypeError, match=r"total\(\) argument \*xs\[1\] is NamedArray\(embed=2\)"):
+    with pytest.raises(
+        na.NamedTypeError, match=r"total\(\) argument \*xs\[1\] is NamedArray\(embed=2\)"
+    ):
         total(ok, na.named(jnp.ones(2), "embed"))
-
-

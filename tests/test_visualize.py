@@ -29,7 +29,9 @@ def _rows(text):
 
 def _grid(text):
     lines = text.strip().splitlines()
-    return lines[0], [[c.strip() for c in ln.split("|")] for ln in lines[1:] if not ln.startswith("-")]
+    return lines[0], [
+        [c.strip() for c in ln.split("|")] for ln in lines[1:] if not ln.startswith("-")
+    ]
 
 
 @pytest.fixture
@@ -49,7 +51,15 @@ def test_rows_of_placed_tree(placed, capsys):
     text = capsys.readouterr().out
     rows = _rows(text)
     assert set(rows) == {"x", "bias", "plain"}  # the int is not an array
-    assert rows["x"] == ["x", "batch=8, mlp=16", "float32", "P('data', 'model')", "(4, 4)", "64 B", "no"]
+    assert rows["x"] == [
+        "x",
+        "batch=8, mlp=16",
+        "float32",
+        "P('data', 'model')",
+        "(4, 4)",
+        "64 B",
+        "no",
+    ]
     bias_spec = str(placed["bias"].array.sharding.spec)  # what shard placed: P() or P(None,)
     assert rows["bias"][1:] == ["embed=6", "float32", bias_spec, "(6,)", "24 B", "yes"]
     assert rows["plain"][1:] == ["(4, 3)", "float32", "P('data',)", "(2, 3)", "24 B", "over model"]
@@ -89,7 +99,9 @@ def test_grid_matches_jax_devices(placed, mesh_2x4):
     out = io.StringIO()
     na.visualize_array(x, file=out)
     title, grid = _grid(out.getvalue())
-    assert title == "NamedArray(float32, batch=8, mlp=16)  P('data', 'model') on Mesh(data=2, model=4)"
+    assert (
+        title == "NamedArray(float32, batch=8, mlp=16)  P('data', 'model') on Mesh(data=2, model=4)"
+    )
     assert grid[0] == ["batch \\ mlp", "0:4", "4:8", "8:12", "12:16"]  # names on the sides
     assert [r[0] for r in grid[1:]] == ["0:4", "4:8"]
     for device, index in x.array.sharding.devices_indices_map((8, 16)).items():
@@ -102,7 +114,10 @@ def test_grid_one_axis_and_chosen_axes(placed, mesh_2x4):
     out = io.StringIO()
     na.visualize_array(placed["bias"], file=out)
     _, grid = _grid(out.getvalue())
-    assert grid == [["embed", "0:6"], ["devices", ",".join(str(d.id) for d in mesh_2x4.devices.flat)]]
+    assert grid == [
+        ["embed", "0:6"],
+        ["devices", ",".join(str(d.id) for d in mesh_2x4.devices.flat)],
+    ]
     # three axes: draw two; the replicated third shares cells; names transposed swap the sides
     with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "mlp": "model"}):
         y = na.shard(na.named(jnp.ones((2, 8, 4)), ("head", "batch", "mlp")))
@@ -113,7 +128,9 @@ def test_grid_one_axis_and_chosen_axes(placed, mesh_2x4):
     assert [r[0] for r in grid[1:]] == ["0:1", "1:2", "2:3", "3:4"]
     with pytest.raises(na.AxisError, match=r"has 3\. Choose them, e.g. axes=\('head', 'batch'\)"):
         na.visualize_array(y)
-    with pytest.raises(na.AxisError, match=r"axis 'embd' not found .* Available axes: 'head', 'batch', 'mlp'"):
+    with pytest.raises(
+        na.AxisError, match=r"axis 'embd' not found .* Available axes: 'head', 'batch', 'mlp'"
+    ):
         na.visualize_array(y, axes="embd")
 
 
@@ -123,14 +140,22 @@ def test_abstract_grid_uses_mesh_positions():
     na.visualize_array(x, {"batch": ("data", "model")}, {"data": 2, "model": 2}, file=out)
     title, grid = _grid(out.getvalue())
     assert title.endswith("P(('data', 'model'), None) (planned) on Mesh(data=2, model=2)")
-    assert grid == [["batch \\ embed", "0:6"], ["0:2", "0"], ["2:4", "1"], ["4:6", "2"], ["6:8", "3"]]
+    assert grid == [
+        ["batch \\ embed", "0:6"],
+        ["0:2", "0"],
+        ["2:4", "1"],
+        ["4:6", "2"],
+        ["6:8", "3"],
+    ]
     out = _Terminal()
     na.visualize_array(x, {"batch": "model"}, {"data": 2, "model": 2}, file=out)
     assert "batch \\ embed" in out.getvalue() and "0,2" in out.getvalue() and "┃" in out.getvalue()
 
 
 def test_visualize_array_refuses_plain_arrays():
-    with pytest.raises(na.NamedTypeError, match="visualize_array takes a NamedArray, got ArrayImpl"):
+    with pytest.raises(
+        na.NamedTypeError, match="visualize_array takes a NamedArray, got ArrayImpl"
+    ):
         na.visualize_array(jnp.ones(3))
 
 
@@ -167,15 +192,29 @@ def test_rows_agree_with_pspec_for_leaf_by_leaf():
 
     sds = jax.ShapeDtypeStruct
     tree = {
-        "block": Block(na.named(sds((16, 64), jnp.float32), ("embed", "mlp")), sds((64,), jnp.float32)),
-        "emb": na.named(sds((6, 16), jnp.float32), ("vocab", "embed")),  # 4 does not divide 6: fallback
+        "block": Block(
+            na.named(sds((16, 64), jnp.float32), ("embed", "mlp")), sds((64,), jnp.float32)
+        ),
+        "emb": na.named(
+            sds((6, 16), jnp.float32), ("vocab", "embed")
+        ),  # 4 does not divide 6: fallback
     }
-    rules = na.AxisRules([("vocab", "model"), ("vocab", "data"), ("mlp", "model"), ("embed", "data"), ("embed", None)])
+    rules = na.AxisRules(
+        [
+            ("vocab", "model"),
+            ("vocab", "data"),
+            ("mlp", "model"),
+            ("embed", "data"),
+            ("embed", None),
+        ]
+    )
     sizes = {"data": 2, "model": 4}
     out = io.StringIO()
     na.visualize_sharding(tree, rules, sizes, file=out)
     rows = _rows(out.getvalue())
     specs = na.pspec_for(tree, rules, mesh=sizes)
     expected = {"block/w": specs["block"].w, "block/b": specs["block"].b, "emb": specs["emb"]}
-    assert {path: row[3] for path, row in rows.items()} == {p: f"{s} (planned)" for p, s in expected.items()}
+    assert {path: row[3] for path, row in rows.items()} == {
+        p: f"{s} (planned)" for p, s in expected.items()
+    }
     assert rows["emb"][3] == "P('data', None) (planned)"

@@ -39,7 +39,9 @@ def on_post_build(config: Any, **kwargs: Any) -> None:
             missing.append(f"namedaxes.{name}")
     for sub in SUBPACKAGES:
         module = importlib.import_module(f"namedaxes.{sub}")
-        missing += [f"namedaxes.{sub}.{n}" for n in _public(module) if f"namedaxes.{sub}.{n}" not in anchors]
+        missing += [
+            f"namedaxes.{sub}.{n}" for n in _public(module) if f"namedaxes.{sub}.{n}" not in anchors
+        ]
     if missing:
         log.warning(
             "The API reference does not document %d public name(s): %s. Add them to a page in "

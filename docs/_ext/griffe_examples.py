@@ -46,7 +46,9 @@ class RedundantAliasExports(griffe.Extension):
         for stmt in node.body:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 for alias in stmt.names:
-                    if alias.asname is not None:  # `Y as Y`, or a rename such as `slice_axis as slice`
+                    if (
+                        alias.asname is not None
+                    ):  # `Y as Y`, or a rename such as `slice_axis as slice`
                         member = mod.members.get(alias.asname)
                         if member is not None and not alias.asname.startswith("_"):
                             member.public = True
@@ -64,7 +66,11 @@ _KINDS = {
 def _text(annotation: Any) -> str | None:
     if annotation is inspect.Parameter.empty:
         return None
-    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    return (
+        annotation
+        if isinstance(annotation, str)
+        else getattr(annotation, "__name__", repr(annotation))
+    )
 
 
 class LiftedFunctions(griffe.Extension):
@@ -79,7 +85,11 @@ class LiftedFunctions(griffe.Extension):
             return
         runtime = None
         for name, member in list(mod.members.items()):
-            if member.is_alias or not member.is_attribute or not str(member.value).startswith("_lift("):
+            if (
+                member.is_alias
+                or not member.is_attribute
+                or not str(member.value).startswith("_lift(")
+            ):
                 continue
             runtime = runtime or importlib.import_module(mod.path)
             fn = getattr(runtime, name)

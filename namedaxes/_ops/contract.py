@@ -100,7 +100,9 @@ def _run(
     return NamedArray(result, tuple(by_name[n] for n in out))
 
 
-def _sharding_by_name(arrays: Sequence[NamedArray], every: tuple[Axis, ...], out: Sequence[str]) -> Any:
+def _sharding_by_name(
+    arrays: Sequence[NamedArray], every: tuple[Axis, ...], out: Sequence[str]
+) -> Any:
     """The result's sharding when a contracted axis is sharded over Explicit mesh axes, else None.
 
     JAX cannot guess the result's sharding then and asks for one. The operands' own shardings
@@ -318,7 +320,9 @@ def einsum(
     if not lhs.strip() or lhs.strip().startswith("{"):
         every = _all_axes("einsum", arrays)
         out_names = _named_modes(equation, lhs, rhs, every)
-        return _run("einsum", arrays, every, out_names, precision, preferred_element_type, out_sharding)
+        return _run(
+            "einsum", arrays, every, out_names, precision, preferred_element_type, out_sharding
+        )
     specs = lhs.split(",")
     if len(specs) != len(arrays):
         raise AxisError(
@@ -373,7 +377,12 @@ def _named_modes(equation: str, lhs: str, rhs: str, every: tuple[Axis, ...]) -> 
     mentioned: list[str] = []
     if lhs.strip():
         inner = lhs.strip()
-        if not inner.endswith("}") or inner.count("{") != 1 or inner.count("}") != 1 or "," in inner:
+        if (
+            not inner.endswith("}")
+            or inner.count("{") != 1
+            or inner.count("}") != 1
+            or "," in inner
+        ):
             raise AxisError(
                 f"einsum() equation {equation!r}: the unordered form lists axes in one pair of "
                 "braces, e.g. '{embed heads} -> heads'."

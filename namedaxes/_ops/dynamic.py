@@ -159,7 +159,7 @@ def updated_slice(
         )
     starts: dict[int, Any] = {}
     window: list[Axis] = []
-    for i, ax in enumerate(x.axes):
+    for ax in x.axes:
         size = update.axis_size(ax.name) if update.has_axis(ax.name) else ax.size
         if size > ax.size:
             raise AxisSizeError(

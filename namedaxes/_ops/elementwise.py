@@ -20,10 +20,10 @@ import jax.scipy.special as jsp
 import numpy as np
 
 from .._array import NamedArray
-from ._common import agree_by_name, expect_named
 from .._axis import Axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to, result_axes
+from ._common import agree_by_name, expect_named
 
 __all__ = ["ELEMENTWISE_OPS", "astype", "broadcast_into", "canonical_dtype", "clip", "lift_call"]
 
@@ -154,7 +154,12 @@ _EXAMPLE_DATA = {
 def _source_name(fn: Callable[..., Any]) -> str:
     """Where ``fn`` lives in JAX's public API, for the generated docstring."""
     name = getattr(fn, "__name__", repr(fn))
-    namespaces = (("jnp", jnp), ("jax.nn", jax.nn), ("jax.lax", jax.lax), ("jax.scipy.special", jsp))
+    namespaces = (
+        ("jnp", jnp),
+        ("jax.nn", jax.nn),
+        ("jax.lax", jax.lax),
+        ("jax.scipy.special", jsp),
+    )
     for label, namespace in namespaces:
         if getattr(namespace, name, None) is fn:
             return f"{label}.{name}"
@@ -408,4 +413,3 @@ def astype(x: NamedArray, dtype: Any) -> NamedArray:
     """
     x = expect_named(x, "astype")
     return NamedArray(x.array.astype(canonical_dtype(dtype, op="astype")), x.axes)
-

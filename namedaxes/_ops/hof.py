@@ -195,7 +195,11 @@ def _spmd_axis_name(axis: Axis) -> Any:
 def _axes_arg(axis: Any, op: str) -> tuple[AxisSelector, ...]:
     """``axis`` as a tuple of selectors (one, or several for ``vmap``)."""
     axes = (axis,) if isinstance(axis, (str, Axis)) else axis
-    if not isinstance(axes, Sequence) or not axes or not all(isinstance(a, (str, Axis)) for a in axes):
+    if (
+        not isinstance(axes, Sequence)
+        or not axes
+        or not all(isinstance(a, (str, Axis)) for a in axes)
+    ):
         raise NamedTypeError(
             f"{op}() needs an axis name, an Axis, or a non-empty sequence of them, got {axis!r}."
         )
@@ -308,7 +312,9 @@ def _check_carry(init: Any, carry: Any, op: str, name: str) -> None:
             axes_b = b.axes if isinstance(b, NamedArray) else None
             if axes_a != axes_b:
                 fmt = lambda ax: "a plain leaf" if ax is None else f"NamedArray({format_axes(ax)})"  # noqa: E731
-                detail = f" At {format_path(path)}: init is {fmt(axes_a)}, fn returned {fmt(axes_b)}."
+                detail = (
+                    f" At {format_path(path)}: init is {fmt(axes_a)}, fn returned {fmt(axes_b)}."
+                )
                 break
     else:
         detail = f" init has structure {want[0]}, fn returned {got[0]}."

@@ -146,11 +146,15 @@ def _parse_key(x: NamedArray, key: Any) -> dict[int, Any]:
     usage = "Index by name: x['batch', 3], x['batch', 3, 'seq', 0:4] or x[{'batch': 3}]."
     if isinstance(key, Mapping):
         pairs = list(key.items())
-    elif isinstance(key, tuple) and len(key) % 2 == 0 and all(
-        isinstance(k, (str, Axis)) for k in key[::2]
+    elif (
+        isinstance(key, tuple)
+        and len(key) % 2 == 0
+        and all(isinstance(k, (str, Axis)) for k in key[::2])
     ):
         pairs = list(zip(key[::2], key[1::2]))
-    elif isinstance(key, (str, Axis)) or (isinstance(key, tuple) and key and isinstance(key[-1], (str, Axis))):
+    elif isinstance(key, (str, Axis)) or (
+        isinstance(key, tuple) and key and isinstance(key[-1], (str, Axis))
+    ):
         last = key[-1] if isinstance(key, tuple) else key
         raise NamedTypeError(
             f"Missing index for axis {axis_name(last)!r} in NamedArray({format_axes(x.axes)})[{key!r}]. "
@@ -164,7 +168,9 @@ def _parse_key(x: NamedArray, key: Any) -> dict[int, Any]:
     selection: dict[int, Any] = {}
     for sel, idx in pairs:
         if not isinstance(sel, (str, Axis)):
-            raise NamedTypeError(f"Index keys must be axis names or Axis objects, got {sel!r}. " + usage)
+            raise NamedTypeError(
+                f"Index keys must be axis names or Axis objects, got {sel!r}. " + usage
+            )
         pos = find_axis(x.axes, sel)
         if pos in selection:
             raise DuplicateAxisError(
@@ -251,7 +257,8 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
     unshard = tuple(
         i
         for i in range(n)
-        if i in selection and not (isinstance(entries[i], _builtin_slice) and entries[i] == _builtin_slice(None))
+        if i in selection
+        and not (isinstance(entries[i], _builtin_slice) and entries[i] == _builtin_slice(None))
     )
     if not gathers:
         layout = tuple(a for a in kept if a is not None)
@@ -263,7 +270,9 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
         gathered = broadcast_axes(gathered, v.axes)
     remaining = {a.name: i for i, a in enumerate(kept) if a is not None}
     new = tuple(b for b in gathered if b.name not in remaining)
-    origin: dict[str, int | tuple[NamedArray, int]] = {b.name: remaining[b.name] for b in gathered if b.name in remaining}
+    origin: dict[str, int | tuple[NamedArray, int]] = {
+        b.name: remaining[b.name] for b in gathered if b.name in remaining
+    }
     for v in gathers.values():
         for d, a in enumerate(v.axes):
             origin.setdefault(a.name, (v, d))
@@ -314,7 +323,11 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
 
 
 _GATHER_KWARGS = (
-    "mode", "fill_value", "indices_are_sorted", "unique_indices", "wrap_negative_indices"
+    "mode",
+    "fill_value",
+    "indices_are_sorted",
+    "unique_indices",
+    "wrap_negative_indices",
 )
 
 
@@ -381,7 +394,9 @@ def _take_along(
         kept_by_index = {n: e for n, e in zip(idx_names, want) if n not in names and e is not None}
         if kept_by_index:
             by_name = {**mine, **dict(zip(idx_names, want))}
-            out_spec = NamedSharding(idx_info[0], PartitionSpec(*(by_name.get(a.name) for a in plan.out)))
+            out_spec = NamedSharding(
+                idx_info[0], PartitionSpec(*(by_name.get(a.name) for a in plan.out))
+            )
     if out_spec is None:
         result = jax.lax.gather(array, idx[..., None], dnums, slice_sizes, **kwargs)
     else:
@@ -611,4 +626,3 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
         _check_int_dtype(start.dtype, ax, "a start")
     array = jax.lax.dynamic_slice_in_dim(unshard_dims(x.array, [i]), start, length, axis=i)
     return NamedArray(array, x.axes[:i] + (Axis(ax.name, length),) + x.axes[i + 1 :])
-

@@ -35,7 +35,9 @@ def _aligned_operands(
     for k, a in enumerate(arrays):
         if others(a) != ref:
             mine = others(a)
-            diff = sorted(set(ref) ^ set(mine)) + sorted(n for n in ref if n in mine and ref[n] != mine[n])
+            diff = sorted(set(ref) ^ set(mine)) + sorted(
+                n for n in ref if n in mine and ref[n] != mine[n]
+            )
             along = f" along {skip!r}" if skip is not None else ""
             raise AxisSizeError(
                 f"{op}(){along}: arrays[{k}] has axes ({format_axes(a.axes)}) but arrays[0] has "
@@ -76,7 +78,9 @@ def concatenate(axis: AxisSelector, arrays: Sequence[NamedArray]) -> NamedArray:
     name = axis_name(axis)
     for k, a in enumerate(arrays if isinstance(arrays, Sequence) else ()):
         if isinstance(a, NamedArray):
-            find_axis(a.axes, name, where=f"concatenate() arrays[{k}] NamedArray({format_axes(a.axes)})")
+            find_axis(
+                a.axes, name, where=f"concatenate() arrays[{k}] NamedArray({format_axes(a.axes)})"
+            )
     axes, raw = _aligned_operands(arrays, "concatenate", skip=name)
     i = find_axis(axes, name)
     total = sum(r.shape[i] for r in raw)

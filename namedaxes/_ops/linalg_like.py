@@ -147,8 +147,10 @@ def diagonal(
         raise AxisError(f"diagonal(): the diagonal has {n} entries, but new_axis is {new_axis!r}.")
     i = np.arange(n, dtype=np.int32)
     # One gather by name: both axes indexed by the same new axis (see x[...]).
-    index = {rows.name: NamedArray(jnp.asarray(i + first_row), (diag,)),
-             cols.name: NamedArray(jnp.asarray(i + first_col), (diag,))}
+    index = {
+        rows.name: NamedArray(jnp.asarray(i + first_row), (diag,)),
+        cols.name: NamedArray(jnp.asarray(i + first_col), (diag,)),
+    }
     return x[index]
 
 

@@ -266,4 +266,3 @@ def _merged_name(parts: list[str], parts_of: dict[str, list[str]], pattern: str)
         f"name the merged axis '({' '.join(parts)})' with a label, e.g. "
         f"'({'_'.join(p for p in parts if p != '...') or 'merged'}: {' '.join(parts)})'.",
     )
-

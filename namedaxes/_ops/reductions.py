@@ -22,9 +22,9 @@ import jax.numpy as jnp
 from .._array import AxisSelection, NamedArray
 from .._axis import Axis, AxisSelector, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
-from .elementwise import broadcast_into, canonical_dtype
 from ._checks import check_mask, check_nonempty, reject_positional, selected_positions
 from ._common import expect_named, unshard_dims
+from .elementwise import broadcast_into, canonical_dtype
 
 __all__ = [
     "all",
@@ -168,7 +168,12 @@ def min(  # noqa: A001 - mirrors jnp.min
 
 
 def var(
-    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, ddof: int = 0, dtype: Any = None
+    x: NamedArray,
+    axis: AxisSelection = None,
+    *,
+    where: Any = None,
+    ddof: int = 0,
+    dtype: Any = None,
 ) -> NamedArray:
     """Variance over ``axis``, dividing by ``N - ddof``; other arguments as for :func:`sum`.
 
@@ -179,11 +184,18 @@ def var(
         >>> na.var(x, "embed", ddof=1).item()
         1.6666666...
     """
-    return _reduce("var", jnp.var, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="var"))
+    return _reduce(
+        "var", jnp.var, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="var")
+    )
 
 
 def std(
-    x: NamedArray, axis: AxisSelection = None, *, where: Any = None, ddof: int = 0, dtype: Any = None
+    x: NamedArray,
+    axis: AxisSelection = None,
+    *,
+    where: Any = None,
+    ddof: int = 0,
+    dtype: Any = None,
 ) -> NamedArray:
     """Standard deviation over ``axis``, dividing by ``N - ddof``; as for :func:`var`.
 
@@ -194,7 +206,9 @@ def std(
         >>> x.std("embed").array
         Array([1.], dtype=float32)
     """
-    return _reduce("std", jnp.std, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="std"))
+    return _reduce(
+        "std", jnp.std, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="std")
+    )
 
 
 def any(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -> NamedArray:  # noqa: A001
@@ -375,4 +389,3 @@ def cumprod(x: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArr
         Array([1, 2, 6], dtype=int32)
     """
     return _cumulative("cumprod", jnp.cumprod, x, axis, dtype)
-

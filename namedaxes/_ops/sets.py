@@ -157,8 +157,13 @@ def _jnp_unique(
 ) -> Any:
     # One compiled call: eagerly, jnp.unique would dispatch dozens of small ops.
     return jnp.unique(
-        array, return_index=index, return_inverse=inverse, return_counts=counts, axis=axis,
-        size=size, fill_value=fill_value,
+        array,
+        return_index=index,
+        return_inverse=inverse,
+        return_counts=counts,
+        axis=axis,
+        size=size,
+        fill_value=fill_value,
     )
 
 

@@ -256,7 +256,9 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
     array = unshard_dims(x.array, positions[1:])
     array = array if perm == list(range(x.ndim)) else jnp.transpose(array, perm)
     shape = (
-        tuple(x.axes[i].size for i in kept_before) + (size,) + tuple(x.axes[i].size for i in kept_after)
+        tuple(x.axes[i].size for i in kept_before)
+        + (size,)
+        + tuple(x.axes[i].size for i in kept_after)
     )
     out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
     return _named_from(jnp.reshape(array, shape), out)

@@ -94,9 +94,7 @@ def argsort(
     return NamedArray(array, x.axes)
 
 
-def top_k(
-    x: NamedArray, axis: AxisSelector, k: int | Axis
-) -> tuple[NamedArray, NamedArray]:
+def top_k(x: NamedArray, axis: AxisSelector, k: int | Axis) -> tuple[NamedArray, NamedArray]:
     """The ``k`` largest entries along ``axis`` and their indices, largest first.
 
     Args:

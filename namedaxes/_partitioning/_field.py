@@ -66,7 +66,7 @@ def field(*, axis_names: Sequence[str], **eqx_field_kwargs: Any) -> Any:
     return eqx.field(metadata=metadata, **eqx_field_kwargs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def annotated_fields(cls: type) -> dict[str, tuple[str, ...]]:
     """``{field_name: axis_names}`` for the fields of a dataclass declared with ``field``.
 

@@ -25,16 +25,8 @@ import jax
 from .._array import is_named_array
 from .._caches import register_owner
 from .._errors import NamedTypeError, ShardingError, format_names
+from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._context import axis_mapping, current_mapping_and_rules
-from ._jit_entries import (
-    Compiled,
-    IfUnplaced,
-    Layout,
-    OutInfo,
-    concrete_targets,
-    place_inputs_fast,
-    signature,
-)
 from ._jit_args import (
     JIT_OPTIONS,
     RESERVED_JIT_KWARGS,
@@ -44,14 +36,23 @@ from ._jit_args import (
     is_dynamic_type,
     unhashable_static,
 )
+from ._jit_entries import (
+    Compiled,
+    IfUnplaced,
+    Layout,
+    OutInfo,
+    concrete_targets,
+    place_inputs_fast,
+    signature,
+)
 from ._lru import lru_put, lru_touch
-from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._resolve import check_rules_mesh_axes
 from ._rules import AxisRules, RulesLike, as_rules
 from ._shard import constrain, place_leaves, targets_for
 from ._tree import leaf_plan
 
 __all__ = ["fsdp", "named_jit"]
+
 
 class NamedJitWrapped:
     """The callable ``named_jit`` returns. Call it like the function; ``.lower`` to inspect."""
@@ -294,7 +295,9 @@ class NamedJitWrapped:
                 (i, v) for i, v in enumerate(out_leaves) if not is_dynamic_type(type(v))
             )
             empty = tuple(
-                (k, specs[i]) for k, i in enumerate(dyn_pos) if i in specs and out_leaves[i].size == 0
+                (k, specs[i])
+                for k, i in enumerate(dyn_pos)
+                if i in specs and out_leaves[i].size == 0
             )
             compiled.record(signature(dyn), OutInfo(out_def, dyn_pos, static_out, empty))
             return [out_leaves[i] for i in dyn_pos]
@@ -306,14 +309,20 @@ class NamedJitWrapped:
             tree = treedef.unflatten(leaves)
             plan = leaf_plan(tree, treedef)
             if plan.any_named:
-                what = "fsdp" if self._in_rules_rest is not None else "named_jit(in_axis_resources=...)"
+                what = (
+                    "fsdp"
+                    if self._in_rules_rest is not None
+                    else "named_jit(in_axis_resources=...)"
+                )
                 m = require_mesh(mesh, what=what, has_mesh_arg=False)
                 compiled.mesh = m
                 if plan.any_field:
                     compiled.in_plan = plan  # targets depend on shapes: computed per call
                 else:
                     all_targets = self._input_targets(treedef, leaves, m)
-                    compiled.in_targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
+                    compiled.in_targets = (
+                        list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
+                    )
         return compiled
 
     def clear_cache(self) -> None:
@@ -423,11 +432,7 @@ def named_jit(
             "for placement, donate_args/donate_kwargs for donation; non-array arguments are "
             "static automatically."
         )
-    for name, value in (
-        ("axis_resources", axis_resources),
-        ("in_axis_resources", in_axis_resources),
-        ("out_axis_resources", out_axis_resources),
-    ):
+    for value in (axis_resources, in_axis_resources, out_axis_resources):
         if value is not None:
             as_rules(value)  # validate at decoration time
 

@@ -33,7 +33,7 @@ JIT_OPTIONS = frozenset(
 ) - {"fun"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_dynamic_type(t: type) -> bool:
     """Array leaves are traced; everything else is static (the ``eqx.filter_jit`` convention)."""
     return issubclass(t, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, jax.ShapeDtypeStruct))
@@ -48,7 +48,9 @@ def frozen_mapping(value: RulesLike | None) -> RulesLike | None:
     return value
 
 
-def _leaf_path(args: Any, kwargs: Any, dyn_pos: int | None = None, leaf_pos: int | None = None) -> str:
+def _leaf_path(
+    args: Any, kwargs: Any, dyn_pos: int | None = None, leaf_pos: int | None = None
+) -> str:
     """``args[0]['w']``-style path of an argument leaf, by its position among array leaves or all."""
     flat = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
     if dyn_pos is not None:
@@ -60,7 +62,9 @@ def _leaf_path(args: Any, kwargs: Any, dyn_pos: int | None = None, leaf_pos: int
     return ("args" if head == 0 else "kwargs") + jax.tree_util.keystr(rest)
 
 
-def unhashable_static(layout: Layout, leaves: list[Any], statics: tuple[Any, ...]) -> NamedTypeError:
+def unhashable_static(
+    layout: Layout, leaves: list[Any], statics: tuple[Any, ...]
+) -> NamedTypeError:
     for pos, value in zip(layout.static_idx, statics):
         try:
             hash(value)

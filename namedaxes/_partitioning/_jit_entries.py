@@ -13,6 +13,7 @@ import jax
 from ._jit_args import is_dynamic_type
 from ._shard import place_leaves
 
+
 def getter(idx: tuple[int, ...]) -> Callable[[list[Any]], tuple[Any, ...]]:
     if not idx:
         return lambda leaves: ()
@@ -43,7 +44,11 @@ class OutInfo(NamedTuple):
         return self.treedef.unflatten(leaves)
 
     def same_as(self, other: OutInfo) -> bool:
-        if self.treedef != other.treedef or self.dyn_idx != other.dyn_idx or self.empty != other.empty:
+        if (
+            self.treedef != other.treedef
+            or self.dyn_idx != other.dyn_idx
+            or self.empty != other.empty
+        ):
             return False
         try:
             return bool(self.statics == other.statics)

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from jax.sharding import PartitionSpec
 
-from .._caches import register
 from .._axis import Axis, check_unique
+from .._caches import register
 from .._errors import NamedTypeError, ShardingError, format_axes, format_mesh, format_names
 from .._mesh import MeshLike, MeshShape, mesh_shape
-from ._rules import AxisRules, RulesLike, UnsatisfiedPolicy, _POLICIES, as_rules
+from ._rules import _POLICIES, AxisRules, RulesLike, UnsatisfiedPolicy, as_rules
 
 __all__ = ["check_rules_mesh_axes", "resolve"]
 
@@ -158,7 +158,9 @@ def _check_mesh_axes_cached(rules: AxisRules, shape: MeshShape) -> None:
 def _check_mesh_axes(rules: AxisRules, sizes: dict[str, int], mesh: MeshShape) -> None:
     missing = [m for m in rules.mesh_axes if m not in sizes]
     if missing:
-        users = [n for n in rules.names if any(set(t or ()) & set(missing) for t in rules.candidates(n))]
+        users = [
+            n for n in rules.names if any(set(t or ()) & set(missing) for t in rules.candidates(n))
+        ]
         raise ShardingError(
             f"The axis mapping names mesh axis {format_names(missing)} (used by logical axis "
             f"{format_names(dict.fromkeys(users))}), but {format_mesh(mesh)} has axes "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeAlias, Union
+from typing import Any, Literal, TypeAlias
 
 from .._caches import register
 from .._errors import MappingTypeError, ShardingError, format_names
@@ -27,7 +27,7 @@ __all__ = [
 
 #: Where one logical axis goes: one mesh axis, several (split over their product), or ``None``
 #: (explicitly replicated).
-MeshAxes: TypeAlias = Union[str, tuple[str, ...], None]
+MeshAxes: TypeAlias = str | tuple[str, ...] | None
 #: A logical axis name to the mesh axes it is split over.
 ResourceMapping: TypeAlias = Mapping[str, MeshAxes]
 #: What to do when rules exist for an axis but none of them applies.
@@ -35,7 +35,7 @@ UnsatisfiedPolicy: TypeAlias = Literal["error", "replicate"]
 _POLICIES = ("error", "replicate")
 
 # Normalized target of one rule: a non-empty tuple of distinct mesh-axis names, or None.
-_Target: TypeAlias = Union[tuple[str, ...], None]
+_Target: TypeAlias = tuple[str, ...] | None
 
 
 def _normalize_target(name: Any, value: Any) -> _Target:
@@ -163,7 +163,9 @@ class AxisRules:
     # -- immutability / value semantics ---------------------------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"AxisRules is immutable; build a new one instead of setting {name!r}.")
+        raise AttributeError(
+            f"AxisRules is immutable; build a new one instead of setting {name!r}."
+        )
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError("AxisRules is immutable.")
@@ -258,7 +260,7 @@ class AxisRules:
 
 #: Anything accepted where rules are: ``AxisRules``, a ``ResourceMapping``, or a list or tuple of
 #: ``(logical_name, mesh_axes)`` pairs (flax's form).
-RulesLike: TypeAlias = Union[AxisRules, ResourceMapping, Sequence[tuple[str, MeshAxes]]]
+RulesLike: TypeAlias = AxisRules | ResourceMapping | Sequence[tuple[str, MeshAxes]]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -16,12 +16,12 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-from ._context import current_rules, rules_in_force
-from ._lru import lru_put, lru_touch
 from .._caches import register
 from .._errors import ShardingError
-from .._spec import entry_axes
 from .._mesh import AnyMesh, context_mesh, require_mesh
+from .._spec import entry_axes
+from ._context import current_rules, rules_in_force
+from ._lru import lru_put, lru_touch
 from ._resolve import check_rules_mesh_axes, resolve
 from ._rules import AxisRules, RulesLike
 from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan

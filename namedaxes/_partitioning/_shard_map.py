@@ -136,7 +136,11 @@ def shard_map(
     """
     if fn is None:
         return functools.partial(
-            shard_map, mapping=mapping, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+            shard_map,
+            mapping=mapping,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
             check_vma=check_vma,
         )
     if not callable(fn):
@@ -219,7 +223,8 @@ def _call(
             "na.all_gather) or pass out_specs=. JAX says: " + str(e).split("\n\n")[-1]
         ) from e
     return jax.tree_util.tree_map(
-        lambda v: _global(v) if isinstance(v, NamedArray) else v, out,
+        lambda v: _global(v) if isinstance(v, NamedArray) else v,
+        out,
         is_leaf=lambda v: isinstance(v, NamedArray),
     )
 

@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis
+from .._caches import register
 from .._errors import AxisError, format_names
 from ._field import annotated_fields
-from .._caches import register
 from ._lru import lru_put, lru_touch
 
 __all__ = ["FieldAxes", "LeafInfo", "leaf_axes", "leaf_plan", "plain_spec"]

@@ -13,15 +13,15 @@
 
 from ._memory import LeafUsage as LeafUsage
 from ._memory import ShardingAnalyzer as ShardingAnalyzer
+from ._plan import Plan as Plan
+from ._plan import plan as plan
+from ._plan_search import PlanSearch as PlanSearch
+from ._plan_search import plan_search as plan_search
 from ._report import MemoryReport as MemoryReport
 from ._report import SpecValidationWarning as SpecValidationWarning
 from ._report import compiled_memory as compiled_memory
 from ._report import create_monitored_function as create_monitored_function
 from ._report import memory_report as memory_report
-from ._plan import Plan as Plan
-from ._plan import plan as plan
-from ._plan_search import PlanSearch as PlanSearch
-from ._plan_search import plan_search as plan_search
 from ._visualize import visualize_array as visualize_array
 from ._visualize import visualize_sharding as visualize_sharding
 

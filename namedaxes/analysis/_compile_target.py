@@ -59,10 +59,28 @@ __all__ = [
 
 # Chips per slice -> ICI topology. v5e/v6e slices are named by chips (2-D tori); v4/v5p by
 # TensorCores, two per chip, run as one "megacore" device per chip (3-D tori).
-_TOPO_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_TOPO_2D = {
+    1: "1x1",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
 _TOPO_3D = {
-    4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
-    512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16",
+    4: "2x2x1",
+    8: "2x2x2",
+    16: "2x2x4",
+    32: "2x4x4",
+    64: "4x4x4",
+    128: "4x4x8",
+    256: "4x8x8",
+    512: "8x8x8",
+    1024: "8x8x16",
+    2048: "8x16x16",
+    4096: "16x16x16",
 }
 _GENERATIONS = {"v5e": "2d", "v6e": "2d", "v4": "3d", "v5p": "3d"}
 _TPU_INSTALL = "pip install 'namedaxes[tpu]'"
@@ -110,7 +128,9 @@ def parse_axis_sizes(text: str, *, what: str = "mesh") -> dict[str, int]:
                 "integer size. Write the mesh axes as e.g. 'data=32,model=8'."
             )
         if name in sizes:
-            raise CompileTargetError(f"Cannot read {what} {text!r}: mesh axis {name!r} appears twice.")
+            raise CompileTargetError(
+                f"Cannot read {what} {text!r}: mesh axis {name!r} appears twice."
+            )
         sizes[name] = int(size)
     return sizes
 
@@ -223,7 +243,9 @@ def leaf_specs(args: Any, rules: Any, sizes: Mapping[str, int]) -> list[Partitio
 def _place(args: Any, specs: list[PartitionSpec | None], mesh: Mesh) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(args)
     out = [
-        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s)) if s is not None else x
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
+        if s is not None
+        else x
         for x, s in zip(leaves, specs)
     ]
     return treedef.unflatten(out)
@@ -263,8 +285,23 @@ def _resolve_step(step: Any) -> Callable[..., Any]:
 # -- compiling ---------------------------------------------------------------------------------
 
 _DTYPE_BYTES = {
-    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1, "u4": 1,
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "s4": 1,
+    "u4": 1,
 }
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
@@ -317,7 +354,9 @@ def _cost(compiled: Any) -> dict[str, float]:
     }
 
 
-def summarize_compiled(step: Any, args: Any, specs: list[Any], mesh: Mesh, rules: Any) -> dict[str, Any]:
+def summarize_compiled(
+    step: Any, args: Any, specs: list[Any], mesh: Mesh, rules: Any
+) -> dict[str, Any]:
     """Compile ``step(*args)`` with ``specs`` on ``mesh`` under ``rules``; memory, cost, collectives."""
     fn = _resolve_step(step)
     placed = _place(args, specs, mesh)
@@ -391,7 +430,9 @@ def compile_steps(
     out: list[dict[str, Any] | DeviceOutOfMemoryError] = []
     for rules in rules_list:
         try:
-            out.append(summarize_compiled(step, abstract, leaf_specs(args, rules, sizes), local, rules))
+            out.append(
+                summarize_compiled(step, abstract, leaf_specs(args, rules, sizes), local, rules)
+            )
         except DeviceOutOfMemoryError as e:
             out.append(e)
     return out
@@ -438,7 +479,10 @@ def _compile_in_child(
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", code, src, dst, target.platform, str(target.num_devices)],
-                env=_child_env(), capture_output=True, text=True, timeout=timeout,
+                env=_child_env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired as e:
             raise CompileTargetError(
@@ -455,9 +499,12 @@ def _compile_in_child(
     out: list[dict[str, Any] | DeviceOutOfMemoryError] = []
     for result in results:
         if "oom" in result:
-            out.append(out_of_memory_error(RuntimeError(result["oom"])) or DeviceOutOfMemoryError(
-                result["oom"], used_bytes=None, capacity_bytes=None, xla_message=result["oom"]
-            ))
+            out.append(
+                out_of_memory_error(RuntimeError(result["oom"]))
+                or DeviceOutOfMemoryError(
+                    result["oom"], used_bytes=None, capacity_bytes=None, xla_message=result["oom"]
+                )
+            )
         elif "error" in result:
             raise CompileTargetError(
                 f"Compiling the step for {target.text!r} failed in the subprocess: {result['error']}"
@@ -474,7 +521,9 @@ def _target_mesh(target: CompileTarget) -> Mesh:
     else:
         from jax.experimental import topologies
 
-        devices = topologies.get_topology_desc(target.topology, "tpu", **_tpu_kwargs(target)).devices
+        devices = topologies.get_topology_desc(
+            target.topology, "tpu", **_tpu_kwargs(target)
+        ).devices
     grid = np.asarray(devices, dtype=object).reshape(shape)
     return Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
 
@@ -496,7 +545,9 @@ def child_main() -> None:
         mesh = _target_mesh(payload["target"])
         for specs, rules in payload["jobs"]:
             try:
-                results.append(summarize_compiled(payload["step"], payload["args"], specs, mesh, rules))
+                results.append(
+                    summarize_compiled(payload["step"], payload["args"], specs, mesh, rules)
+                )
             except DeviceOutOfMemoryError as e:
                 results.append({"oom": e.xla_message})
     except Exception as e:  # reported to the parent, which raises a typed error quoting it

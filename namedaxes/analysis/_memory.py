@@ -438,7 +438,9 @@ def _tally(
         which.append(r)
         positions.append(pos)
     if problems:
-        shown = "; ".join(problems[:10]) + (f" (and {len(problems) - 10} more)" if len(problems) > 10 else "")
+        shown = "; ".join(problems[:10]) + (
+            f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        )
         raise ShardingError(
             f"Cannot estimate memory: {len(problems)} invalid spec(s): {shown}. Fix the specs "
             "(ShardingAnalyzer.validate_partition_specs lists every problem)."
@@ -468,7 +470,14 @@ class LeafUsage(Mapping):
     """
 
     __slots__ = (
-        "_all_keys", "_positions", "_keys", "_which", "_specs", "_nbytes", "_busiest", "_index",
+        "_all_keys",
+        "_positions",
+        "_keys",
+        "_which",
+        "_specs",
+        "_nbytes",
+        "_busiest",
+        "_index",
         "_by_path",
     )
 
@@ -524,7 +533,11 @@ class LeafUsage(Mapping):
 
     def __getitem__(self, key: Any) -> dict[str, Any]:
         r = self._which[self._position(key)]
-        return {"spec": self._specs[r], "total_bytes": self._nbytes[r], "bytes_per_device": self._busiest[r]}
+        return {
+            "spec": self._specs[r],
+            "total_bytes": self._nbytes[r],
+            "bytes_per_device": self._busiest[r],
+        }
 
     def __contains__(self, key: Any) -> bool:
         try:

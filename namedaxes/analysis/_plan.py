@@ -31,9 +31,16 @@ from ._memory import per_device_bytes
 __all__ = ["Plan", "parse_bytes", "plan"]
 
 _UNIT = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -72,7 +79,9 @@ def parse_bytes(value: Any, *, what: str = "budget") -> int:
         except InvalidOperation as e:  # pragma: no cover - the pattern admits only numbers
             raise PlanError(f"Cannot read {what} {value!r}. {forms}") from e
     else:
-        raise PlanError(f"{what} must be a number of bytes, got {value!r} ({type(value).__name__}). {forms}")
+        raise PlanError(
+            f"{what} must be a number of bytes, got {value!r} ({type(value).__name__}). {forms}"
+        )
     if amount < 0:
         raise PlanError(f"{what} must be >= 0 bytes, got {value!r}. {forms}")
     return int(amount)
@@ -208,7 +217,10 @@ class Plan:
 
 def rules_to_json(rules: AxisRules) -> list[list[Any]]:
     """``AxisRules`` as ``[[name, mesh_axes or None], ...]`` (tuples as lists)."""
-    return [[n, None if t is None else (t[0] if len(t) == 1 else list(t))] for n, t in rules.ordered_pairs]
+    return [
+        [n, None if t is None else (t[0] if len(t) == 1 else list(t))]
+        for n, t in rules.ordered_pairs
+    ]
 
 
 def _jsonable(x: Any) -> Any:
@@ -253,7 +265,12 @@ def _rules_arg(rules: Any) -> AxisRules:
 
 
 def state_plan(
-    tree: Any, sizes: Mapping[str, int], rules: AxisRules, *, params: str | None = None, top: int = 10
+    tree: Any,
+    sizes: Mapping[str, int],
+    rules: AxisRules,
+    *,
+    params: str | None = None,
+    top: int = 10,
 ) -> Plan:
     """The analytic part of :func:`plan` (no compiling, no budget)."""
     leaves = collect_leaves(tree, rules, sizes)
@@ -303,7 +320,9 @@ def state_plan(
             }
         else:
             g["count"] += 1
-    largest = sorted(groups.values(), key=lambda g: (-g["bytes_per_device"], -g["count"], g["path"]))
+    largest = sorted(
+        groups.values(), key=lambda g: (-g["bytes_per_device"], -g["count"], g["path"])
+    )
     chosen = [i for i in range(len(leaves)) if leaves[i].top == params] if params else []
     if params is None and "params" in by_top:
         chosen = by_top["params"]
@@ -338,7 +357,9 @@ def verdict(p: Plan, budget: int | None) -> Plan:
     dominant = max(parts, key=lambda k: parts[k]) if parts else None
     if budget is None:
         return p.with_(dominant=dominant)
-    return p.with_(budget_bytes=budget, fits=used <= budget, headroom_bytes=budget - used, dominant=dominant)
+    return p.with_(
+        budget_bytes=budget, fits=used <= budget, headroom_bytes=budget - used, dominant=dominant
+    )
 
 
 def plan(
@@ -403,9 +424,13 @@ def plan(
     if isinstance(where, CompileTarget):
         p = p.with_(target=where.text)
     if step is not None:
-        result = compile_step(step, tuple(args) if args else (tree,), rules_n, where, timeout=timeout)
-        memory = {k: result["memory"][k] for k in
-                  ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")}
+        result = compile_step(
+            step, tuple(args) if args else (tree,), rules_n, where, timeout=timeout
+        )
+        memory = {
+            k: result["memory"][k]
+            for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+        }
         p = p.with_(compiled=memory, cost=result["cost"], collectives=result["collectives"])
     return verdict(p, budget_bytes)
 

@@ -14,7 +14,9 @@ def _rules_text(p: Plan) -> str:
     if p.rules is None:
         return "-"
     pairs = rules_to_json(p.rules)
-    return ", ".join(f"{n}->{'/'.join(t) if isinstance(t, list) else t}" for n, t in pairs) or "(none)"
+    return (
+        ", ".join(f"{n}->{'/'.join(t) if isinstance(t, list) else t}" for n, t in pairs) or "(none)"
+    )
 
 
 def _summary(p: Plan) -> list[tuple[str, str]]:
@@ -23,21 +25,37 @@ def _summary(p: Plan) -> list[tuple[str, str]]:
         ("rules", _rules_text(p)),
         ("parameters", f"{p.param_count:,d}"),
         ("state, unsharded", f"{p.total_bytes:,d} B  {format_bytes(p.total_bytes)}"),
-        ("state per device", f"{p.state_bytes_per_device:,d} B  {format_bytes(p.state_bytes_per_device)}"),
-        ("replicated", f"{format_bytes(p.replicated['bytes_per_device'])} in {p.replicated['leaves']} leaves"),
+        (
+            "state per device",
+            f"{p.state_bytes_per_device:,d} B  {format_bytes(p.state_bytes_per_device)}",
+        ),
+        (
+            "replicated",
+            f"{format_bytes(p.replicated['bytes_per_device'])} in {p.replicated['leaves']} leaves",
+        ),
     ]
     if p.compiled is not None:
         c = p.compiled
         rows += [
             ("XLA arguments", f"{c['argument_bytes']:,d} B  {format_bytes(c['argument_bytes'])}"),
             ("XLA temporaries", f"{c['temp_bytes']:,d} B  {format_bytes(c['temp_bytes'])}"),
-            ("XLA outputs (aliased)", f"{format_bytes(c['output_bytes'])} ({format_bytes(c['alias_bytes'])})"),
+            (
+                "XLA outputs (aliased)",
+                f"{format_bytes(c['output_bytes'])} ({format_bytes(c['alias_bytes'])})",
+            ),
             ("XLA total", f"{c['total_bytes']:,d} B  {format_bytes(c['total_bytes'])}"),
         ]
     if p.cost:
-        rows.append(("cost", f"{p.cost.get('flops', 0):.3g} flops, {format_bytes(p.cost.get('bytes_accessed', 0))} accessed"))
+        rows.append(
+            (
+                "cost",
+                f"{p.cost.get('flops', 0):.3g} flops, {format_bytes(p.cost.get('bytes_accessed', 0))} accessed",
+            )
+        )
     if p.collectives is not None:
-        text = ", ".join(f"{c['kind']} x{c['count']} ({format_bytes(c['bytes'])})" for c in p.collectives)
+        text = ", ".join(
+            f"{c['kind']} x{c['count']} ({format_bytes(c['bytes'])})" for c in p.collectives
+        )
         rows.append(("collectives", text or "none"))
     budget = describe_budget(p)
     if budget:
@@ -54,10 +72,15 @@ def plain_text(p: Plan) -> str:
     lines += [f"  {k:<22} {v}" for k, v in _summary(p)]
     lines += ["", f"  {'subtree':<32} {'per device':>14}"]
     lines += [f"  {k:<32} {format_bytes(v):>14}" for k, v in p.subtotals.items()]
-    lines += ["", f"  {'logical axis':<20} {'mesh axes':<20} {'leaves':>7} {'saved per device':>18}"]
+    lines += [
+        "",
+        f"  {'logical axis':<20} {'mesh axes':<20} {'leaves':>7} {'saved per device':>18}",
+    ]
     for name, info in p.axes.items():
         mesh_axes = ", ".join(info["mesh_axes"]) or "-"
-        lines.append(f"  {name:<20} {mesh_axes:<20} {info['leaves']:>7} {format_bytes(info['saved_bytes']):>18}")
+        lines.append(
+            f"  {name:<20} {mesh_axes:<20} {info['leaves']:>7} {format_bytes(info['saved_bytes']):>18}"
+        )
     lines += ["", f"  {'largest leaves':<36} {'spec':<30} {'count':>5} {'per device':>12}"]
     for g in p.largest:
         lines.append(
@@ -90,7 +113,12 @@ def rich_renderable(p: Plan) -> Any:
         subtrees.add_row(k, format_bytes(v))
     axes = Table("logical axis", "mesh axes", "leaves", "saved per device")
     for name, info in p.axes.items():
-        axes.add_row(name, ", ".join(info["mesh_axes"]) or "-", str(info["leaves"]), format_bytes(info["saved_bytes"]))
+        axes.add_row(
+            name,
+            ", ".join(info["mesh_axes"]) or "-",
+            str(info["leaves"]),
+            format_bytes(info["saved_bytes"]),
+        )
     largest = Table("largest leaves", "spec", "count", "per device")
     for g in p.largest:
         largest.add_row(g["path"], g["spec"], str(g["count"]), format_bytes(g["bytes_per_device"]))

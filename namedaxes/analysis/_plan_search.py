@@ -23,6 +23,7 @@ from .._partitioning import AxisRules
 from .._spec import entry_axes
 from ..rules._base import format_bytes
 from ._compile_target import CompileTarget, compile_steps, leaf_specs
+from ._memory import per_device_bytes
 from ._plan import (
     Plan,
     collect_leaves,
@@ -32,7 +33,6 @@ from ._plan import (
     state_plan,
     verdict,
 )
-from ._memory import per_device_bytes
 
 __all__ = ["PlanSearch", "plan_search"]
 
@@ -165,7 +165,11 @@ def plan_search(
     found = list(dict.fromkeys(a.name for lf in leaves for a in (lf.axes or ())))
     if step is not None and args:
         extra = collect_leaves(args, AxisRules(()), sizes)
-        found += [n for n in dict.fromkeys(a.name for lf in extra for a in (lf.axes or ())) if n not in found]
+        found += [
+            n
+            for n in dict.fromkeys(a.name for lf in extra for a in (lf.axes or ()))
+            if n not in found
+        ]
     else:
         extra = []
     if logical_axes is None:
@@ -177,7 +181,9 @@ def plan_search(
             raise PlanError(
                 f"logical_axes names {missing}, which no leaf has. Axes in the tree: {found}."
             )
-    size_sets = {n: {a.size for lf in leaves + extra for a in (lf.axes or ()) if a.name == n} for n in names}
+    size_sets = {
+        n: {a.size for lf in leaves + extra for a in (lf.axes or ()) if a.name == n} for n in names
+    }
     options = [_options(size_sets[n], sizes) for n in names]
     total = math.prod(len(o) for o in options)
     if total > max_candidates:
@@ -203,12 +209,22 @@ def plan_search(
     masks = [{c: sum(1 << list(sizes).index(a) for a in c) for c in opts} for opts in options]
     kof = [{c: math.prod(sizes[a] for a in c) for c in opts} for opts in options]
     in_tree = {a.name for lf in leaves for a in (lf.axes or ())}
-    args_only = [i for i, n in enumerate(names) if n not in in_tree]  # affect the step, not the state
+    args_only = [
+        i for i, n in enumerate(names) if n not in in_tree
+    ]  # affect the step, not the state
     kind_list = list(kinds.items())
 
-    counts = {"conflict": 0, "duplicate": 0, "over_budget": 0, "step_over_budget": 0, "ranked_lower": 0}
+    counts = {
+        "conflict": 0,
+        "duplicate": 0,
+        "over_budget": 0,
+        "step_over_budget": 0,
+        "ranked_lower": 0,
+    }
     seen: dict[tuple[Any, ...], int] = {}  # layout -> index into survivors
-    survivors: list[tuple[int, int, int, tuple[tuple[str, ...], ...]]] = []  # (state, n_rules, order, choice)
+    survivors: list[
+        tuple[int, int, int, tuple[tuple[str, ...], ...]]
+    ] = []  # (state, n_rules, order, choice)
     over: list[tuple[int, int, tuple[tuple[str, ...], ...]]] = []
     for order, choice in enumerate(itertools.product(*options)):
         state = fixed
@@ -256,8 +272,11 @@ def plan_search(
         return str(rules_to_json(_rules_for(names, choice)))
 
     rejected = [
-        {"rules": describe(c), "state_bytes_per_device": s,
-         "reason": f"state {format_bytes(s)} per device is over the budget of {format_bytes(budget_bytes or 0)}"}
+        {
+            "rules": describe(c),
+            "state_bytes_per_device": s,
+            "reason": f"state {format_bytes(s)} per device is over the budget of {format_bytes(budget_bytes or 0)}",
+        }
         for s, _, c in sorted(over, key=lambda t: (t[0], t[1]))[:5]
     ]
     if not survivors:
@@ -284,15 +303,32 @@ def plan_search(
             )
             plans.append(_final_plan(tree, sizes, where, names, choice, params, budget_bytes, note))
         for state, n_rules, _, choice in survivors[top : top + 5]:
-            rejected.append({
-                "rules": describe(choice), "state_bytes_per_device": state,
-                "reason": f"ranked lower: state {format_bytes(state)} per device with {n_rules} rules",
-            })
+            rejected.append(
+                {
+                    "rules": describe(choice),
+                    "state_bytes_per_device": state,
+                    "reason": f"ranked lower: state {format_bytes(state)} per device with {n_rules} rules",
+                }
+            )
         counts["ranked_lower"] = max(len(survivors) - top, 0)
     else:
         plans = _rank_compiled(
-            tree, sizes, where, names, survivors, step, args, params, budget_bytes, top,
-            compile_limit, timeout, counts, rejected, result, describe,
+            tree,
+            sizes,
+            where,
+            names,
+            survivors,
+            step,
+            args,
+            params,
+            budget_bytes,
+            top,
+            compile_limit,
+            timeout,
+            counts,
+            rejected,
+            result,
+            describe,
         )
     result.extend(plans)
     result.counts = counts
@@ -301,25 +337,46 @@ def plan_search(
 
 
 def _final_plan(
-    tree: Any, sizes: dict[str, int], where: Any, names: Sequence[str], choice: Any,
-    params: str | None, budget: int | None, note: str, compiled: dict[str, Any] | None = None,
+    tree: Any,
+    sizes: dict[str, int],
+    where: Any,
+    names: Sequence[str],
+    choice: Any,
+    params: str | None,
+    budget: int | None,
+    note: str,
+    compiled: dict[str, Any] | None = None,
 ) -> Plan:
     rules = _rules_for(names, choice)
     p = state_plan(tree, sizes, rules, params=params)
     if isinstance(where, CompileTarget):
         p = p.with_(target=where.text)
     if compiled is not None:
-        memory = {k: compiled["memory"][k] for k in
-                  ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")}
+        memory = {
+            k: compiled["memory"][k]
+            for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+        }
         p = p.with_(compiled=memory, cost=compiled["cost"], collectives=compiled["collectives"])
     return verdict(p.with_(notes=(note,)), budget)
 
 
 def _rank_compiled(
-    tree: Any, sizes: dict[str, int], where: Any, names: Sequence[str], survivors: list[Any],
-    step: Any, args: tuple[Any, ...], params: str | None, budget: int | None, top: int,
-    compile_limit: int | None, timeout: float, counts: dict[str, int],
-    rejected: list[dict[str, Any]], result: PlanSearch, describe: Any,
+    tree: Any,
+    sizes: dict[str, int],
+    where: Any,
+    names: Sequence[str],
+    survivors: list[Any],
+    step: Any,
+    args: tuple[Any, ...],
+    params: str | None,
+    budget: int | None,
+    top: int,
+    compile_limit: int | None,
+    timeout: float,
+    counts: dict[str, int],
+    rejected: list[dict[str, Any]],
+    result: PlanSearch,
+    describe: Any,
 ) -> list[Plan]:
     limit = compile_limit if compile_limit is not None else max(2 * top, 4)
     step_args = tuple(args) if args else (tree,)
@@ -339,36 +396,52 @@ def _rank_compiled(
         got = cache[key]
         if isinstance(got, Exception):
             counts["step_over_budget"] += 1
-            rejected.append({"rules": describe(choice), "state_bytes_per_device": state,
-                             "reason": f"XLA: {str(got)[:200]}"})
+            rejected.append(
+                {
+                    "rules": describe(choice),
+                    "state_bytes_per_device": state,
+                    "reason": f"XLA: {str(got)[:200]}",
+                }
+            )
             continue
         total = got["memory"]["total_bytes"]
         if budget is not None and total > budget:
             counts["step_over_budget"] += 1
-            rejected.append({
-                "rules": describe(choice), "state_bytes_per_device": state,
-                "reason": f"compiled step needs {format_bytes(total)} per device, over the budget",
-            })
+            rejected.append(
+                {
+                    "rules": describe(choice),
+                    "state_bytes_per_device": state,
+                    "reason": f"compiled step needs {format_bytes(total)} per device, over the budget",
+                }
+            )
             continue
         coll = sum(c["bytes"] for c in got["collectives"])
-        scored.append((got["memory"]["temp_bytes"] + coll, state, n_rules, order, choice, got, coll))
+        scored.append(
+            (got["memory"]["temp_bytes"] + coll, state, n_rules, order, choice, got, coll)
+        )
     if not scored:
         raise CompileTargetError(
             f"None of the {min(limit, len(survivors))} best mappings by state compiles within the "
             "budget (see the reasons above in rejected). Raise compile_limit, the budget, or shard "
             "activations (rematerialize with jax.checkpoint)."
-            if budget is not None else "No mapping compiled."
+            if budget is not None
+            else "No mapping compiled."
         )
     scored.sort(key=lambda t: t[:4])
     plans = []
-    for rank, (cost, state, _, _, choice, got, coll) in enumerate(scored[:top], 1):
+    for rank, (_, _, _, _, choice, got, coll) in enumerate(scored[:top], 1):
         note = (
             f"rank {rank} of {len(scored)} compiled mappings by XLA temporaries + collective bytes "
             f"({format_bytes(got['memory']['temp_bytes'])} + {format_bytes(coll)})"
         )
         plans.append(_final_plan(tree, sizes, where, names, choice, params, budget, note, got))
-    for cost, state, n_rules, _, choice, got, coll in scored[top:]:
-        rejected.append({"rules": describe(choice), "state_bytes_per_device": state,
-                         "reason": f"ranked lower: temporaries + collectives {format_bytes(cost)}"})
+    for cost, state, _, _, choice, _, _ in scored[top:]:
+        rejected.append(
+            {
+                "rules": describe(choice),
+                "state_bytes_per_device": state,
+                "reason": f"ranked lower: temporaries + collectives {format_bytes(cost)}",
+            }
+        )
     counts["ranked_lower"] = max(len(survivors) - len(plans) - counts["step_over_budget"], 0)
     return plans

@@ -16,8 +16,6 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from ._memory import ShardingAnalyzer
-from ._memory import usage_of
 from .._errors import (
     DeviceOutOfMemoryError,
     MemoryAnalysisUnavailableError,
@@ -28,11 +26,12 @@ from .._errors import (
     format_axes,
     format_mesh,
 )
-from .._partitioning._context import rules_in_force
 from .._mesh import MeshLike, mesh_axis_sizes
+from .._partitioning._context import rules_in_force
 from .._partitioning._resolve import check_rules_mesh_axes
 from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ..rules._pattern import logical_spec
+from ._memory import ShardingAnalyzer, usage_of
 
 
 class SpecValidationWarning(ShardingWarning):
@@ -97,7 +96,11 @@ class MemoryReport:
             )
         if self.replicated_leaves:
             shown = ", ".join(self.replicated_leaves[:8])
-            more = f" (+{len(self.replicated_leaves) - 8} more)" if len(self.replicated_leaves) > 8 else ""
+            more = (
+                f" (+{len(self.replicated_leaves) - 8} more)"
+                if len(self.replicated_leaves) > 8
+                else ""
+            )
             lines += ["", f"  replicated leaves: {shown}{more}"]
         return "\n".join(lines)
 
@@ -219,7 +222,9 @@ def _breakdown(
     for d, axis in enumerate(leaf.axes or ()):
         if ks[d] > 1:
             unsharded = ks[:d] + [1] + ks[d + 1 :]
-            per_axis.append((axis.name, entries[d], _busiest_bytes(shape, itemsize, unsharded) - with_all))
+            per_axis.append(
+                (axis.name, entries[d], _busiest_bytes(shape, itemsize, unsharded) - with_all)
+            )
         else:
             per_axis.append((axis.name, (), 0))
     return per_axis, all(k == 1 for k in ks)
@@ -350,7 +355,9 @@ def memory_figures(compiled: Any) -> dict[str, int]:
         "alias_bytes": int(stats.alias_size_in_bytes),
         "generated_code_bytes": int(getattr(stats, "generated_code_size_in_bytes", 0)),
     }
-    out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    out["total_bytes"] = (
+        out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    )
     return out
 
 
@@ -359,7 +366,9 @@ def memory_figures(compiled: Any) -> dict[str, int]:
 
 def _signature(tree: Any) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves)
+    return treedef, tuple(
+        (getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves
+    )
 
 
 def create_monitored_function(
@@ -432,7 +441,9 @@ def create_monitored_function(
             )
         issues, memory = check(args[0])
         if issues:
-            shown = "; ".join(issues[:5]) + (f" (and {len(issues) - 5} more)" if len(issues) > 5 else "")
+            shown = "; ".join(issues[:5]) + (
+                f" (and {len(issues) - 5} more)" if len(issues) > 5 else ""
+            )
             warnings.warn(
                 f"{getattr(fn, '__name__', 'fn')}: {len(issues)} partition spec issue(s): {shown}",
                 SpecValidationWarning,
@@ -448,4 +459,3 @@ def create_monitored_function(
         }
 
     return monitored
-

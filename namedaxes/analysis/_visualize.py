@@ -213,7 +213,9 @@ def memory_report_renderable(report: Any) -> Any:
     summary.add_column()
     summary.add_row("total (unsharded)", format_bytes(report.total_bytes))
     summary.add_row("busiest device", format_bytes(report.bytes_per_device))
-    replicated = f"{format_bytes(report.replicated_bytes)} in {len(report.replicated_leaves)} leaves"
+    replicated = (
+        f"{format_bytes(report.replicated_bytes)} in {len(report.replicated_leaves)} leaves"
+    )
     summary.add_row("replicated", replicated)
     axes = Table("logical axis", "mesh axes", "leaves", "saved per device")
     for name, info in report.axes.items():
@@ -221,7 +223,10 @@ def memory_report_renderable(report: Any) -> Any:
         axes.add_row(name, mesh_axes, str(info["leaves"]), format_bytes(info["saved_bytes"]))
     largest = Table("largest leaves", "axes", "spec", "total", "per device")
     for leaf in report.largest:
-        total, per_device = format_bytes(leaf["total_bytes"]), format_bytes(leaf["bytes_per_device"])
+        total, per_device = (
+            format_bytes(leaf["total_bytes"]),
+            format_bytes(leaf["bytes_per_device"]),
+        )
         largest.add_row(leaf["path"], leaf["axes"], leaf["spec"], total, per_device)
     return Group(title, summary, axes, largest)
 
@@ -353,7 +358,9 @@ def visualize_array(
         header = [names[0]] + [span(c) for c in cols]
         body = [["devices"] + [",".join(cells[(c,)]) for c in cols]]
     planned = "" if p.placed else " (planned)"
-    title = f"NamedArray({x.dtype}, {format_axes(x.axes)})  {p.spec}{planned} on {format_mesh(p.sizes)}"
+    title = (
+        f"NamedArray({x.dtype}, {format_axes(x.axes)})  {p.spec}{planned} on {format_mesh(p.sizes)}"
+    )
     if _use_rich(file):
         from rich.table import Table
 

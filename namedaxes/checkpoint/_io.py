@@ -48,20 +48,14 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 def is_complete(p: Path) -> bool:
     """Whether ``p`` is a finished checkpoint: committed by orbax and holding our metadata."""
-    return (
-        TMP_SUFFIX not in p.name
-        and (p / COMMIT_MARKER).is_file()
-        and (p / META).is_dir()
-    )
+    return TMP_SUFFIX not in p.name and (p / COMMIT_MARKER).is_file() and (p / META).is_dir()
 
 
 def complete_steps(directory: Path) -> list[int]:
     """The steps under ``directory`` (subdirectories named by an integer) that are complete."""
     if not directory.is_dir():
         return []
-    return sorted(
-        int(p.name) for p in directory.iterdir() if p.name.isdigit() and is_complete(p)
-    )
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and is_complete(p))
 
 
 def check_step(step: Any, what: str) -> int:
@@ -257,8 +251,12 @@ def _check_dtype(rec: dict[str, Any], like_dtype: Any, cast: bool) -> Any:
     return wanted
 
 
-_KIND = {"named": "a NamedArray", "array": "a plain array", "scalar": "a Python scalar",
-         "static": "a non-data leaf"}
+_KIND = {
+    "named": "a NamedArray",
+    "array": "a plain array",
+    "scalar": "a Python scalar",
+    "static": "a non-data leaf",
+}
 
 
 def _kind_error(rec: dict[str, Any], leaf: Leaf) -> CheckpointStructureError:

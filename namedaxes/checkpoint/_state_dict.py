@@ -263,7 +263,11 @@ def save_safetensors(
 
 
 def load_safetensors(
-    path: str | os.PathLike[str], like: Any, *, stacked_axis: str | None = "layer", cast: bool = False
+    path: str | os.PathLike[str],
+    like: Any,
+    *,
+    stacked_axis: str | None = "layer",
+    cast: bool = False,
 ) -> Any:
     """Read a ``.safetensors`` file into a tree shaped like ``like`` (see ``from_state_dict``).
 
@@ -275,4 +279,6 @@ def load_safetensors(
         [1.0, 1.0]
     """
     st = _safetensors()
-    return from_state_dict(like, st.load_file(os.fspath(path)), stacked_axis=stacked_axis, cast=cast)
+    return from_state_dict(
+        like, st.load_file(os.fspath(path)), stacked_axis=stacked_axis, cast=cast
+    )

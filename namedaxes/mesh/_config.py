@@ -7,7 +7,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -71,7 +71,7 @@ class HybridMeshShape:
 
 
 #: A global mesh shape (tuple of ints, one may be -1) or a ``HybridMeshShape``.
-MeshShape: TypeAlias = Union[tuple[int, ...], HybridMeshShape]
+MeshShape: TypeAlias = tuple[int, ...] | HybridMeshShape
 
 
 def _check_shape(shape: Any, names: tuple[str, ...], what: str) -> MeshShape:

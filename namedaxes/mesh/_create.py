@@ -17,9 +17,18 @@ from typing import Any
 import jax
 
 from .._errors import MeshError, NamedTypeError, format_names
-from ._layout import DEFAULT_AXIS_DIMS, DEFAULT_AXIS_NAMES, build_mesh, check_axis_names
-from ._layout import AxisTypes, create_device_array
-from ._layout import check_dims, host_mesh_shape, resolve_dims, select_devices
+from ._layout import (
+    DEFAULT_AXIS_DIMS,
+    DEFAULT_AXIS_NAMES,
+    AxisTypes,
+    build_mesh,
+    check_axis_names,
+    check_dims,
+    create_device_array,
+    host_mesh_shape,
+    resolve_dims,
+    select_devices,
+)
 
 
 def create_mesh(
@@ -191,7 +200,9 @@ def parse_mesh_shape(
         ((2, -1), ('data', 'model'))
     """
     if not isinstance(spec, str):
-        raise NamedTypeError(f"The mesh string must be a str, got {spec!r} ({type(spec).__name__}).")
+        raise NamedTypeError(
+            f"The mesh string must be a str, got {spec!r} ({type(spec).__name__})."
+        )
     if num_devices is not None:
         num_devices = _check_num_devices(num_devices, spec)
     names = check_axis_names(names, what="names")
@@ -275,7 +286,9 @@ def parse_mesh_from_string(
         {'data': 2, 'model': 2}
     """
     if not isinstance(spec, str):
-        raise NamedTypeError(f"The mesh string must be a str, got {spec!r} ({type(spec).__name__}).")
+        raise NamedTypeError(
+            f"The mesh string must be a str, got {spec!r} ({type(spec).__name__})."
+        )
     device_list = select_devices(devices)
     if num_devices is not None:
         n = _check_num_devices(num_devices, spec)
@@ -322,4 +335,3 @@ def calculate_host_mesh_shape(
     if num_processes is None:
         num_processes = jax.process_count()
     return host_mesh_shape(global_mesh_shape, total_devices, num_processes)
-

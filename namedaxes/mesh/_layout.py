@@ -16,7 +16,7 @@ import collections
 import math
 import operator
 from collections.abc import Sequence
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -46,7 +46,7 @@ DEFAULT_AXIS_DIMS: tuple[int, ...] = (1, -1, 1, 1, 1)
 DEFAULT_AXIS_NAMES: tuple[str, ...] = ("dp", "fsdp", "ep", "tp", "sp")
 
 #: One axis type for every axis, or one per axis; strings are "auto", "explicit", "manual".
-AxisTypes: TypeAlias = Union[AxisType, str, Sequence[Union[AxisType, str]], None]
+AxisTypes: TypeAlias = AxisType | str | Sequence[AxisType | str] | None
 
 _AXIS_TYPE_NAMES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit, "manual": AxisType.Manual}
 
@@ -439,7 +439,9 @@ def hybrid_device_array(
     dcn = check_dims(dcn_dims, names, what="dcn_mesh_shape")
     devices = select_devices(devices)
     kind, granules = device_granules(devices)
-    ici = resolve_dims(ici, names, len(granules[0]), what="ici_mesh_shape", unit=f"devices per {kind}")
+    ici = resolve_dims(
+        ici, names, len(granules[0]), what="ici_mesh_shape", unit=f"devices per {kind}"
+    )
     dcn = resolve_dims(dcn, names, len(granules), what="dcn_mesh_shape", unit=f"{_plural(kind)}")
     return _arrange(granules, ici, dcn, kind)
 
@@ -477,7 +479,10 @@ def host_mesh_shape(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise MeshError(f"{name} must be a positive int, got {value!r}.")
     dims = resolve_dims(
-        dims, None, devices_per_host * num_processes, what="global_mesh_shape",
+        dims,
+        None,
+        devices_per_host * num_processes,
+        what="global_mesh_shape",
         unit=f"devices ({num_processes} processes x {devices_per_host})",
     )
     dcn = infer_dcn_dims(dims, None, num_processes, "process")

@@ -20,11 +20,11 @@ from ._attention import dot_product_attention as dot_product_attention
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
 from ._linear import Linear as Linear
-from ._mlp import MLP as MLP
-from ._norm import LayerNorm as LayerNorm
-from ._norm import RmsNorm as RmsNorm
-from ._stacked import Stacked as Stacked
 
 # losses
 from ._loss import cross_entropy as cross_entropy
 from ._loss import one_hot as one_hot
+from ._mlp import MLP as MLP
+from ._norm import LayerNorm as LayerNorm
+from ._norm import RmsNorm as RmsNorm
+from ._stacked import Stacked as Stacked

@@ -12,7 +12,8 @@ from .._axis import Axis, AxisSelector, axis_name
 from .._errors import AxisNotFoundError, NamedTypeError, format_axes, format_names
 from .._ops.elementwise import maximum
 from .._ops.indexing import take
-from .._ops.reductions import log_softmax, sum as named_sum
+from .._ops.reductions import log_softmax
+from .._ops.reductions import sum as named_sum
 from ._common import expect_axes, expect_free
 
 __all__ = ["cross_entropy", "one_hot"]

@@ -283,7 +283,9 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def _apply_device(self, tree: Any, axes: tuple[str, ...], sizes: Mapping[str, int]) -> Any:
         """The whole-device mode: shard the largest contributors until the sum fits."""
         leaves, _ = flatten_leaves(tree)
-        kinds: dict[tuple[tuple[int, ...], int], list[Any]] = {}  # -> [count, extents, assign, next]
+        kinds: dict[
+            tuple[tuple[int, ...], int], list[Any]
+        ] = {}  # -> [count, extents, assign, next]
         for lf in leaves:
             if lf.is_array:
                 key = (lf.shape, lf.dtype.itemsize)
@@ -292,7 +294,9 @@ class MemoryConstrainedShardingRule(ShardingRule):
                 else:
                     kinds[key] = [1, list(lf.shape), [[] for _ in lf.shape], 0]
 
-        def held(key: tuple[tuple[int, ...], int]) -> int:  # bytes per device of all leaves of a kind
+        def held(
+            key: tuple[tuple[int, ...], int],
+        ) -> int:  # bytes per device of all leaves of a kind
             count, extents, _, _ = kinds[key]
             return count * math.prod(extents) * key[1]
 
@@ -305,7 +309,9 @@ class MemoryConstrainedShardingRule(ShardingRule):
             while nxt < len(axes):  # the next mesh axis that divides some remaining extent
                 a = axes[nxt]
                 nxt += 1
-                dims = [d for d in range(len(extents)) if extents[d] > 0 and extents[d] % sizes[a] == 0]
+                dims = [
+                    d for d in range(len(extents)) if extents[d] > 0 and extents[d] % sizes[a] == 0
+                ]
                 if dims:
                     before = held(key)
                     d = min(dims, key=lambda d: (-extents[d], d))
@@ -378,4 +384,6 @@ def _best_spec(
         search(i + 1, product)
 
     search(0, 1)
-    return _entries(best or [[] for _ in shape]), math.prod(shape) * itemsize // max(best_product, 1)
+    return _entries(best or [[] for _ in shape]), math.prod(shape) * itemsize // max(
+        best_product, 1
+    )

@@ -18,17 +18,17 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._array import NamedArray, is_named_array
 from .._axis import Axis
-from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
-from .._spec import entry_axes as entry_axes  # re-exported for the rules and analysis
-from .._spec import spec_problems as spec_problems
-from .._partitioning._shard import place_leaves  # the engine's placement, shared
-from .._partitioning._tree import FieldAxes, LeafInfo, leaf_axes, leaf_plan, plain_spec
 from .._errors import (
     ShardingError,
     format_mesh,
     format_names,
     format_path,
 )
+from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
+from .._partitioning._shard import place_leaves  # the engine's placement, shared
+from .._partitioning._tree import FieldAxes, LeafInfo, leaf_axes, leaf_plan, plain_spec
+from .._spec import entry_axes as entry_axes  # re-exported for the rules and analysis
+from .._spec import spec_problems as spec_problems
 
 __all__ = [
     "Leaf",
@@ -194,7 +194,9 @@ def place_tree(tree: Any, shardings: Any) -> Any:
     arrays = [lf.value.array if isinstance(lf.value, NamedArray) else lf.value for lf in leaves]
     placed, _ = place_leaves(arrays, [t if lf.is_array else None for lf, t in zip(leaves, targets)])
     out = [
-        NamedArray._tree_unflatten(lf.value.axes, (new,)) if isinstance(lf.value, NamedArray) else new
+        NamedArray._tree_unflatten(lf.value.axes, (new,))
+        if isinstance(lf.value, NamedArray)
+        else new
         for lf, new in zip(leaves, placed)
     ]
     return treedef.unflatten(out)
@@ -247,9 +249,7 @@ class ShardingRule(abc.ABC):
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
         """
-        target = require_mesh(
-            mesh if mesh is not None else self.mesh, what="to_shardings"
-        )
+        target = require_mesh(mesh if mesh is not None else self.mesh, what="to_shardings")
         specs = self.apply(tree)
         leaves, treedef = flatten_leaves(specs, keep_none=True)
         return treedef.unflatten(

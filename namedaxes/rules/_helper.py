@@ -27,7 +27,9 @@ def _check_shape(shape: Any, owner: str) -> tuple[int, ...]:
     """``shape`` as a tuple of non-negative ints; a typed error for anything else (no truncation)."""
     if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
         return shape  # the common case, from an array's .shape
-    if isinstance(shape, (str, bytes)) or not (hasattr(shape, "__len__") and hasattr(shape, "__iter__")):
+    if isinstance(shape, (str, bytes)) or not (
+        hasattr(shape, "__len__") and hasattr(shape, "__iter__")
+    ):
         raise NamedTypeError(
             f"{owner}: shape must be a sequence of ints, got {shape!r} ({type(shape).__name__}). "
             "Pass an array's .shape, e.g. (1024, 4096)."
@@ -158,7 +160,11 @@ class MeshPartitionHelper(ShardingRule):
             return any(d > 0 and d % k == 0 for d in shape)
 
         methods: list[tuple[str, ...]] = []
-        if sizes.get("fsdp", 1) > 1 and sizes.get("sp", 1) > 1 and divides_some(sizes["fsdp"] * sizes["sp"]):
+        if (
+            sizes.get("fsdp", 1) > 1
+            and sizes.get("sp", 1) > 1
+            and divides_some(sizes["fsdp"] * sizes["sp"])
+        ):
             methods.append(("fsdp", "sp"))
         roles = [n for n in _ROLE_ORDER if n in sizes]
         others = sorted((n for n in sizes if n not in _ROLE_ORDER), key=lambda n: -sizes[n])

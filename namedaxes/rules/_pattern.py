@@ -16,11 +16,11 @@ from jax.sharding import PartitionSpec
 
 from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError, format_path
+from .._mesh import MeshLike
 from .._partitioning import AxisRules, resolve
 from .._partitioning._context import rules_in_force
-from .._partitioning._rules import as_rules
-from .._mesh import MeshLike
 from .._partitioning._resolve import check_rules_mesh_axes
+from .._partitioning._rules import as_rules
 from ._base import (
     Leaf,
     ShardingRule,
@@ -32,7 +32,6 @@ from ._base import (
     rule_mesh,
     spec_problems,
 )
-from ._flat import flatten_values, key_paths, leaf_at, shape_dtype
 from ._checks import (
     check_pattern_specs,
     check_same_mesh,
@@ -40,6 +39,7 @@ from ._checks import (
     rank_problem,
     spec_alone_problems,
 )
+from ._flat import flatten_values, key_paths, leaf_at, shape_dtype
 
 __all__ = ["CompositeShardingRule", "LogicalAxisRule", "PathRegexRule", "ShapeBasedShardingRule"]
 
@@ -112,7 +112,9 @@ class LogicalAxisRule(ShardingRule):
         mesh = rule_mesh(self.mesh, what="LogicalAxisRule")
         rules = rules_in_force(self.rules, "LogicalAxisRule.apply")
         check_rules_mesh_axes(rules, mesh)  # a typo must fail even on a tree of plain leaves
-        return map_array_leaves(tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied))
+        return map_array_leaves(
+            tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied)
+        )
 
 
 def _check_spec_value(spec: Any, where: str, *, allow_mapping: bool) -> Any:
@@ -219,8 +221,8 @@ class ShapeBasedShardingRule(ShardingRule):
                     f"{len(spec)} entries; give at most one entry per dimension."
                 )
             patterns.append((pattern, spec))
-        self.shape_patterns: tuple[tuple[tuple[int | None, ...], PartitionSpec | None], ...] = tuple(
-            patterns
+        self.shape_patterns: tuple[tuple[tuple[int | None, ...], PartitionSpec | None], ...] = (
+            tuple(patterns)
         )
         self.mesh = mesh
         if mesh is not None:  # a known mesh: fail at construction, not at the first apply
@@ -330,7 +332,11 @@ class PathRegexRule(ShardingRule):
         items = rules.items() if isinstance(rules, Mapping) else rules
         compiled = []
         for item in items:
-            if not isinstance(item, (tuple, list)) or len(item) != 2 or not isinstance(item[0], str):
+            if (
+                not isinstance(item, (tuple, list))
+                or len(item) != 2
+                or not isinstance(item[0], str)
+            ):
                 raise NamedTypeError(
                     f"PathRegexRule expects (regex, spec) pairs, got {item!r}. "
                     "Use e.g. [(r'.*/kernel', P(None, 'model'))]."
@@ -339,8 +345,12 @@ class PathRegexRule(ShardingRule):
             try:
                 regex = re.compile(pattern)
             except re.error as e:
-                raise ShardingError(f"PathRegexRule pattern {pattern!r} is not a valid regex: {e}.") from e
-            compiled.append((regex, _check_spec_value(spec, f"Pattern {pattern!r}", allow_mapping=True)))
+                raise ShardingError(
+                    f"PathRegexRule pattern {pattern!r} is not a valid regex: {e}."
+                ) from e
+            compiled.append(
+                (regex, _check_spec_value(spec, f"Pattern {pattern!r}", allow_mapping=True))
+            )
         self.rules: tuple[tuple[re.Pattern[str], Any], ...] = tuple(compiled)
         self.strict = bool(strict)
         self.mesh = mesh
