@@ -354,3 +354,137 @@ def test_shape_ops_on_sharded_arrays(mesh_2x4):
         assert out["split"].sharding.spec == P(None, None, "model")
         assert out["unbind"].sharding.spec == P(None, "model")
         assert out["stack"].sharding.spec == P(None, "data", None, "model")
+
+
+# -- reshapes of sharded axes: the output sharding by name (Auto and Explicit meshes) -------------
+
+C = jnp.arange(4 * 8 * 4.0).reshape(4, 8, 4)
+
+
+def _sharded_c(mesh, spec):
+    from jax.sharding import NamedSharding
+
+    return named(jax.device_put(C, NamedSharding(mesh, spec)), ("b", "e", "s"))
+
+
+def test_split_of_a_sharded_axis_keeps_it_on_the_outermost_new_axis(mesh_2x4):
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    x = _sharded_c(mesh_2x4, P("data", "model"))
+    both = _sharded_c(mesh_2x4, P(None, ("data", "model")))  # e=8 over data x model
+    with jax.set_mesh(mesh_2x4):
+        outs = {
+            "unflatten": na.unflatten_axis(x, "e", {"h": 4, "d": 2}),
+            "pattern": na.rearrange(x, "b (e: h d) s -> b h s d", h=4),
+            "tuple": na.unflatten_axis(both, "e", {"h": 2, "d": 4}),
+            "merge_outer": na.flatten_axes(x, ("b", "e"), "be"),
+            "merge_reordered": na.flatten_axes(x, ("e", "b"), "eb"),
+            "merge_inner": na.flatten_axes(x, ("s", "e"), "se"),
+            "ravel": na.ravel(x, "flat"),
+            "round_trip": na.rearrange(x, "b (e: h d) s -> b (e: h d) s", h=4),
+        }
+    split = C.reshape(4, 4, 2, 4)
+    same(outs["unflatten"], split, ("b", "h", "d", "s"))
+    same(outs["pattern"], jnp.transpose(split, (0, 1, 3, 2)), ("b", "h", "s", "d"))
+    same(outs["tuple"], C.reshape(4, 2, 4, 4), ("b", "h", "d", "s"))
+    same(outs["merge_outer"], C.reshape(32, 4), ("be", "s"))
+    same(outs["merge_reordered"], jnp.transpose(C, (1, 0, 2)).reshape(32, 4), ("eb", "s"))
+    same(outs["merge_inner"], jnp.transpose(C, (0, 2, 1)).reshape(4, 32), ("b", "se"))
+    same(outs["ravel"], C.reshape(-1), ("flat",))
+    same(outs["round_trip"], C, ("b", "e", "s"))
+    if explicit:  # the placement is in the type: the data stays where it was
+        assert outs["unflatten"].sharding.spec == P("data", "model", None, None)
+        assert outs["pattern"].sharding.spec == P("data", "model", None, None)
+        assert outs["tuple"].sharding.spec == P(None, "data", "model", None)
+        assert outs["merge_outer"].sharding.spec == P("data", None)
+        assert outs["merge_reordered"].sharding.spec == P("model", None)
+        assert outs["merge_inner"].sharding.spec == P("data", None)  # inner 'e' gathered
+        assert outs["ravel"].sharding.spec == P("data")
+        assert outs["round_trip"].sharding.spec == P("data", "model", None)
+
+
+def test_split_that_cannot_keep_its_sharding_is_placed_by_the_mapping(mesh_2x4):
+    """``rearrange("b (h d) s -> b h s d")`` with ``h=2`` of an axis sharded 4 ways: on Explicit
+    meshes JAX leaked ``ShardingTypeError: This reshape is not supported``."""
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    x = _sharded_c(mesh_2x4, P("data", "model"))
+    expected = jnp.transpose(C.reshape(4, 2, 4, 4), (0, 1, 3, 2))
+    with jax.set_mesh(mesh_2x4):
+        if explicit:  # which new axis carries 'model' is the user's call: say so
+            with pytest.raises(
+                na.ShardingError,
+                match=r"^rearrange\('b \(h d\) s -> b h s d'\): axis 'e' \(size 8\) is sharded "
+                r"over model=4 on an Explicit mesh, and its new axes \(h=2, d=4\) cannot keep "
+                r"that sharding without moving data: .* model=4 does not divide what is left of "
+                r"h=2\. Say where the new axes go: put a mapping in force, e\.g\. "
+                r"`with na\.axis_mapping\(\{'d': 'model'\}\):`",
+            ):
+                na.rearrange(x, "b (h d) s -> b h s d", h=2)
+        else:
+            same(na.rearrange(x, "b (h d) s -> b h s d", h=2), expected, ("b", "h", "s", "d"))
+        with na.axis_mapping({"b": "data", "d": "model"}):
+            placed = na.rearrange(x, "b (h d) s -> b h s d", h=2)
+        with na.axis_mapping({"b": "data"}):  # the mapping says nothing of h, d: replicated
+            replicated = na.unflatten_axis(x, "e", {"h": 2, "d": 4})
+    same(placed, expected, ("b", "h", "s", "d"))
+    same(replicated, C.reshape(4, 2, 4, 4), ("b", "h", "d", "s"))
+    if explicit:
+        assert placed.sharding.spec == P("data", None, None, "model")
+        assert replicated.sharding.spec == P("data", None, None, None)
+
+
+def test_reshapes_of_sharded_axes_under_jit_and_named_jit(mesh_2x4):
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    x = _sharded_c(mesh_2x4, P("data", "model"))
+
+    def heads(x):
+        y = na.rearrange(x, "b (e: h d) s -> b h s d", h=2)
+        return {"heads": y, "back": na.rearrange(y, "b h s d -> b (e: h d) s")}
+
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"b": "data", "d": "model", "e": "model"}):
+        jitted = jax.jit(heads)(x)
+        named_jitted = na.named_jit(heads)(x)
+    for out in (jitted, named_jitted):
+        same(out["heads"], jnp.transpose(C.reshape(4, 2, 4, 4), (0, 1, 3, 2)), ("b", "h", "s", "d"))
+        same(out["back"], C, ("b", "e", "s"))
+    if explicit:
+        assert jitted["heads"].sharding.spec == P("data", None, None, "model")
+        assert named_jitted["back"].sharding.spec == P("data", "model", None)
+
+
+def test_stack_and_concatenate_of_differently_sharded_operands(mesh_2x4):
+    """On Explicit meshes JAX refused ``All operands should have the same sharding``."""
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    x = _sharded_c(mesh_2x4, P("data", "model"))
+    y = _sharded_c(mesh_2x4, P())
+    z = named(jnp.transpose(C, (2, 1, 0)), ("s", "e", "b"))  # another layout, on the mesh
+    with jax.set_mesh(mesh_2x4):
+        stacked = na.stack("l", [y, x, z])
+        joined = na.concatenate("b", [y, x])
+        odd = na.concatenate("b", [x, y["b", 1:]])  # 4 + 3 rows: 'b' cannot stay on data=2
+        conflict = _sharded_c(mesh_2x4, P("model", "data"))
+        if explicit:
+            with pytest.raises(na.ShardingError, match=r"^stack\(\): the operands' shardings "):
+                na.stack("l", [x, conflict])
+        with na.axis_mapping({"b": "data", "e": "model"}):
+            settled = na.stack("l", [x, conflict])
+    same(stacked, jnp.stack([C, C, C]), ("l", "b", "e", "s"))
+    same(joined, jnp.concatenate([C, C]), ("b", "e", "s"))
+    same(odd, jnp.concatenate([C, C[1:]]), ("b", "e", "s"))
+    same(settled, jnp.stack([C, C]), ("l", "b", "e", "s"))
+    if explicit:
+        assert stacked.sharding.spec == P(None, "data", "model", None)
+        assert joined.sharding.spec == P("data", "model", None)
+        assert odd.sharding.spec == P(None, "model", None)
+        assert settled.sharding.spec == P(None, "data", "model", None)

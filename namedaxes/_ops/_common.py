@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -15,8 +16,10 @@ from .._spec import entry_axes
 __all__ = [
     "agree_by_name",
     "describe_operand",
+    "entry_of",
     "expect_named",
     "explicit_sharding",
+    "join_by_name",
     "mapping_in_force",
     "unshard_dims",
 ]
@@ -218,14 +221,54 @@ def agree_by_name(
     out = []
     for x, info in zip(operands, infos):
         if info is not None:
-            want = PartitionSpec(*(_entry(target[a.name]) for a in x.axes))
+            want = PartitionSpec(*(entry_of(target[a.name]) for a in x.axes))
             if tuple(entry_axes(e) for e in info[1]) != tuple(entry_axes(e) for e in want):
                 x = NamedArray(jax.sharding.reshard(x.array, NamedSharding(info[0], want)), x.axes)
         out.append(x)
     return out
 
 
-def _entry(mesh_axes: tuple[str, ...] | None) -> Any:
+def entry_of(mesh_axes: tuple[str, ...] | None) -> Any:
+    """The ``PartitionSpec`` entry for ``mesh_axes``: ``None``, one name, or a tuple of names."""
     if not mesh_axes:
         return None
     return mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
+
+
+def join_by_name(
+    op: str, operands: Sequence[NamedArray], along: str | None = None
+) -> list[NamedArray]:
+    """``operands`` (same axis names) with one Explicit sharding, for ops that join them.
+
+    JAX concatenates and stacks only operands sharded alike. Shardings that conflict are settled
+    by ``agree_by_name`` (the mapping in force, else a ``ShardingError``); then each axis takes the
+    mesh axes that any operand shards it over, so an unsharded operand is split like the sharded
+    ones (a local slice, no data moves between devices). The joined axis ``along`` keeps its
+    mesh axes only when they divide every operand's size along it. Auto meshes: unchanged.
+    """
+    labels = [f"arrays[{k}]" for k in range(len(operands))]
+    operands = agree_by_name(op, operands, labels)
+    infos = [explicit_sharding(x.array) for x in operands]
+    found = next((info for info in infos if info is not None), None)
+    if found is None:
+        return list(operands)
+    mesh = found[0]
+    sizes = dict(mesh.shape)
+    target: dict[str, tuple[str, ...]] = {}
+    for x, info in zip(operands, infos):
+        for a, entry in zip(x.axes, info[1] if info is not None else ()):
+            if entry_axes(entry):
+                target.setdefault(a.name, entry_axes(entry))
+    if along is not None and along in target:
+        k = math.prod(sizes[m] for m in target[along])
+        if any(x.axis_size(along) % k for x in operands):
+            del target[along]
+    out = []
+    for x, info in zip(operands, infos):
+        have = tuple(entry_axes(e) for e in info[1]) if info is not None else ((),) * x.ndim
+        want = tuple(target.get(a.name, ()) for a in x.axes)
+        if have != want:
+            spec = PartitionSpec(*(entry_of(w) for w in want))
+            x = NamedArray(jax.sharding.reshard(x.array, NamedSharding(mesh, spec)), x.axes)
+        out.append(x)
+    return out

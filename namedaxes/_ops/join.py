@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, find_axis, index_of
 from .._errors import AxisSizeError, DuplicateAxisError, NamedTypeError, format_axes, format_names
-from ._common import describe_operand, expect_named
+from ._common import describe_operand, expect_named, join_by_name
 
 __all__ = ["concatenate", "stack"]
 
@@ -31,7 +31,6 @@ def _aligned_operands(
         return {ax.name: ax.size for ax in a.axes if ax.name != skip}
 
     ref = others(first)
-    out = []
     for k, a in enumerate(arrays):
         if others(a) != ref:
             mine = others(a)
@@ -44,6 +43,10 @@ def _aligned_operands(
                 f"({format_axes(first.axes)}); the other axes must match by name and size "
                 f"(they differ in {format_names(diff)}). Rename, slice or broadcast the arrays first."
             )
+    # On Explicit meshes JAX joins only operands sharded alike: make them so, by name.
+    arrays = join_by_name(op, arrays, along=skip)
+    out = []
+    for a in arrays:
         order = [index_of(a.axes, ax) for ax in first.axes]
         out.append(a.array if order == list(range(a.ndim)) else jnp.transpose(a.array, order))
     return first.axes, out

@@ -109,7 +109,10 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
 
     ``sizes`` give the sizes of split parts.
     """
-    from .shape import flatten_axes, rearrange, unflatten_axis  # shape.rearrange dispatches here
+    # shape.rearrange dispatches here
+    from .shape import _flatten_axes, _unflatten_axis, rearrange
+
+    op = f"rearrange({pattern!r})"
 
     if pattern.count("->") != 1:
         raise _error(pattern, "a pattern needs exactly one '->', e.g. 'b (h d) -> b h d'.")
@@ -189,7 +192,7 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
                 f"rearrange({pattern!r}): parts ({format_axes({p: known[p] for p in g.parts})}) "
                 f"multiply to {prod}, but axis {source.name!r} has size {source.size}."
             )
-        x = unflatten_axis(x, source.name, {p: known[p] for p in g.parts})
+        x = _unflatten_axis(x, source.name, {p: known[p] for p in g.parts}, op)
         parts_of[source.name] = list(g.parts)
     for name in bare:
         if name in sizes:
@@ -246,7 +249,7 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
         if not merged:
             raise _error(pattern, f"group '({' '.join(e.parts)})' covers no axes.")
         if merged != [name]:
-            x = flatten_axes(x, merged, name)
+            x = _flatten_axes(x, merged, name, op)
         order.append(name)
     if Ellipsis in order:
         at = order.index(Ellipsis)

@@ -35,6 +35,7 @@ from .._errors import (
 )
 from ._align import align_to
 from ._common import expect_named, unshard_dims
+from ._reshape import reshape_to
 
 __all__ = [
     "broadcast_axis",
@@ -231,6 +232,13 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
         >>> flatten_axes(x, ("batch", "seq"), "tokens").shape
         {'tokens': 6, 'embed': 4}
     """
+    return _flatten_axes(x, axes, new_axis, "flatten_axes()")
+
+
+def _flatten_axes(
+    x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector, op: str
+) -> NamedArray:
+    """``flatten_axes``; ``op`` names the call in sharding errors."""
     x = expect_named(x, "flatten_axes")
     if isinstance(axes, (str, Axis)):
         axes = (axes,)
@@ -252,16 +260,10 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
     kept_before = [i for i in range(first) if i not in positions]
     kept_after = [i for i in range(first, x.ndim) if i not in positions]
     perm = kept_before + positions + kept_after
-    # Only the outermost merged dimension can stay sharded through the reshape.
-    array = unshard_dims(x.array, positions[1:])
-    array = array if perm == list(range(x.ndim)) else jnp.transpose(array, perm)
-    shape = (
-        tuple(x.axes[i].size for i in kept_before)
-        + (size,)
-        + tuple(x.axes[i].size for i in kept_after)
-    )
     out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
-    return _named_from(jnp.reshape(array, shape), out)
+    if perm != list(range(x.ndim)):
+        x = _named_from(jnp.transpose(x.array, perm), [x.axes[i] for i in perm])
+    return reshape_to(x, out, op)
 
 
 def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> NamedArray:
@@ -289,6 +291,11 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> Nam
         >>> unflatten_axis(x, "tokens", {"batch": 2, "seq": 3}).shape
         {'batch': 2, 'seq': 3, 'embed': 4}
     """
+    return _unflatten_axis(x, axis, new_axes, "unflatten_axis()")
+
+
+def _unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, op: str) -> NamedArray:
+    """``unflatten_axis``; ``op`` names the call in sharding errors."""
     x = expect_named(x, "unflatten_axis")
     i = find_axis(x.axes, axis)
     old = x.axes[i]
@@ -300,8 +307,7 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> Nam
             f"({format_axes(new)}) multiply to {size}. Choose sizes whose product is {old.size}."
         )
     _check_new_names(x, new, [old.name], "unflatten_axis")
-    out = x.axes[:i] + new + x.axes[i + 1 :]
-    return _named_from(jnp.reshape(x.array, tuple(a.size for a in out)), out)
+    return reshape_to(x, x.axes[:i] + new + x.axes[i + 1 :], op)
 
 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> list[NamedArray]:

@@ -1,0 +1,199 @@
+"""One reshape for every op that splits or merges axes, with its output sharding decided by name.
+
+On ``Explicit`` meshes shardings are part of an array's type, and JAX only infers the sharding of
+a reshape in simple cases; otherwise it stops with ``ShardingTypeError: This reshape is not
+supported``. ``reshape_to`` decides the output sharding itself and passes it to JAX, so
+``unflatten_axis``, ``flatten_axes``, ``ravel`` and ``rearrange`` patterns work on both mesh kinds:
+
+* an axis kept as it is (same name and size) keeps its mesh axes;
+* an axis split into new axes gives its mesh axes, in order, to the outermost new axes whose sizes
+  they divide (the new axis that is outermost takes the first mesh axes): the data then stays
+  where it is;
+* axes merged into one give it the mesh axes of the outermost merged axis; sharded inner axes
+  are gathered first (only the outermost can stay split in a row-major merge);
+* size-1 axes are ignored (they hold no data to move).
+
+When a split cannot keep its mesh axes (``embed=8`` sharded 4 ways split into ``heads=2,
+head_dim=4``), there is no placement that avoids moving data, and which new axis should carry the
+sharding is the user's call: the mapping in force (``axis_mapping``) decides the new axes, and
+with none in force a ``ShardingError`` names the axis and suggests a mapping. On ``Auto`` meshes
+and unsharded arrays this is a plain ``jnp.reshape``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from .._array import NamedArray
+from .._axis import Axis
+from .._errors import ShardingError, format_axes
+from .._spec import entry_axes
+from ._common import entry_of, explicit_sharding, mapping_in_force
+
+__all__ = ["reshape_to"]
+
+
+def reshape_to(x: NamedArray, out: Sequence[Axis], op: str) -> NamedArray:
+    """``x`` reshaped (row-major, no transpose) to the axes ``out``, sharded by name.
+
+    ``out`` must follow from ``x.axes`` by keeping, splitting and merging consecutive axes (what
+    ``flatten_axes``/``unflatten_axis`` do after moving the merged axes together).
+
+    Raises:
+        ShardingError: on an Explicit mesh, when a split axis' mesh axes cannot stay on the new
+            axes and no mapping is in force to place them.
+    """
+    out = tuple(out)
+    shape = tuple(a.size for a in out)
+    info = explicit_sharding(x.array)
+    if info is None:  # Auto mesh, no mesh, or nothing sharded: JAX needs no help
+        return NamedArray(jnp.reshape(x.array, shape), out)
+    mesh, entries = info
+    spec = _out_spec(op, x, entries, out, mesh)
+    array = jnp.reshape(x.array, shape, out_sharding=NamedSharding(mesh, spec))
+    return NamedArray(array, out)
+
+
+def _runs(src: Sequence[Axis], dst: Sequence[Axis]) -> list[tuple[list[int], list[int]]]:
+    """Pair ``src`` and ``dst`` positions into runs of equal total size, in order.
+
+    A run with one position on each side and equal axes is a kept axis. Size-1 axes that are not
+    kept form runs of their own with nothing on the other side.
+    """
+    runs: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i < len(src) and j < len(dst) and src[i] == dst[j]:
+            runs.append(([i], [j]))
+            i, j = i + 1, j + 1
+        elif j < len(dst) and dst[j].size == 1:
+            runs.append(([], [j]))
+            j += 1
+        elif i < len(src) and src[i].size == 1:
+            runs.append(([i], []))
+            i += 1
+        else:
+            ins, outs = [i], [j]
+            have, want = src[i].size, dst[j].size
+            while have != want:
+                if have < want:
+                    i += 1
+                    ins.append(i)
+                    have *= src[i].size
+                else:
+                    j += 1
+                    outs.append(j)
+                    want *= dst[j].size
+            runs.append((ins, outs))
+            i, j = i + 1, j + 1
+    return runs
+
+
+def _lay_out(
+    mesh_axes: tuple[str, ...], sizes: Sequence[int], mesh_sizes: Mapping[str, int]
+) -> list[tuple[str, ...]] | tuple[int, str]:
+    """``mesh_axes`` given in order to the outermost of ``sizes`` they divide, or, when they cannot
+    all be placed so (the data would have to move), ``(position, mesh axis)`` of the first that
+    does not fit."""
+    todo = list(mesh_axes)
+    out: list[tuple[str, ...]] = []
+    for pos, n in enumerate(sizes):
+        mine: list[str] = []
+        while todo and n > 1:
+            k = mesh_sizes[todo[0]]
+            if n % k:
+                return pos, todo[0]
+            n //= k
+            mine.append(todo.pop(0))
+        out.append(tuple(mine))
+    return (len(sizes) - 1, todo[0]) if todo else out
+
+
+def _out_spec(
+    op: str, x: NamedArray, entries: Sequence[Any], out: tuple[Axis, ...], mesh: Any
+) -> PartitionSpec:
+    mesh_sizes = dict(mesh.shape)
+    decided: list[tuple[str, ...] | None] = [()] * len(out)
+    undecided: list[tuple[list[int], list[int]]] = []
+    for ins, outs in _runs(x.axes, out):
+        if not outs:
+            continue
+        # A merge keeps the mesh axes of its outermost axis; the inner ones are gathered.
+        carried = entry_axes(entries[ins[0]]) if ins else ()
+        laid = _lay_out(carried, [out[k].size for k in outs], mesh_sizes)
+        if isinstance(laid, tuple):
+            undecided.append((ins, outs))
+            for k in outs:
+                decided[k] = None
+        else:
+            for k, axes in zip(outs, laid):
+                decided[k] = axes
+    if undecided:
+        _place_undecided(op, x, entries, out, mesh, decided, undecided)
+    return PartitionSpec(*(entry_of(axes) for axes in decided))
+
+
+def _place_undecided(
+    op: str,
+    x: NamedArray,
+    entries: Sequence[Any],
+    out: tuple[Axis, ...],
+    mesh: Any,
+    decided: list[tuple[str, ...] | None],
+    undecided: list[tuple[list[int], list[int]]],
+) -> None:
+    """Fill ``decided`` for the runs that cannot keep their mesh axes, from the mapping in force."""
+    found = mapping_in_force(mesh)
+    if found is None:
+        raise _split_error(op, x, entries, out, mesh, undecided[0])
+    # Lazy: the resolution function lives in _partitioning, above the ops (see mapping_in_force).
+    from .._partitioning import resolve
+
+    rules, context = found
+    spec = resolve(out, rules, context, unsatisfied="replicate")
+    explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+    used = {m for axes in decided if axes for m in axes}
+    for _, outs in undecided:
+        for k in outs:
+            axes = tuple(m for m in entry_axes(spec[k]) if m in explicit and m not in used)
+            used.update(axes)
+            decided[k] = axes
+
+
+def _split_error(
+    op: str,
+    x: NamedArray,
+    entries: Sequence[Any],
+    out: tuple[Axis, ...],
+    mesh: Any,
+    run: tuple[list[int], list[int]],
+) -> ShardingError:
+    ins, outs = run
+    mesh_axes = entry_axes(entries[ins[0]])
+    sizes = dict(mesh.shape)
+    new = [out[j] for j in outs]
+    failed = _lay_out(mesh_axes, [a.size for a in new], sizes)
+    pos, m = failed if isinstance(failed, tuple) else (0, mesh_axes[0])
+    shown = " x ".join(f"{a}={sizes[a]}" for a in mesh_axes)
+    what = (
+        f"axis {x.axes[ins[0]].name!r} (size {x.axes[ins[0]].size})"
+        if len(ins) == 1
+        else f"axes ({format_axes([x.axes[i] for i in ins])})"
+    )
+    k = math.prod(sizes[a] for a in mesh_axes)
+    fits = [a for a in new if a.size % k == 0]
+    target = mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
+    example = {fits[0].name: target} if fits else {new[0].name: None}
+    return ShardingError(
+        f"{op}: {what} is sharded over {shown} on an Explicit mesh, and its new axes "
+        f"({format_axes(new)}) cannot keep that sharding without moving data: mesh axes go, in "
+        f"order, to the outermost new axes whose sizes they divide, and {m}={sizes[m]} does not "
+        f"divide what is left of {new[pos].name}={new[pos].size}. Say where the new axes go: put "
+        f"a mapping in force, e.g. `with na.axis_mapping({example!r}):`, and the result is "
+        "placed by it."
+    )
