@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _helpers import run_two_processes
+from _helpers import run_two_processes, spec_of
 from conftest import make_mesh
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
@@ -210,6 +210,41 @@ def test_python_scalars_into_a_jax_eval_shape_like(tmp_path, mesh_2x4):
         )
         == 7.0
     )
+
+
+def test_eval_shape_like_under_the_context_mesh(tmp_path, mesh_2x4):
+    """``restore`` and ``from_state_dict`` into an ``eqx.filter_eval_shape`` like built under
+    ``jax.set_mesh``, no ``mesh=``: on Explicit meshes the like's shardings are on an abstract mesh,
+    and JAX's "not implemented for AbstractMesh" leaked out."""
+    explicit = mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit
+    tree = {"w": na.named(jnp.asarray(DATA[:, :4]), ("embed", "mlp")), "b": jnp.arange(4.0)}
+    save(tmp_path / "c", tree)
+    state = {"w": DATA[:, :4], "b": np.arange(4.0, dtype=np.float32)}
+
+    def build():
+        w = na.named(jnp.zeros((8, 4)), ("embed", "mlp"))
+        return {"w": na.shard(w, {"embed": "data"}), "b": jnp.zeros(4)}
+
+    with jax.set_mesh(mesh_2x4):
+        like = eqx.filter_eval_shape(build)
+        restored = restore(tmp_path / "c", like)
+        converted = from_state_dict(like, state)
+    for out in (restored, converted):
+        assert _values(out) == _values(tree)
+        # Explicit: like's sharding (in its type); Auto: like has none, so replicated on the mesh
+        assert out["w"].sharding.mesh == mesh_2x4 and out["b"].sharding.mesh == mesh_2x4
+        assert spec_of(out["w"]) == (P("data") if explicit else P())
+    if explicit:  # outside the mesh's context the abstract shardings have no devices to go to
+        message = (
+            r"like leaf 'b' is sharded P\(None,\) on an abstract mesh Mesh\(data=2, "
+            r"model=4\) \(jax.eval_shape under jax.set_mesh gives those\), which has no devices "
+            r"to read onto, and no concrete mesh is set\. Call this inside `with "
+            r"jax.set_mesh\(mesh\):` with the mesh like was built under"
+        )
+        with pytest.raises(MeshError, match=message):
+            restore(tmp_path / "c", like)
+        with pytest.raises(MeshError, match=message):
+            from_state_dict(like, state)
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .._errors import (
     format_names,
 )
 from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value
-from ._placement import Placement, like_sharding, permuted, placement
+from ._placement import Placement, permuted, placement
 
 __all__ = ["restore", "save"]
 
@@ -283,7 +283,7 @@ def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, place: Placemen
             f"array of {what} in like. Build like with a matching scalar"
             + (", or pass cast=True." if tuple(like.shape) == () else ".")
         )
-    return jax.device_put(np.asarray(value, dtype=dtype), place.plain(like_sharding(like)))
+    return jax.device_put(np.asarray(value, dtype=dtype), place.plain(like, rec["key"]))
 
 
 def _match(records: list[dict[str, Any]], likes: list[Leaf]) -> list[tuple[dict[str, Any], Leaf]]:
@@ -346,7 +346,7 @@ def _restore_like(
         if leaf.kind == "named":
             order = _check_named(rec, v)
             dtype = _check_dtype(rec, v.dtype, cast)
-            target = place.named(v.axes, like_sharding(v.array), leaf.key)
+            target = place.named(v.axes, v.array, leaf.key)
             args[rec["store"]] = _restore_args(permuted(target, order, len(order)), rec, dtype)
             finish.append(("named", rec, order, target, v.axes))
         elif leaf.kind == "array":
@@ -357,7 +357,7 @@ def _restore_like(
                     f"{shape} in like. Build like with the saved shape."
                 )
             dtype = _check_dtype(rec, v.dtype, cast)
-            args[rec["store"]] = _restore_args(place.plain(like_sharding(v)), rec, dtype)
+            args[rec["store"]] = _restore_args(place.plain(v, leaf.key), rec, dtype)
             finish.append(("array", rec))
         elif leaf.kind == "scalar":
             finish.append(("scalar", _scalar_like(rec, v, cast)))
@@ -415,7 +415,7 @@ def _restore_saved(where: Path, records: list[dict[str, Any]], mapping: Any, mes
             sharding = place.named(_named_axes(rec), None, rec["key"])
             args[rec["store"]] = _restore_args(sharding, rec, None)
         elif rec["kind"] == "array":
-            args[rec["store"]] = _restore_args(place.plain(None), rec, None)
+            args[rec["store"]] = _restore_args(place.plain(None, rec["key"]), rec, None)
     read = _read_arrays(where, args)
     items = []
     for rec in records:

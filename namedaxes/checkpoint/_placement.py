@@ -5,6 +5,10 @@ given, else the one in force, on the mesh given, else the one set with ``jax.set
 mapping they keep ``like``'s sharding if it has one, else are replicated on the mesh; with no mesh
 either, they land whole on this process's first local device. Plain arrays keep ``like``'s sharding
 if it has one, else are replicated (on the mesh, or on the first local device).
+
+A ``like`` built by ``jax.eval_shape`` under ``jax.set_mesh`` of an Explicit mesh carries shardings
+on an ``AbstractMesh`` (no devices): those are read onto the concrete mesh in force (or given) that
+has the same axes.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from jax.sharding import (
+    AbstractMesh,
+    Mesh,
+    NamedSharding,
+    PartitionSpec,
+    Sharding,
+    SingleDeviceSharding,
+)
 
 from .._axis import Axis
-from .._errors import MeshError, MeshTypeError, NamedAxesError
+from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh
 from .._partitioning import current_axis_mapping, resolve
 
 __all__ = ["Placement", "placement"]
@@ -35,19 +46,21 @@ class Placement:
             return NamedSharding(self.mesh, PartitionSpec())
         return SingleDeviceSharding(jax.local_devices()[0])
 
-    def named(self, axes: Sequence[Axis], like_sharding: Sharding | None, key: str) -> Sharding:
-        """The sharding of NamedArray ``key`` with ``axes`` (in the order it is to be returned)."""
+    def named(self, axes: Sequence[Axis], like: Any, key: str) -> Sharding:
+        """The sharding of NamedArray ``key`` with ``axes`` (in the order it is to be returned);
+        ``like`` is the like leaf's array (or ``None``), whose sharding is used without rules."""
         if self.rules is not None and self.mesh is not None:  # placement() refused rules alone
             try:
                 spec = resolve(tuple(axes), self.rules, self.mesh)
             except NamedAxesError as e:
                 raise type(e)(f"Cannot place leaf {key!r}: {e}") from None
             return NamedSharding(self.mesh, spec)
-        return like_sharding if like_sharding is not None else self._default()
+        return self.plain(like, key)
 
-    def plain(self, like_sharding: Sharding | None) -> Sharding:
-        """The sharding of a plain array: ``like``'s, else replicated."""
-        return like_sharding if like_sharding is not None else self._default()
+    def plain(self, like: Any, key: str) -> Sharding:
+        """The sharding of a plain array: the like leaf's, else replicated."""
+        sharding = like_sharding(like, key, self.mesh)
+        return sharding if sharding is not None else self._default()
 
 
 def _context_mesh() -> Mesh | None:
@@ -85,10 +98,36 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, what: str = "restor
     return Placement(rules, mesh)
 
 
-def like_sharding(x: Any) -> Sharding | None:
-    """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s)."""
+def like_sharding(x: Any, key: str, mesh: Mesh | None = None) -> Sharding | None:
+    """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s).
+
+    A sharding on an ``AbstractMesh`` (what ``jax.eval_shape`` gives under ``jax.set_mesh`` of an
+    Explicit mesh) is moved to ``mesh``, else the concrete mesh set with ``jax.set_mesh``, when it
+    has the same axes.
+
+    Raises:
+        MeshError: for a sharding on an abstract mesh that no concrete mesh in force matches.
+    """
     s = getattr(x, "sharding", None)
-    return s if isinstance(s, Sharding) else None
+    if not isinstance(s, Sharding):
+        return None
+    if isinstance(s, NamedSharding) and isinstance(s.mesh, AbstractMesh):
+        concrete = mesh if mesh is not None else _context_mesh()
+        if concrete is None or concrete.abstract_mesh != s.mesh:
+            where = (
+                "no concrete mesh is set"
+                if concrete is None
+                else f"the mesh in force is {format_mesh(dict(concrete.shape))}"
+            )
+            raise MeshError(
+                f"like leaf {key!r} is sharded {s.spec} on an abstract mesh "
+                f"{format_mesh(dict(s.mesh.shape))} (jax.eval_shape under jax.set_mesh gives "
+                f"those), which has no devices to read onto, and {where}. Call this inside `with "
+                "jax.set_mesh(mesh):` with the mesh like was built under (or build like under the "
+                "mesh to read onto)."
+            )
+        return NamedSharding(concrete, s.spec, memory_kind=s.memory_kind)
+    return s
 
 
 def permuted(sharding: Sharding, order: Sequence[int], ndim: int) -> Sharding:
