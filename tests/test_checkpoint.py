@@ -464,6 +464,42 @@ def test_state_dict_errors():
         from_state_dict(tree, {**state, "head.b": np.zeros(4)})
 
 
+def test_state_dict_named_entries_are_aligned_by_name():
+    """A NamedArray entry with its axes in another order was refused ("has shape ('mlp',
+    'embed')", axis names printed as a shape) instead of being transposed by name."""
+    tree = _stacked_model()  # blocks.stacked.attn.w: (layer=2, embed=3, mlp=4)
+    w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    state = {
+        "blocks.0.attn.w": na.named(jnp.asarray(w[0].T), ("mlp", "embed")),
+        "blocks.1.attn.w": na.named(jnp.asarray(w[1]), ("embed", "mlp")),
+        "head.b": np.ones(4, np.float32),
+        "n": 3,
+    }
+    back = from_state_dict(tree, state)
+    assert back["blocks"]["stacked"]["attn"]["w"].axis_names == ("layer", "embed", "mlp")
+    assert _values(back) == _values(tree)
+    flat = {"w": na.named(jnp.zeros((2, 3)), ("embed", "mlp"))}
+    entry = na.named(jnp.arange(6.0).reshape(3, 2), ("mlp", "embed"))
+    np.testing.assert_array_equal(
+        from_state_dict(flat, {"w": entry})["w"].array, np.arange(6.0).reshape(3, 2).T
+    )
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"^State-dict entry for 'w' has axes \(mlp=3, hidden=2\) but like has \(embed=2, "
+        r"mlp=3\)\. Rename or resize the entry's axes to like's",
+    ):
+        from_state_dict(flat, {"w": na.named(jnp.zeros((3, 2)), ("mlp", "hidden"))})
+    with pytest.raises(CheckpointAxisError, match=r"has axes \(mlp=3, embed=4\) but like has"):
+        from_state_dict(flat, {"w": na.named(jnp.zeros((3, 4)), ("mlp", "embed"))})
+    # plain arrays are still compared by shape, and the message shows shapes
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"^State-dict entry for 'w' has shape \(3, 2\) but like has axes \(embed=2, mlp=3\), "
+        r"shape \(2, 3\)\. Transpose or reshape it",
+    ):
+        from_state_dict(flat, {"w": np.zeros((3, 2), np.float32)})
+
+
 def test_safetensors_round_trip(tmp_path):
     tree = _stacked_model()
     tree["blocks"]["stacked"]["norm"] = na.named(jnp.ones((2, 3), jnp.bfloat16), ("layer", "embed"))

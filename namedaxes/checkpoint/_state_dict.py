@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._array import NamedArray
+from .._axis import Axis
 from .._errors import (
     CheckpointAxisError,
     CheckpointDtypeError,
@@ -26,6 +27,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._ops.shape import rearrange
 from ._layout import Leaf, leaves_of
 from ._placement import like_sharding
 
@@ -114,8 +116,25 @@ def _as_dtype(key: str, value: Any, dtype: Any, cast: bool) -> Any:
     return value.astype(dtype)
 
 
-def _place(x: Any, like: Any) -> jax.Array:
-    sharding = like_sharding(like)
+def _entry(key: str, value: Any, axes: tuple[Axis, ...] | None) -> Any:
+    """A state-dict value as an array in ``axes``' order: a NamedArray entry is aligned by name
+    (its axes must be ``axes``, in any order); other values are returned as they are."""
+    if not isinstance(value, NamedArray):
+        return value
+    if axes is None:  # like holds a plain array here: only the shape can be checked
+        return value.array
+    mine = {a.name: a.size for a in value.axes}
+    if set(mine) != {a.name for a in axes} or any(mine[a.name] != a.size for a in axes):
+        raise CheckpointAxisError(
+            f"State-dict entry for {key!r} has axes ({format_axes(value.axes)}) but like has "
+            f"({format_axes(axes)}). Rename or resize the entry's axes to like's, or restore into "
+            "a like with these axes."
+        )
+    return rearrange(value, tuple(a.name for a in axes)).array
+
+
+def _place(x: Any, like: Any, key: str) -> jax.Array:
+    sharding = like_sharding(like, key)
     return jax.device_put(x, sharding) if sharding is not None else jnp.asarray(x)
 
 
@@ -124,25 +143,32 @@ def from_state_dict(
 ) -> Any:
     """Build a tree shaped like ``like`` from a flat state dict (``to_state_dict``'s inverse).
 
-    Each array is checked against ``like`` (shape from its axes, dtype) and placed with ``like``'s
-    sharding if it has one (use ``na.shard`` afterwards to place by a mapping). Per-layer keys are
-    stacked back on ``stacked_axis``.
+    Each array is checked against ``like`` (dtype; shape from its axes) and placed with ``like``'s
+    sharding if it has one (use ``na.shard`` afterwards to place by a mapping). A NamedArray entry
+    is aligned to ``like``'s axes by name (transposed if its axes are in another order); a plain
+    array must have ``like``'s shape. Per-layer keys are stacked back on ``stacked_axis``.
 
     Args:
-        like: A tree with the wanted structure (concrete or from ``eval_shape``).
-        state: ``{dotted key: array}`` (NumPy or JAX arrays, or Python scalars).
+        like: A tree with the wanted structure, concrete or from ``eval_shape`` (under
+            ``jax.set_mesh`` its shardings are read onto that mesh, Auto or Explicit).
+        state: ``{dotted key: array}`` (NumPy or JAX arrays, NamedArrays, or Python scalars).
         stacked_axis: The axis that stacks layers (``None``: never stack).
         cast: Convert arrays whose dtype differs from ``like``'s instead of raising.
 
     Raises:
         CheckpointStructureError: for a key ``like`` needs that ``state`` lacks, or an extra key.
-        CheckpointAxisError: for an array whose shape does not match ``like``'s axes.
+        CheckpointAxisError: for a NamedArray whose axes differ from ``like``'s (names or sizes),
+            or a plain array whose shape does not match them.
+        MeshError: for a ``like`` sharded on an abstract mesh with no such concrete mesh set.
         CheckpointDtypeError: for a dtype that differs and ``cast=False``.
 
     Example:
         >>> import jax.numpy as jnp, numpy as np, namedaxes as na
         >>> like = {"w": na.named(jnp.zeros((2, 3)), ("embed", "mlp"))}
         >>> from_state_dict(like, {"w": np.ones((2, 3), np.float32)})["w"]
+        NamedArray(float32, embed=2, mlp=3)
+        >>> entry = na.named(jnp.ones((3, 2)), ("mlp", "embed"))  # aligned by name
+        >>> from_state_dict(like, {"w": entry})["w"]
         NamedArray(float32, embed=2, mlp=3)
     """
     _check_stacked_axis(stacked_axis)
@@ -175,7 +201,8 @@ def from_state_dict(
         if leaf.kind == "named" and stacked_axis is not None and v.has_axis(stacked_axis):
             axis = v.axis_index(stacked_axis)
             keys = _layer_keys(leaf, v.axis_size(stacked_axis))
-            parts = [np.asarray(_take(state, k, used)) for k in keys]
+            per_layer = tuple(a for a in v.axes if a.name != stacked_axis)
+            parts = [np.asarray(_entry(k, _take(state, k, used), per_layer)) for k in keys]
             shapes = {p.shape for p in parts}
             if len(shapes) != 1:
                 raise CheckpointAxisError(
@@ -184,16 +211,23 @@ def from_state_dict(
                 )
             x = np.stack(parts, axis=axis)
         else:
-            x = _take(state, leaf.key, used)
+            x = _entry(
+                leaf.key, _take(state, leaf.key, used), v.axes if leaf.kind == "named" else None
+            )
         shape = tuple(int(d) for d in wanted.shape)
         if tuple(np.shape(x)) != shape:
-            what = f"axes ({format_axes(v.axes)})" if leaf.kind == "named" else f"shape {shape}"
+            what = (
+                f"axes ({format_axes(v.axes)}), shape {shape}"
+                if leaf.kind == "named"
+                else f"shape {shape}"
+            )
             raise CheckpointAxisError(
                 f"State-dict entry for {leaf.key!r} has shape {tuple(np.shape(x))} but like has "
-                f"{what}. Transpose or reshape it to like's layout first."
+                f"{what}. Transpose or reshape it to like's layout first, or give it axis names "
+                "(a NamedArray entry is aligned by name)."
             )
         x = _as_dtype(leaf.key, x, wanted.dtype, cast)
-        x = _place(x, wanted)
+        x = _place(x, wanted, leaf.key)
         out.append(NamedArray(x, v.axes) if leaf.kind == "named" else x)
     extra = sorted(set(state) - used)
     if extra:
