@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from namedaxes import (
     BarrierTimeoutError,
     DistributedError,
+    MappingTypeError,
     MeshError,
     NamedAxesError,
     NamedTypeError,
@@ -102,6 +103,18 @@ def test_from_process_local_errors(mesh_2x4):
         r"against its share of each mesh axis: \{'data': 2, 'model': 4\} of \{'data': 2, 'model': 4\}\.\)",
     ):
         from_process_local(local, {"embed": "model"}, mesh_2x4)
+
+
+def test_from_process_local_shows_the_mapping_it_was_given(mesh_2x4):
+    """A list of names where a mapping is expected said only "got 'batch'", not what was passed."""
+    local = named(jnp.ones((4, 3)), ("batch", "embed"))
+    with pytest.raises(
+        MappingTypeError,
+        match=r"^from_process_local\(\): Each rule must be a \(logical_name, mesh_axes\) pair, got "
+        r"'batch' in \['batch'\]\. Use e\.g\. \[\('batch', 'data'\)\], or a dict "
+        r"\{'batch': 'data'\}\.$",
+    ):
+        from_process_local(local, ["batch"], mesh_2x4)
 
 
 def test_process_allgather_is_identity_when_fully_addressable(mesh_2x4):

@@ -151,13 +151,17 @@ def rules_in_force(mapping: RulesLike | None, what: str) -> AxisRules:
 
     Raises:
         ShardingError: naming ``what`` and the two ways to give a mapping.
+        MappingTypeError: for a malformed ``mapping``, the message prefixed with ``what``.
 
     Example:
         >>> rules_in_force({"batch": "data"}, "pspec_for")
         AxisRules([('batch', 'data')], unsatisfied='error')
     """
     if mapping is not None:
-        return as_rules(mapping)
+        try:
+            return as_rules(mapping)
+        except MappingTypeError as err:  # say which call got the bad mapping
+            raise type(err)(f"{what}(): {err}") from None
     e = _visible_entry()
     if e is None:
         raise ShardingError(

@@ -135,9 +135,10 @@ class AxisRules:
             out = []
             for item in items:
                 if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    given = f" in {pairs!r}" if isinstance(pairs, (list, tuple)) else ""
                     raise MappingTypeError(
-                        f"Each rule must be a (logical_name, mesh_axes) pair, got {item!r}. "
-                        "Use e.g. ('batch', 'data')."
+                        f"Each rule must be a (logical_name, mesh_axes) pair, got {item!r}{given}. "
+                        "Use e.g. [('batch', 'data')], or a dict {'batch': 'data'}."
                     )
                 name, value = item
                 if not isinstance(name, str) or not name:
@@ -297,9 +298,9 @@ def as_rules(rules: RulesLike | None) -> AxisRules:
     if isinstance(rules, (list, tuple)):
         try:
             return _rules_from_items(tuple(tuple(p) if isinstance(p, list) else p for p in rules))
-        except TypeError as e:  # unhashable pieces: validate without the cache
-            if isinstance(e, MappingTypeError):
-                raise
+        except TypeError:
+            # Unhashable pieces, or a malformed rule: validate without the cache, on the value as
+            # given (so a message shows what the caller passed).
             return AxisRules(rules)
     raise MappingTypeError(
         f"Expected axis rules: a dict of logical name -> mesh axes, AxisRules, or a list of "
