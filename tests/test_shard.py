@@ -216,6 +216,28 @@ def test_physical_axis_queries(mesh_2x4):
     assert s2.spec == P("data", "model")
 
 
+def test_physical_axis_name_of_an_axis_needs_no_mesh_when_the_rules_decide(mesh_2x4):
+    """``physical_axis_name(Axis("batch", 8), {"batch": "data"})`` raised ``NoMeshError`` although
+    the one rule decides without sizes (and the bare name needed no mesh)."""
+    assert na.physical_axis_name(Axis("batch", 8), {"batch": "data"}) == "data"
+    assert na.physical_axis_name(Axis("batch", 8), {"batch": ("data", "model")}) == (
+        "data",
+        "model",
+    )
+    assert na.physical_axis_name(Axis("batch", 8), {"batch": None}) is None
+    # a mesh, given or set, checks the answer: divisibility and the mesh axes
+    assert na.physical_axis_name(Axis("batch", 8), {"batch": "data"}, mesh_2x4) == "data"
+    with jax.set_mesh(mesh_2x4):
+        with pytest.raises(ShardingError, match=r"Cannot shard axis 'batch' \(size 3\)"):
+            na.physical_axis_name(Axis("batch", 3), {"batch": "data"})
+        with pytest.raises(ShardingError, match=r"'tensor'"):
+            na.physical_axis_name(Axis("batch", 8), {"batch": "tensor"})
+    # fallback rules: the size and a mesh decide
+    rules = na.AxisRules([("embed", "model"), ("embed", "data")])
+    with pytest.raises(na.NoMeshError, match=r"physical_axis_name needs a device mesh"):
+        na.physical_axis_name(Axis("embed", 6), rules)
+
+
 def test_physical_axis_queries_agree_with_resolve(mesh_2x4):
     """Issue 8: with fallback rules the size decides, exactly as resolve decides."""
     rules = na.AxisRules([("embed", "model"), ("embed", "data")])

@@ -112,27 +112,31 @@ def infer_resource_partitions(
 def _single_axis_spec(
     axis: AxisSelector, mapping: RulesLike | None, mesh: MeshLike | None, what: str
 ) -> MeshAxes:
-    """What ``resolve`` gives a one-axis array of ``axis`` (its one entry)."""
+    """What ``resolve`` gives a one-axis array of ``axis`` (its one entry).
+
+    The rules decide without sizes when the name has one rule (or its first is ``None``): that
+    answer needs no mesh, and a known mesh (given or set) checks it, divisibility included when the
+    size is known. With fallback rules, the size and the mesh decide.
+    """
     rules = rules_in_force(mapping, what)
     name = axis_name(axis)
-    if not isinstance(axis, Axis):
-        candidates = rules.candidates(name)
-        if not candidates or candidates[0] is None:
-            return None  # unmapped or fixed as replicated: no size needed to know that
-        if len(candidates) > 1:
-            raise ShardingError(
-                f"{what} needs an Axis with its size for {name!r}: it has {len(candidates)} rules "
-                "and the size decides which applies. Pass Axis("
-                f"{name!r}, size)."
-            )
-        target = candidates[0]
-        if mesh is not None or context_mesh() is not None:  # check the mesh axes when we can
-            check_rules_mesh_axes(rules, require_mesh(mesh, what=what, mappings=True))
-        return target[0] if len(target) == 1 else target
-    if not rules.candidates(name):
-        return None
-    m = require_mesh(mesh, what=what, mappings=True)
-    return resolve((axis,), rules, m)[0]
+    candidates = rules.candidates(name)
+    if not candidates or candidates[0] is None:
+        return None  # unmapped or fixed as replicated: no size needed to know that
+    known = mesh if mesh is not None else context_mesh()
+    if isinstance(axis, Axis) and (known is not None or len(candidates) > 1):
+        m = require_mesh(mesh, what=what, mappings=True)
+        return resolve((axis,), rules, m)[0]
+    if len(candidates) > 1:
+        raise ShardingError(
+            f"{what} needs an Axis with its size for {name!r}: it has {len(candidates)} rules "
+            "and the size decides which applies. Pass Axis("
+            f"{name!r}, size)."
+        )
+    if known is not None:  # check the mesh axes when we can
+        check_rules_mesh_axes(rules, require_mesh(mesh, what=what, mappings=True))
+    target = candidates[0]
+    return target[0] if len(target) == 1 else target
 
 
 def physical_axis_name(
@@ -140,13 +144,16 @@ def physical_axis_name(
 ) -> MeshAxes:
     """The mesh axes ``axis`` is placed on: what ``resolve`` gives a one-axis array of it.
 
-    Unmapped or ``None``-mapped names need no size, nor does a bare name with a single rule (its
-    mesh axes, wherever they divide the size); a name with fallback rules needs an ``Axis`` with
-    its size, as divisibility decides between them.
+    When the rules decide without sizes, no mesh is needed: unmapped or ``None``-mapped names, and
+    names with a single rule (its mesh axes), given as a name or as an ``Axis``. When a mesh is
+    given or set, the answer is checked on it (for an ``Axis``, divisibility too). A name with
+    fallback rules needs an ``Axis`` with its size and a mesh, as divisibility decides between
+    them.
 
     Raises:
-        ShardingError: with no mapping in force, a bare name that has rules, or when ``resolve``
-            fails (no mesh, unknown mesh axis, no rule applies).
+        ShardingError: with no mapping in force, a bare name that has fallback rules, or when
+            ``resolve`` fails (unknown mesh axis, no rule applies).
+        NoMeshError: for fallback rules and no mesh.
 
     Example:
         >>> from namedaxes import Axis, AxisRules
@@ -155,6 +162,8 @@ def physical_axis_name(
         'data'
         >>> physical_axis_name("embed", {"batch": "data"}) is None
         True
+        >>> physical_axis_name(Axis("batch", 8), {"batch": "data"})  # no mesh needed
+        'data'
     """
     return _single_axis_spec(axis, mapping, mesh, "physical_axis_name")
 
