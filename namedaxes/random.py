@@ -30,6 +30,20 @@ from ._ops._checks import check_key, check_nonempty, dtype_arg
 from ._ops._common import unshard_dims
 from ._ops.creation import single_axis
 from ._ops.elementwise import broadcast_into
+from ._samplers import SAMPLERS as SAMPLERS
+from ._samplers import beta as beta
+from ._samplers import cauchy as cauchy
+from ._samplers import exponential as exponential
+from ._samplers import gamma as gamma
+from ._samplers import gumbel as gumbel
+from ._samplers import laplace as laplace
+from ._samplers import loggamma as loggamma
+from ._samplers import logistic as logistic
+from ._samplers import pareto as pareto
+from ._samplers import poisson as poisson
+from ._samplers import rademacher as rademacher
+from ._samplers import t as t
+from ._samplers import weibull_min as weibull_min
 
 __all__ = [
     "SAMPLERS",
@@ -320,98 +334,6 @@ def permutation(
     i = find_axis(x.axes, axis)
     # A shuffle moves data across the axis; on Explicit meshes JAX needs it replicated first.
     return NamedArray(jax.random.permutation(key, unshard_dims(x.array, (i,)), axis=i), x.axes)
-
-
-# -- table-driven samplers ----------------------------------------------------------------------
-
-#: Sampler name -> (jax.random function, its distribution parameters, example arguments). Each is
-#: ``name(key, axes, *params, dtype=None, **kwargs)``; parameters broadcast by name into ``axes``.
-SAMPLERS: dict[str, tuple[Any, tuple[str, ...], str]] = {
-    "exponential": (jax.random.exponential, (), ""),
-    "laplace": (jax.random.laplace, (), ""),
-    "cauchy": (jax.random.cauchy, (), ""),
-    "logistic": (jax.random.logistic, (), ""),
-    "gumbel": (jax.random.gumbel, (), ""),
-    "rademacher": (jax.random.rademacher, (), ""),
-    "poisson": (jax.random.poisson, ("lam",), ", 3.0"),
-    "gamma": (jax.random.gamma, ("a",), ", 2.0"),
-    "loggamma": (jax.random.loggamma, ("a",), ", 2.0"),
-    "beta": (jax.random.beta, ("a", "b"), ", 2.0, 3.0"),
-    "t": (jax.random.t, ("df",), ", 4.0"),
-    "pareto": (jax.random.pareto, ("b",), ", 3.0"),
-    "weibull_min": (jax.random.weibull_min, ("scale", "concentration"), ", 1.0, 1.5"),
-}
-
-_INT_SAMPLERS = ("poisson", "rademacher")
-
-
-def _sampler(name: str, fn: Any, params: tuple[str, ...], example: str) -> Any:
-    # The dtypes jax.random accepts: integers for poisson, any number for rademacher, else floats.
-    dtype_kind = {"poisson": "integer", "rademacher": None}.get(name, "float")
-
-    def sample(
-        key: jax.Array, axes: AxisSpec, *args: Any, dtype: Any = None, **kwargs: Any
-    ) -> NamedArray:
-        if len(args) != len(params):
-            raise NamedTypeError(
-                f"{name}() takes (key, axes{''.join(', ' + p for p in params)}), got "
-                f"{len(args)} parameter(s) after axes."
-            )
-        check_key(key, name)
-        ax = to_axes(axes)
-        values = [broadcast_into(v, ax, op=name, what=p) for v, p in zip(args, params)]
-        # Samplers mix parameters and fresh draws elementwise; on Explicit meshes JAX needs them
-        # sharded alike, and the draws are unsharded: replicate sharded parameters (they are small).
-        values = [
-            unshard_dims(v, tuple(range(v.ndim))) if getattr(v, "ndim", 0) else v for v in values
-        ]
-        if dtype is not None:
-            kwargs["dtype"] = dtype_arg(dtype, name, dtype_kind)
-        return NamedArray(fn(key, *values, shape=_shape(ax), **kwargs), ax)
-
-    kind = "integer" if name in _INT_SAMPLERS else "float"
-    args_doc = "".join(
-        f"        {p}: The ``{p}`` parameter: a scalar or a NamedArray over some of ``axes``.\n"
-        for p in params
-    )
-    sample.__name__ = sample.__qualname__ = name
-    sample.__module__ = "namedaxes.random"
-    sample.__doc__ = (
-        f"``jax.random.{name}`` samples with the given axes.\n\n"
-        "    Args:\n"
-        "        key: A PRNG key.\n"
-        "        axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.\n"
-        f"{args_doc}"
-        f"        dtype: A{'n' if kind == 'integer' else ''} {kind} type; JAX's default when "
-        "``None``.\n"
-        f"        **kwargs: Passed to ``jax.random.{name}``.\n\n"
-        "    Returns:\n"
-        "        A NamedArray with exactly ``axes``.\n\n"
-        "    Raises:\n"
-        "        AxisError: if a parameter has an axis that ``axes`` lacks.\n\n"
-        "    Example:\n"
-        "        >>> import jax\n"
-        "        >>> import namedaxes as na\n"
-        f'        >>> axes = {{"batch": 2, "embed": 3}}\n'
-        f"        >>> na.random.{name}(jax.random.key(0), axes{example})\n"
-        f"        NamedArray({'int32' if kind == 'integer' else 'float32'}, batch=2, embed=3)\n"
-    )
-    return sample
-
-
-exponential = _sampler("exponential", *SAMPLERS["exponential"])
-laplace = _sampler("laplace", *SAMPLERS["laplace"])
-cauchy = _sampler("cauchy", *SAMPLERS["cauchy"])
-logistic = _sampler("logistic", *SAMPLERS["logistic"])
-gumbel = _sampler("gumbel", *SAMPLERS["gumbel"])
-rademacher = _sampler("rademacher", *SAMPLERS["rademacher"])
-poisson = _sampler("poisson", *SAMPLERS["poisson"])
-gamma = _sampler("gamma", *SAMPLERS["gamma"])
-loggamma = _sampler("loggamma", *SAMPLERS["loggamma"])
-beta = _sampler("beta", *SAMPLERS["beta"])
-t = _sampler("t", *SAMPLERS["t"])
-pareto = _sampler("pareto", *SAMPLERS["pareto"])
-weibull_min = _sampler("weibull_min", *SAMPLERS["weibull_min"])
 
 
 def ball(

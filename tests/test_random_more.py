@@ -61,6 +61,32 @@ def test_same_values_as_jax_random(samples, name):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
+def test_samplers_take_jax_random_keyword_parameters_and_have_real_signatures():
+    """``na.random.poisson(key, axes, lam=3.0)`` said "poisson() takes (key, axes, lam), got 0
+    parameter(s) after axes", and every table sampler's signature was ``(*args, **kwargs)``."""
+    import inspect
+
+    for name, (fn, params, _) in SAMPLERS.items():
+        sampler = getattr(na.random, name)
+        jax_params = [p for p in inspect.signature(fn).parameters if p not in ("key", "shape")]
+        ours = list(inspect.signature(sampler).parameters)
+        assert ours[:2] == ["key", "axes"] and ours[2 : 2 + len(params)] == list(params)
+        # every parameter and option jax.random's namesake takes (but its sharding) is ours too
+        assert set(jax_params) - {"out_sharding"} <= set(ours), name
+        by_keyword = sampler(KEY, AXES, **{p: PARAMS[p] for p in params}).array
+        by_position = sampler(KEY, AXES, *[PARAMS[p] for p in params]).array
+        expected = fn(KEY, *[PARAMS[p] for p in params], shape=(2, 3))
+        np.testing.assert_array_equal(np.asarray(by_keyword), np.asarray(expected))
+        np.testing.assert_array_equal(np.asarray(by_position), np.asarray(expected))
+    assert na.random.beta(KEY, AXES, b=3.0, a=2.0, dtype=jnp.float16).dtype == jnp.float16
+    lam = na.named(jnp.array([1.0, 10.0, 100.0]), "embed")
+    np.testing.assert_array_equal(
+        na.random.poisson(KEY, AXES, lam=lam).array, na.random.poisson(KEY, AXES, lam).array
+    )
+    with pytest.raises(TypeError, match=r"poisson\(\) got an unexpected keyword argument 'rate'"):
+        na.random.poisson(KEY, AXES, rate=3.0)
+
+
 def test_axes_and_dtypes():
     def check(key):
         assert na.random.gamma(key, {"a": 2}, 1.0, dtype=jnp.float16).dtype == jnp.float16
@@ -92,10 +118,7 @@ def test_categorical_depends_on_names_not_layout():
 
 
 def test_errors():
-    with pytest.raises(
-        na.NamedTypeError,
-        match=r"gamma\(\) takes \(key, axes, a\), got 0 parameter\(s\) after axes",
-    ):
+    with pytest.raises(TypeError, match=r"gamma\(\) missing 1 required positional argument: 'a'"):
         na.random.gamma(KEY, AXES)
     with pytest.raises(
         na.AxisError,
