@@ -131,3 +131,93 @@ def test_fsdp_leaves_other_arguments_already_on_the_mesh_where_they_are(axis_typ
     assert state_spec[:1] == ("data",)  # stayed where the parameter mapping put it
     assert x_spec[:1] == ("data",)  # not on the mesh yet: placed by the compute mapping
     assert state.array.sharding.spec[0] == "data"
+
+
+# -- outputs: parameters by the parameter mapping, activations by the compute mapping ------------
+
+
+def _twin_collectives(hlo):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _twin
+
+    return {op: sorted(shapes) for op, shapes in _twin.collectives(hlo).items()}
+
+
+def test_fsdp_places_returned_activations_by_the_compute_mapping(axis_type):
+    """With ``parameter_mapping={"embed": "data"}`` every output was placed by it, so returned
+    logits (no rule for ``batch`` there) came back replicated: the global batch gathered onto every
+    device after each step. Outputs shaped like the first argument (the model, its gradients,
+    optax's mu/nu) keep the parameter layout; the rest follows the compute mapping."""
+    import optax
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    explicit = axis_type == jax.sharding.AxisType.Explicit
+    opt = optax.adam(0.1)
+    w0 = np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4)
+    x0 = np.linspace(0, 2, 8 * 16, dtype=np.float32).reshape(8, 16)
+
+    def loss_fn(w, x):
+        logits = na.dot(x, na.auto_sharded(w), axis="embed")  # (batch, mlp); w gathered
+        per_token = (logits**2).mean("mlp")
+        return per_token.mean().array, (logits, per_token)
+
+    @na.fsdp(parameter_mapping={"embed": "data"}, compute_mapping={"batch": "data"})
+    def step(w, opt_state, x):
+        (loss, (logits, per_token)), grads = jax.value_and_grad(loss_fn, has_aux=True)(w, x)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int counts
+            updates, opt_state = opt.update(grads, opt_state)
+        return optax.apply_updates(w, updates), opt_state, grads, logits, per_token, loss
+
+    with jax.set_mesh(mesh):
+        w = na.shard(named(jnp.asarray(w0), ("embed", "mlp")), {"embed": "data"})
+        with jax.numpy_dtype_promotion("standard"):
+            opt_state = opt.init(w)
+        x = na.shard(named(jnp.asarray(x0), ("batch", "embed")), {"batch": "data"})
+        new_w, new_state, grads, logits, per_token, loss = step(w, opt_state, x)
+        named_hlo = step.lower(w, opt_state, x).compile().as_text()
+
+    # The parameter layout: the model, its gradients and adam's mu/nu (structure of `w`).
+    for leaf in (new_w, grads, new_state[0].mu, new_state[0].nu):
+        assert leaf.axes == w.axes and leaf.sharding.spec[0] == "data"
+        assert [s.data.shape for s in leaf.array.addressable_shards] == [(8, 4)] * 8
+    # Activations by the compute mapping: 'batch' stays on 'data'.
+    assert logits.axis_names == ("batch", "mlp") and logits.sharding.spec[0] == "data"
+    assert [s.data.shape for s in logits.array.addressable_shards] == [(4, 4)] * 8
+    assert per_token.sharding.spec == P("data")
+    ref_logits = x0 @ w0
+    np.testing.assert_allclose(np.asarray(logits.array), ref_logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(loss), float(np.mean(ref_logits**2)), rtol=1e-5)
+
+    # No collective beyond what the same step in plain JAX, laid out by hand, compiles to.
+    def spec(*entries):
+        return NamedSharding(mesh, P(*entries))
+
+    gather = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+
+    def plain_loss(w, x):
+        logits = x @ gather(w, spec())
+        per_token = jnp.mean(logits**2, axis=1)
+        return jnp.mean(per_token), (logits, per_token)
+
+    @jax.jit
+    def plain_step(w, opt_state, x):
+        (loss, (logits, per_token)), grads = jax.value_and_grad(plain_loss, has_aux=True)(w, x)
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = opt.update(grads, opt_state)
+        keep = spec("data")
+        new_w, grads = gather(optax.apply_updates(w, updates), keep), gather(grads, keep)
+        opt_state = jax.tree.map(lambda a: gather(a, keep) if a.ndim == 2 else a, opt_state)
+        return new_w, opt_state, grads, gather(logits, keep), gather(per_token, keep), loss
+
+    with jax.set_mesh(mesh):
+        pw = jax.device_put(jnp.asarray(w0), spec("data"))
+        with jax.numpy_dtype_promotion("standard"):
+            p_state = opt.init(pw)
+        px = jax.device_put(jnp.asarray(x0), spec("data"))
+        plain_hlo = plain_step.lower(pw, p_state, px).compile().as_text()
+    assert _twin_collectives(named_hlo) == _twin_collectives(plain_hlo)
+    assert any(_twin_collectives(plain_hlo).values())  # the FSDP gathers are seen at all

@@ -22,9 +22,8 @@ from typing import Any
 
 import jax
 
-from .._array import is_named_array
 from .._caches import register_owner
-from .._errors import NamedTypeError, ShardingError, format_names
+from .._errors import NamedTypeError, format_names
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._context import axis_mapping, current_mapping_and_rules
 from ._jit_args import (
@@ -45,10 +44,11 @@ from ._jit_entries import (
     place_inputs_fast,
     signature,
 )
+from ._jit_outputs import constrain_outputs, parameter_structures, refuse_unplaceable_outputs
 from ._lru import lru_put, lru_touch
 from ._resolve import check_rules_mesh_axes
 from ._rules import AxisRules, RulesLike, as_rules
-from ._shard import constrain, place_leaves, targets_for
+from ._shard import place_leaves, targets_for
 from ._tree import leaf_plan
 
 __all__ = ["fsdp", "named_jit"]
@@ -287,9 +287,18 @@ class NamedJitWrapped:
             out_leaves, out_def = jax.tree_util.tree_flatten(out)
             specs: dict[int, Any] = {}
             if out_rules is not None and mesh is not None:
-                out_leaves, specs = _constrain_outputs(out, out_def, out_leaves, out_rules, mesh)
+                # fsdp: outputs shaped like the first argument are parameters, the rest computed
+                fsdp_split = {}
+                if self._in_rules_rest is not None and args:
+                    fsdp_split = {
+                        "compute_rules": self._in_rules_rest,
+                        "parameters": parameter_structures(args[0]),
+                    }
+                out_leaves, specs = constrain_outputs(
+                    out, out_def, out_leaves, out_rules, mesh, **fsdp_split
+                )
             elif explicit_out and out_rules is not None:
-                _refuse_unplaceable_outputs(out, out_rules)
+                refuse_unplaceable_outputs(out, out_rules)
             dyn_pos = tuple(i for i, v in enumerate(out_leaves) if is_dynamic_type(type(v)))
             static_out = tuple(
                 (i, v) for i, v in enumerate(out_leaves) if not is_dynamic_type(type(v))
@@ -339,35 +348,6 @@ class NamedJitWrapped:
         if obj is None:
             return self
         return functools.partial(self, obj)
-
-
-def _constrain_outputs(
-    out: Any, out_def: Any, out_leaves: list[Any], rules: AxisRules, mesh: AnyMesh
-) -> tuple[list[Any], dict[int, Any]]:
-    """Place the named output leaves by ``rules`` (inside the trace); also their specs by position."""
-    plan = leaf_plan(out, out_def)
-    if not plan.any_named:
-        return out_leaves, {}
-    targets = targets_for(out_def, plan, rules, mesh, out_leaves)
-    new = list(out_leaves)
-    specs = {}
-    for i, (leaf, target) in enumerate(zip(out_leaves, targets)):
-        if target is not None and isinstance(leaf, (jax.Array, jax.core.Tracer)):
-            new[i] = constrain(leaf, target.spec, target.mesh)
-            specs[i] = target.spec
-    return new, specs
-
-
-def _refuse_unplaceable_outputs(out: Any, rules: AxisRules) -> None:
-    """Raise when ``rules`` would shard a named output but there is no mesh to place it on."""
-    named = [x for x in jax.tree_util.tree_leaves(out, is_leaf=is_named_array) if is_named_array(x)]
-    sharded = sorted({a.name for x in named for a in x.axes if any(rules.candidates(a.name))})
-    if sharded:
-        raise ShardingError(
-            f"named_jit was given axis resources that shard the output axes {format_names(sharded)}, "
-            "but it needs a device mesh to place them and none is set or found on the arguments. "
-            "Call it inside `with jax.set_mesh(mesh):`, or pass arguments already placed on a mesh."
-        )
 
 
 def named_jit(
@@ -472,13 +452,18 @@ def fsdp(
     Named leaves of the **other arguments** (optimizer state, the batch, ...) that are already on
     the mesh are used where they are (optimizer state held by the parameter mapping stays put, a
     batch sharded over ``data`` stays sharded); those not on the mesh yet are placed by
-    ``compute_mapping``. Named outputs (updated parameters and optimizer state) are placed by
-    ``parameter_mapping``. Cached calls take ``named_jit``'s fast path.
+    ``compute_mapping``. Named **outputs** are placed by their structure: a returned subtree with
+    the tree structure of the first argument (or, when that is a tuple or list, of one of its
+    elements), axis names and sizes included, is parameters (the updated model, gradients,
+    optax's ``mu``/``nu``) and is placed by ``parameter_mapping``; every other named output
+    (logits, per-token losses, metrics) by ``compute_mapping``, so activations stay sharded over
+    the batch. Cached calls take ``named_jit``'s fast path.
 
     Args:
         fn: The function; omit to get a decorator.
         parameter_mapping: How parameters (and returned parameters/gradients/updates) are held.
-        compute_mapping: The mapping in force while the body runs, and for non-parameter inputs.
+        compute_mapping: The mapping in force while the body runs, for non-parameter inputs, and
+            for outputs that are not shaped like the parameters.
         **jit_kwargs: Passed on to ``named_jit`` (``donate_args=``, ...).
 
     Raises:

@@ -1,0 +1,99 @@
+"""Where ``named_jit`` and ``fsdp`` put the named outputs of the traced function.
+
+``named_jit`` places every named output by its output mapping. ``fsdp`` has two mappings, and the
+rule for its outputs is structural, so users can predict it: an output subtree with the **tree
+structure of the first argument** (the parameters: the updated model, its gradients, optax's
+``mu``/``nu``; or of one element of the first argument when that is a tuple or list such as
+``(model, optimizer_state)``) is placed by the parameter mapping; every other named output
+(logits, per-token losses, metrics) by the compute mapping. The structure includes each
+NamedArray's axis names and sizes, and only structures holding a NamedArray count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .._array import NamedArray, is_named_array
+from .._errors import ShardingError, format_names
+from .._mesh import AnyMesh
+from ._rules import AxisRules
+from ._shard import constrain, targets_for
+from ._tree import leaf_plan
+
+__all__ = ["constrain_outputs", "parameter_structures", "refuse_unplaceable_outputs"]
+
+
+def parameter_structures(first: Any) -> frozenset[Any]:
+    """The tree structures of ``first`` (fsdp's first argument) that mark parameter outputs."""
+    parts = [first] + (list(first) if isinstance(first, (tuple, list)) else [])
+    found = set()
+    for part in parts:
+        named = jax.tree_util.tree_leaves(part, is_leaf=is_named_array)
+        if any(isinstance(x, NamedArray) for x in named):
+            found.add(jax.tree_util.tree_structure(part))
+    return frozenset(found)
+
+
+def _parameter_mask(out: Any, structures: frozenset[Any], n_leaves: int) -> list[bool]:
+    """Per leaf of ``out`` (in flattening order): whether it lies in a parameter-shaped subtree."""
+    if not structures:
+        return [False] * n_leaves
+
+    def is_parameters(node: Any) -> bool:
+        try:
+            return jax.tree_util.tree_structure(node) in structures
+        except TypeError:  # unhashable static data: not a parameter structure
+            return False
+
+    mask: list[bool] = []
+    for unit in jax.tree_util.tree_leaves(out, is_leaf=is_parameters):
+        hit = is_parameters(unit)
+        mask += [hit] * len(jax.tree_util.tree_leaves(unit))
+    return mask
+
+
+def constrain_outputs(
+    out: Any,
+    out_def: Any,
+    out_leaves: list[Any],
+    rules: AxisRules,
+    mesh: AnyMesh,
+    *,
+    compute_rules: AxisRules | None = None,
+    parameters: frozenset[Any] = frozenset(),
+) -> tuple[list[Any], dict[int, Any]]:
+    """Place the named output leaves (inside the trace); also their specs by position.
+
+    With ``compute_rules`` (fsdp), leaves in subtrees whose structure is in ``parameters`` are
+    placed by ``rules``, the others by ``compute_rules``.
+    """
+    plan = leaf_plan(out, out_def)
+    if not plan.any_named:
+        return out_leaves, {}
+    targets = targets_for(out_def, plan, rules, mesh, out_leaves)
+    if compute_rules is not None:
+        mask = _parameter_mask(out, parameters, len(out_leaves))
+        if not all(mask):
+            computed = targets_for(out_def, plan, compute_rules, mesh, out_leaves)
+            targets = [t if keep else c for t, c, keep in zip(targets, computed, mask)]
+    new = list(out_leaves)
+    specs = {}
+    for i, (leaf, target) in enumerate(zip(out_leaves, targets)):
+        if target is not None and isinstance(leaf, (jax.Array, jax.core.Tracer)):
+            new[i] = constrain(leaf, target.spec, target.mesh)
+            specs[i] = target.spec
+    return new, specs
+
+
+def refuse_unplaceable_outputs(out: Any, rules: AxisRules) -> None:
+    """Raise when ``rules`` would shard a named output but there is no mesh to place it on."""
+    named = [x for x in jax.tree_util.tree_leaves(out, is_leaf=is_named_array) if is_named_array(x)]
+    sharded = sorted({a.name for x in named for a in x.axes if any(rules.candidates(a.name))})
+    if sharded:
+        raise ShardingError(
+            f"named_jit was given axis resources that shard the output axes {format_names(sharded)}, "
+            "but it needs a device mesh to place them and none is set or found on the arguments. "
+            "Call it inside `with jax.set_mesh(mesh):`, or pass arguments already placed on a mesh."
+        )
