@@ -61,6 +61,7 @@ from ._errors import PlanError as PlanError
 from ._errors import ShardingError as ShardingError
 from ._errors import ShardingWarning as ShardingWarning
 from ._errors import SpecMismatchError as SpecMismatchError
+from ._errors import UnmatchedMappingError as UnmatchedMappingError
 from ._ops.contract import dot as dot
 from ._ops.contract import einsum as einsum
 

@@ -36,6 +36,7 @@ __all__ = [
     "ShardingError",
     "ShardingWarning",
     "SpecMismatchError",
+    "UnmatchedMappingError",
     "format_axes",
     "format_mesh",
     "format_names",
@@ -90,6 +91,11 @@ class MappingTypeError(ShardingError, NamedTypeError):
 
 class SpecMismatchError(ShardingError):
     """A tree of partition specs does not match the tree of arrays it describes."""
+
+
+class UnmatchedMappingError(ShardingError):
+    """A mapping has entries that match no axis of the tree it places (raised with ``strict=True``
+    by ``shard``, ``named_jit`` and ``fsdp``)."""
 
 
 class MeshError(NamedAxesError, ValueError):

@@ -192,3 +192,96 @@ def test_every_permutation_shards_by_name(mesh_2x4):
             want = P(*(base[n] for n in perm))
             assert spec_of_entries(placed.array.sharding.spec) == spec_of_entries(want)
             assert na.pspec_for(y, rules) == want
+
+
+# -- mapping entries that match no axis ------------------------------------------------------------
+
+# Grouped-query attention: the queries have kv_heads x q_per_kv heads, so a mapping written for
+# a `heads` axis matches nothing, and the weights stay replicated.
+GQA_MAPPING = {"embed": "data", "heads": "model", "mlp": "model"}
+UNMATCHED_LINE = "mapping entries that match no axis: 'heads' -> 'model'"
+
+
+def _gqa_tree():
+    q = na.named(jnp.zeros((8, 4, 2, 4)), ("embed", "kv_heads", "q_per_kv", "head_dim"))
+    return {"q": q, "mlp": Block(jnp.ones((8, 8)), na.named(jnp.zeros(8), "mlp"))}
+
+
+def test_unmatched_mapping_entries_are_listed_by_every_planner(mesh_2x4):
+    """A mapping entry that matched nothing was silent: plan, memory_report and visualize_sharding
+    now list it, the same way (one plan decides it)."""
+    import io
+
+    tree = _gqa_tree()
+    planned = na.plan(tree, mesh_2x4, GQA_MAPPING)
+    report = na.memory_report(tree, GQA_MAPPING, mesh_2x4)
+    shown = io.StringIO()
+    na.visualize_sharding(tree, GQA_MAPPING, mesh_2x4, file=shown)
+    assert planned.unmatched == report.unmatched == (("heads", "model"),)
+    assert planned.to_dict()["unmatched"] == [["heads", "model"]]
+    for text in (str(planned), str(report), shown.getvalue()):
+        assert text.rstrip().splitlines()[-1].strip() == UNMATCHED_LINE
+    # the placement itself is unchanged: the query weight is split over embed only
+    assert na.pspec_for(tree, GQA_MAPPING, mesh=mesh_2x4)["q"] == P("data", None, None, None)
+    # with the entry renamed to an axis the tree has, nothing is listed
+    matched = {**GQA_MAPPING, "kv_heads": "model"}
+    del matched["heads"]
+    assert na.plan(tree, mesh_2x4, matched).unmatched == ()
+    assert "match no axis" not in str(na.memory_report(tree, matched, mesh_2x4))
+    shown = io.StringIO()
+    na.visualize_sharding(tree, matched, mesh_2x4, file=shown)
+    assert "match no axis" not in shown.getvalue()
+
+
+def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
+    tree = _gqa_tree()
+    axes = "'embed', 'head_dim', 'kv_heads', 'mlp', 'q_per_kv'"
+    with pytest.raises(
+        na.UnmatchedMappingError,
+        match=rf"^shard\(strict=True\): the mapping entry 'heads' -> 'model' matches no axis of "
+        rf"the tree, whose axes are {axes}\. Map axes the tree has \(or drop the entry\), or "
+        r"pass strict=False to place the tree anyway\.$",
+    ):
+        na.shard(tree, GQA_MAPPING, mesh_2x4, strict=True)
+    placed = na.shard(tree, GQA_MAPPING, mesh_2x4)  # not strict: placed, entry ignored
+    assert spec_of(placed["q"]) == P("data")
+    matched = {"embed": "data", "kv_heads": "model", "mlp": "model"}
+    assert spec_of(na.shard(tree, matched, mesh_2x4, strict=True)["q"]) == P("data", "model")
+
+    def forward(t, x):
+        return na.dot(x, t["q"], axis="embed")
+
+    x = na.named(jnp.ones((4, 8)), ("batch", "embed"))
+    strict_jit = na.named_jit(forward, strict=True)
+    with jax.set_mesh(mesh_2x4):
+        with na.axis_mapping({**GQA_MAPPING, "batch": "data"}):
+            with pytest.raises(
+                na.UnmatchedMappingError,
+                match=r"^named_jit\(strict=True\): the mapping entry 'heads' -> 'model' matches "
+                r"no axis of the arguments and outputs, whose axes are 'batch', 'embed', ",
+            ):
+                strict_jit(placed, x)
+        with na.axis_mapping({**matched, "batch": "data"}):
+            assert strict_jit(placed, x).axis_names == ("batch", "kv_heads", "q_per_kv", "head_dim")
+
+        def step(params, x):
+            return params, forward(params, x)
+
+        # fsdp: the parameter mapping against the parameters, the compute mapping against all
+        bad_params = na.fsdp(step, GQA_MAPPING, {"batch": "data"}, strict=True)
+        with pytest.raises(
+            na.UnmatchedMappingError,
+            match=r"^fsdp\(strict=True\): the mapping entry 'heads' -> 'model' matches no axis "
+            rf"of the parameters \(the first argument\), whose axes are {axes}\.",
+        ):
+            bad_params(placed, x)
+        bad_compute = na.fsdp(step, matched, {"batch": "data", "tokens": "data"}, strict=True)
+        with pytest.raises(
+            na.UnmatchedMappingError,
+            match=r"^fsdp\(strict=True\): the mapping entry 'tokens' -> 'data' matches no axis "
+            r"of the arguments and outputs, whose axes are 'batch', ",
+        ):
+            bad_compute(placed, x)
+        good = na.fsdp(step, matched, {"batch": "data"}, strict=True)
+        params, out = good(placed, x)
+    assert spec_of(params["q"]) == P("data", "model") and spec_of(out) == P("data")

@@ -44,7 +44,12 @@ from ._jit_entries import (
     place_inputs_fast,
     signature,
 )
-from ._jit_outputs import constrain_outputs, parameter_structures, refuse_unplaceable_outputs
+from ._jit_outputs import (
+    check_strict,
+    constrain_outputs,
+    parameter_structures,
+    refuse_unplaceable_outputs,
+)
 from ._lru import lru_put, lru_touch
 from ._resolve import check_rules_mesh_axes
 from ._rules import AxisRules, RulesLike, as_rules
@@ -68,8 +73,10 @@ class NamedJitWrapped:
         jit_kwargs: dict[str, Any],
         cache_size: int = 64,
         in_rules_rest: RulesLike | None = None,
+        strict: bool = False,
     ) -> None:
         self._fn = fn
+        self._strict = strict
         # Copied now: mutating the caller's dict later must change neither tracing nor placement.
         self._axis_value = frozen_mapping(axis_resources)
         self._axis_rules = None if axis_resources is None else as_rules(axis_resources)
@@ -284,6 +291,11 @@ class NamedJitWrapped:
                     out = fn(*args, **kwargs)
             else:
                 out = fn(*args, **kwargs)
+            if self._strict:  # once per trace: never on the cached path
+                if self._in_rules_rest is not None:  # fsdp: parameters, then everything computed
+                    check_strict(args, kwargs, out, (self._in_rules_rest,), self._in_rules)
+                else:
+                    check_strict(args, kwargs, out, (rules, self._in_rules, out_rules))
             out_leaves, out_def = jax.tree_util.tree_flatten(out)
             specs: dict[int, Any] = {}
             if out_rules is not None and mesh is not None:
@@ -358,6 +370,7 @@ def named_jit(
     out_axis_resources: RulesLike | None = None,
     donate_args: Any = None,
     donate_kwargs: Any = None,
+    strict: bool = False,
     **jit_kwargs: Any,
 ) -> Any:
     """``jax.jit`` for functions of pytrees with NamedArrays, with a mapping in force while tracing.
@@ -372,6 +385,10 @@ def named_jit(
       another sharding is moved). Plain-array inputs and outputs keep their own shardings.
     - The mesh is the one set with ``jax.set_mesh`` at call time, else the arguments' mesh.
     - One trace per distinct call signature, which includes the mapping and the mesh.
+    - ``strict=True`` refuses, when tracing, a mapping entry that names no axis of the arguments
+      or outputs (a typo, or ``{"heads": ...}`` for a model whose axes are ``kv_heads`` and
+      ``q_per_kv``); entries meant only for intermediate values need ``strict=False``. Cached
+      calls pay nothing for it.
 
     Args:
         fn: The function; omit to get a decorator.
@@ -380,6 +397,8 @@ def named_jit(
         out_axis_resources: Mapping used to place named outputs.
         donate_args: A pytree prefix of the positional arguments of bools (or ``leaf -> bool``).
         donate_kwargs: The same for keyword arguments.
+        strict: Raise ``UnmatchedMappingError`` for mapping entries that match no axis of the
+            arguments or outputs (checked once per trace).
         **jit_kwargs: Passed to ``jax.jit`` (``keep_unused``, ``inline``, ``compiler_options``...).
 
     Returns:
@@ -388,6 +407,8 @@ def named_jit(
     Raises:
         NamedTypeError: if ``fn`` is not callable, or a ``jax.jit`` option that ``named_jit``
             manages itself (``in_shardings``, ``static_argnums``, ...) is passed.
+        UnmatchedMappingError: with ``strict=True``, when called (traced) with a mapping entry
+            that matches nothing.
 
     Example:
         >>> import jax.numpy as jnp
@@ -431,6 +452,7 @@ def named_jit(
             donate_args,
             donate_kwargs,
             jit_kwargs,
+            strict=strict,
         )
 
     if fn is None:
@@ -442,6 +464,8 @@ def fsdp(
     fn: Callable[..., Any] | None = None,
     parameter_mapping: RulesLike | None = None,
     compute_mapping: RulesLike | None = None,
+    *,
+    strict: bool = False,
     **jit_kwargs: Any,
 ) -> Any:
     """``named_jit`` for the FSDP pattern: parameters stored by ``parameter_mapping``, the body
@@ -464,10 +488,14 @@ def fsdp(
         parameter_mapping: How parameters (and returned parameters/gradients/updates) are held.
         compute_mapping: The mapping in force while the body runs, for non-parameter inputs, and
             for outputs that are not shaped like the parameters.
+        strict: Raise ``UnmatchedMappingError`` (once per trace) for an entry of
+            ``parameter_mapping`` that matches no axis of the first argument, or of
+            ``compute_mapping`` that matches no axis of the arguments or outputs.
         **jit_kwargs: Passed on to ``named_jit`` (``donate_args=``, ...).
 
     Raises:
         NamedTypeError: if a mapping is missing or ``fn`` is not callable.
+        UnmatchedMappingError: with ``strict=True``, as above.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -509,6 +537,7 @@ def fsdp(
             donate_kwargs,
             rest,
             in_rules_rest=compute_mapping,
+            strict=strict,
         )
 
     if fn is None:

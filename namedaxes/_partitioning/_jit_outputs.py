@@ -7,6 +7,9 @@ structure of the first argument** (the parameters: the updated model, its gradie
 ``(model, optimizer_state)``) is placed by the parameter mapping; every other named output
 (logits, per-token losses, metrics) by the compute mapping. The structure includes each
 NamedArray's axis names and sizes, and only structures holding a NamedArray count.
+
+With ``strict=True`` both also check, once per trace, that every entry of their mappings matches an
+axis (``check_strict``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import jax
 from .._array import NamedArray, is_named_array
 from .._errors import ShardingError, format_names
 from .._mesh import AnyMesh
+from ._plan import check_matched, tree_axis_names
 from ._rules import AxisRules
 from ._shard import constrain, targets_for
 from ._tree import leaf_plan
 
-__all__ = ["constrain_outputs", "parameter_structures", "refuse_unplaceable_outputs"]
+__all__ = [
+    "check_strict",
+    "constrain_outputs",
+    "parameter_structures",
+    "refuse_unplaceable_outputs",
+]
 
 
 def parameter_structures(first: Any) -> frozenset[Any]:
@@ -97,3 +106,25 @@ def refuse_unplaceable_outputs(out: Any, rules: AxisRules) -> None:
             "but it needs a device mesh to place them and none is set or found on the arguments. "
             "Call it inside `with jax.set_mesh(mesh):`, or pass arguments already placed on a mesh."
         )
+
+
+def check_strict(
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    mappings: tuple[AxisRules | None, ...],
+    parameter_rules: AxisRules | None = None,
+) -> None:
+    """``strict=True``: every entry of each of ``mappings`` must name an axis of the arguments or
+    outputs; with ``parameter_rules`` (fsdp), every entry of those an axis of the first argument.
+
+    Raises:
+        UnmatchedMappingError: naming the entries and the axes there are.
+    """
+    what = "fsdp" if parameter_rules is not None else "named_jit"
+    if parameter_rules is not None:
+        params = tree_axis_names(args[0]) if args else set()
+        check_matched(parameter_rules, params, what, "the parameters (the first argument)")
+    names = tree_axis_names((args, kwargs)) | tree_axis_names(out)
+    for rules in dict.fromkeys(m for m in mappings if m is not None):
+        check_matched(rules, names, what, "the arguments and outputs")

@@ -22,6 +22,7 @@ from .._mesh import AnyMesh, context_mesh, require_mesh
 from .._spec import entry_axes
 from ._context import current_rules, rules_in_force
 from ._lru import lru_put, lru_touch
+from ._plan import check_matched, tree_axis_names
 from ._resolve import check_rules_mesh_axes, resolve
 from ._rules import AxisRules, RulesLike
 from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan
@@ -162,9 +163,11 @@ def place_leaves(leaves: list[Any], targets: list[NamedSharding | None]) -> tupl
     return new, changed
 
 
-def _shard_with(x: T, rules: AxisRules, mesh: Any, what: str) -> T:
+def _shard_with(x: T, rules: AxisRules, mesh: Any, what: str, strict: bool = False) -> T:
     leaves, treedef = jax.tree_util.tree_flatten(x)
     plan = leaf_plan(x, treedef)
+    if strict:
+        check_matched(rules, tree_axis_names(x), what)
     if not plan.any_named:
         known = mesh if mesh is not None else context_mesh()
         if known is not None:  # nothing to place, but a mesh-axis typo must not pass silently
@@ -188,7 +191,9 @@ def _tracing(leaves: list[Any]) -> bool:
     )
 
 
-def shard(x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None) -> T:
+def shard(
+    x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None, *, strict: bool = False
+) -> T:
     """Place every NamedArray of a pytree on the mesh as ``resolve`` says; works inside and outside jit.
 
     Outside ``jax.jit`` leaves move with ``jax.device_put`` (nothing is copied for leaves already
@@ -204,6 +209,8 @@ def shard(x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None) -
             force.
         mesh: The mesh; defaults to the one set with ``jax.set_mesh`` (the abstract mesh inside
             jit).
+        strict: Raise ``UnmatchedMappingError`` for a mapping entry that names no axis of ``x``
+            (a typo, or ``{"heads": ...}`` for weights whose axes are ``kv_heads``, ``q_per_kv``).
 
     Returns:
         ``x`` with its named arrays placed.
@@ -211,6 +218,7 @@ def shard(x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None) -
     Raises:
         ShardingError: with no mapping given or in force, with no mesh (when there is something to
             place), or when ``resolve`` fails (unknown mesh axis, indivisible size, ...).
+        UnmatchedMappingError: with ``strict=True``, naming the entries and the axes ``x`` has.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -221,7 +229,7 @@ def shard(x: T, mapping: RulesLike | None = None, mesh: AnyMesh | None = None) -
         >>> x.array.sharding.spec
         P('data', None)
     """
-    return _shard_with(x, rules_in_force(mapping, "shard"), mesh, "shard")
+    return _shard_with(x, rules_in_force(mapping, "shard"), mesh, "shard", strict)
 
 
 def auto_sharded(x: T, mesh: AnyMesh | None = None) -> T:

@@ -23,6 +23,7 @@ from .._axis import Axis
 from .._errors import PlanError, ShardingError, format_mesh, format_path
 from .._mesh import mesh_axis_sizes
 from .._partitioning import AxisRules, current_axis_mapping, resolve
+from .._partitioning._plan import unmatched_entries
 from .._spec import entry_axes
 from ..rules._base import flatten_leaves, format_bytes
 from ._compile_target import CompileTarget, compile_step, parse_target
@@ -172,6 +173,8 @@ class Plan:
         dominant: The largest part of per-device memory (a subtree of the state, or the step's
             state/temporaries/outputs when compiled).
         notes: Remarks, e.g. why ``plan_search`` ranked this plan where it did.
+        unmatched: The ``(logical_name, mesh_axes)`` entries of ``rules`` that match no axis of
+            the tree (they place nothing: a typo, or a name the model does not use).
     """
 
     mesh: dict[str, int]
@@ -192,6 +195,7 @@ class Plan:
     headroom_bytes: int | None = None
     dominant: str | None = None
     notes: tuple[str, ...] = ()
+    unmatched: tuple[tuple[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (rules as ``[[logical_name, mesh_axes], ...]``)."""
@@ -338,6 +342,7 @@ def state_plan(
         axes=axes,
         largest=largest[:top],
         replicated={"bytes_per_device": rep_bytes, "leaves": len(rep_paths), "paths": rep_paths},
+        unmatched=unmatched_entries(rules, axes),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._partitioning._plan import describe_unmatched
 from ..rules._base import format_bytes
 from ._plan import Plan, describe_budget, mesh_text, rules_to_json
 
@@ -90,6 +91,8 @@ def plain_text(p: Plan) -> str:
         shown = ", ".join(p.replicated["paths"][:6])
         more = len(p.replicated["paths"]) - 6
         lines += ["", f"  replicated: {shown}" + (f" (+{more} more)" if more > 0 else "")]
+    if p.unmatched:
+        lines += ["", f"  {describe_unmatched(p.unmatched)}"]
     return "\n".join(lines)
 
 
@@ -98,6 +101,7 @@ def rich_renderable(p: Plan) -> Any:
     try:
         from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
     except ImportError:  # rich is optional
         return plain_text(p)
     summary = Table(title="Plan", show_header=False, box=None)
@@ -122,4 +126,7 @@ def rich_renderable(p: Plan) -> Any:
     largest = Table("largest leaves", "spec", "count", "per device")
     for g in p.largest:
         largest.add_row(g["path"], g["spec"], str(g["count"]), format_bytes(g["bytes_per_device"]))
-    return Group(summary, subtrees, axes, largest)
+    parts: list[Any] = [summary, subtrees, axes, largest]
+    if p.unmatched:
+        parts.append(Text(describe_unmatched(p.unmatched), style="bold yellow"))
+    return Group(*parts)

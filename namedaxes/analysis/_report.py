@@ -28,6 +28,7 @@ from .._errors import (
 )
 from .._mesh import MeshLike, mesh_axis_sizes
 from .._partitioning._context import rules_in_force
+from .._partitioning._plan import describe_unmatched, unmatched_entries
 from .._partitioning._resolve import check_rules_mesh_axes
 from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ..rules._pattern import logical_spec
@@ -57,6 +58,8 @@ class MemoryReport:
             saves, summed over leaves (0 for an axis that stays replicated everywhere).
         largest: The largest leaves, each with ``path``, ``axes``, ``spec``, ``total_bytes`` and
             ``bytes_per_device``.
+        unmatched: The ``(logical_name, mesh_axes)`` entries of the mapping that match no axis of
+            the tree (they place nothing: a typo, or a name the model does not use).
     """
 
     mesh: dict[str, int]
@@ -67,6 +70,7 @@ class MemoryReport:
     replicated_leaves: list[str]
     axes: dict[str, dict[str, Any]]
     largest: list[dict[str, Any]]
+    unmatched: tuple[tuple[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A plain-dict copy (specs rendered as strings), e.g. for JSON logging."""
@@ -102,6 +106,8 @@ class MemoryReport:
                 else ""
             )
             lines += ["", f"  replicated leaves: {shown}{more}"]
+        if self.unmatched:
+            lines += ["", f"  {describe_unmatched(self.unmatched)}"]
         return "\n".join(lines)
 
     def __rich__(self) -> Any:
@@ -206,6 +212,7 @@ def memory_report(
         replicated_leaves=replicated_leaves,
         axes=axes,
         largest=largest,
+        unmatched=unmatched_entries(rules, {a.name for lf, _ in pairs for a in lf.axes or ()}),
     )
 
 

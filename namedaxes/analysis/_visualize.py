@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._errors import AxisError, NamedTypeError, format_axes, format_mesh, format_names
 from .._mesh import MeshLike, mesh_axis_sizes
-from .._partitioning._context import rules_in_force
+from .._partitioning._context import current_rules, rules_in_force
+from .._partitioning._plan import describe_unmatched, unmatched_entries
 from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ..rules._pattern import logical_spec
 
@@ -81,6 +82,16 @@ class _Planner:
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         return _Placement(spec, mesh_axis_sizes(mesh), concrete, False)
 
+    def unmatched(self, names: set[str]) -> str:
+        """The line listing mapping entries that match none of ``names`` (empty when none, or
+        when no mapping was given or is in force)."""
+        rules = self._rules
+        if rules is None:
+            rules = rules_in_force(self._mapping, self._what) if self._mapping is not None else None
+        if rules is None:
+            rules = current_rules()
+        return "" if rules is None else describe_unmatched(unmatched_entries(rules, names))
+
 
 def _factors(spec: PartitionSpec, rank: int) -> list[tuple[str, ...]]:
     """The mesh axes of each of ``rank`` dimensions (missing trailing entries: none)."""
@@ -103,16 +114,19 @@ _COLUMNS = ("path", "axes", "dtype", "spec", "per device", "bytes/device", "repl
 
 def _sharding_rows(
     tree: Any, mapping: Any, mesh: MeshLike | None
-) -> tuple[list[tuple[str, ...]], int, set[str]]:
-    """The table's rows, the busiest device's total bytes, and the meshes seen."""
+) -> tuple[list[tuple[str, ...]], int, set[str], str]:
+    """The table's rows, the busiest device's total bytes, the meshes seen, and the line listing
+    mapping entries that matched no axis (empty if none)."""
     leaves, _ = flatten_leaves(tree)
     planner = _Planner(mapping, mesh, "visualize_sharding")
     rows: list[tuple[str, ...]] = []
     total = 0
     meshes: set[str] = set()
+    names: set[str] = set()
     for leaf in leaves:
         if not leaf.is_array:
             continue
+        names.update(a.name for a in leaf.axes or ())
         p = planner(leaf)
         shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
         entries = _factors(p.spec, len(shape))
@@ -125,7 +139,7 @@ def _sharding_rows(
         replicated = _replication(entries, p.sizes)
         row = (leaf.path, axes, str(leaf.dtype), spec, str(local), format_bytes(nbytes), replicated)
         rows.append(row)
-    return rows, total, meshes
+    return rows, total, meshes, planner.unmatched(names)
 
 
 def _use_rich(file: TextIO) -> bool:
@@ -180,8 +194,10 @@ def visualize_sharding(
         busiest device: 16.00 KiB on Mesh(data=2, model=4)
     """
     file = sys.stdout if file is None else file
-    rows, total, meshes = _sharding_rows(tree, mapping, mesh)
+    rows, total, meshes, unmatched = _sharding_rows(tree, mapping, mesh)
     footer = f"busiest device: {format_bytes(total)} on {', '.join(sorted(meshes)) or 'no mesh'}"
+    if unmatched:
+        footer += "\n" + unmatched
     if _use_rich(file):
         from rich.table import Table
 
