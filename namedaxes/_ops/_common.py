@@ -21,6 +21,7 @@ __all__ = [
     "explicit_sharding",
     "join_by_name",
     "mapping_in_force",
+    "resolve_internal",
     "unshard_dims",
 ]
 
@@ -102,6 +103,15 @@ def mapping_in_force(fallback_mesh: Any = None) -> tuple[Any, Any] | None:
     if mesh is None or getattr(mesh, "empty", False):
         return None
     return rules, mesh
+
+
+def resolve_internal(axes: Sequence[Any], rules: Any, mesh: Any) -> PartitionSpec:
+    """``resolve`` for a placement internal to an op: an axis whose rule cannot apply is
+    replicated instead of raising (the op's result is still placed by its caller's mapping)."""
+    # Lazy for the same reason as in mapping_in_force.
+    from .._partitioning import resolve
+
+    return resolve(tuple(axes), rules, mesh, unsatisfied="replicate")
 
 
 def _conflict(
@@ -200,9 +210,6 @@ def agree_by_name(
             "'data'}):`, and the operands are resharded by it; or reshard one operand yourself."
         )
     rules, mesh = found
-    # Lazy for the same reason as in mapping_in_force.
-    from .._partitioning import resolve
-
     every: dict[str, Any] = {}
     for x in named_ops:
         for a in x.axes:
@@ -210,7 +217,7 @@ def agree_by_name(
     # Over the union of the operands' axes, so a mesh axis goes to one name for all operands. An
     # axis whose rule cannot apply here (its mesh axes taken by another operand's axis) is
     # replicated: this placement is internal to the op.
-    spec = resolve(tuple(every.values()), rules, mesh, unsatisfied="replicate")
+    spec = resolve_internal(tuple(every.values()), rules, mesh)
     explicit = {
         name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit
     }

@@ -33,7 +33,7 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import ShardingError, format_axes
 from .._spec import entry_axes
-from ._common import entry_of, explicit_sharding, mapping_in_force
+from ._common import entry_of, explicit_sharding, mapping_in_force, resolve_internal
 
 __all__ = ["reshape_to"]
 
@@ -151,11 +151,8 @@ def _place_undecided(
     found = mapping_in_force(mesh)
     if found is None:
         raise _split_error(op, x, entries, out, mesh, undecided[0])
-    # Lazy: the resolution function lives in _partitioning, above the ops (see mapping_in_force).
-    from .._partitioning import resolve
-
     rules, context = found
-    spec = resolve(out, rules, context, unsatisfied="replicate")
+    spec = resolve_internal(out, rules, context)
     explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
     used = {m for axes in decided if axes for m in axes}
     for _, outs in undecided:
