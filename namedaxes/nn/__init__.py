@@ -27,4 +27,9 @@ from ._loss import one_hot as one_hot
 from ._mlp import MLP as MLP
 from ._norm import LayerNorm as LayerNorm
 from ._norm import RmsNorm as RmsNorm
+
+# mixed precision
+from ._precision import Precision as Precision
+from ._precision import current_precision as current_precision
+from ._precision import precision as precision
 from ._stacked import Stacked as Stacked

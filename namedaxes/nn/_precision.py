@@ -1,0 +1,244 @@
+"""Mixed precision: ``Precision`` (parameter, compute and output dtypes) and the ``precision`` context.
+
+A policy in force (``with precision("params=float32,compute=bfloat16"):``) is read by every
+``namedaxes.nn`` layer while it runs (or is traced): parameters are created in ``param``, cast to
+``compute`` where a layer uses them (so their gradients come back in ``param``), layer inputs are
+cast to ``compute`` and results to ``output``. Numerically sensitive steps run in float32 whatever
+the policy: norms, the attention softmax and the loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._array import NamedArray
+from .._errors import NamedTypeError
+
+__all__ = ["Precision", "current_precision", "precision"]
+
+_ALIASES = {
+    "f32": "float32",
+    "full": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "half": "float16",
+    "f64": "float64",
+}
+_FIELDS = {
+    "param": "param",
+    "params": "param",
+    "p": "param",
+    "compute": "compute",
+    "c": "compute",
+    "output": "output",
+    "o": "output",
+}
+
+
+def _float_dtype(value: Any, what: str) -> jnp.dtype | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = _ALIASES.get(value.strip().lower(), value.strip())
+    try:
+        dt = jnp.dtype(value)
+    except TypeError:
+        raise NamedTypeError(
+            f"Precision {what}={value!r} is not a dtype. Pass e.g. jnp.bfloat16 or 'bfloat16'."
+        ) from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise NamedTypeError(
+            f"Precision {what} must be a floating dtype, got {dt}. Pass e.g. jnp.float32."
+        )
+    return dt
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """The dtypes of a mixed-precision run: parameters, computation and layer outputs.
+
+    ``None`` leaves that dtype alone: ``Precision()`` changes nothing. Parse a string with
+    ``Precision.parse("params=float32,compute=bfloat16,output=float32")`` (also ``p=f32,c=bf16``,
+    as in ``jmp``). Set it for a block of code with :func:`precision`.
+
+    Args:
+        param: Parameters are created in this dtype (by layers built with ``dtype=None``).
+        compute: Layers cast their parameters and inputs to this dtype before computing.
+        output: Layers cast their results to this dtype (``None``: results stay in ``compute``).
+
+    Raises:
+        NamedTypeError: if a dtype is not a floating dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> p = na.nn.Precision(param=jnp.float32, compute=jnp.bfloat16)
+        >>> p
+        Precision('params=float32,compute=bfloat16')
+        >>> p.cast_to_compute(na.ones({"embed": 2})).dtype
+        dtype(bfloat16)
+    """
+
+    param: Any = None
+    compute: Any = None
+    output: Any = None
+
+    def __post_init__(self) -> None:
+        for f in ("param", "compute", "output"):
+            object.__setattr__(self, f, _float_dtype(getattr(self, f), f))
+
+    @classmethod
+    def parse(cls, spec: str) -> Precision:
+        """A policy from ``"params=float32,compute=bfloat16,output=float32"``.
+
+        Keys: ``params``/``param``/``p``, ``compute``/``c``, ``output``/``o``; values: dtype names
+        and the short forms ``f32``, ``bf16``, ``f16``. Missing keys are ``None``.
+
+        Raises:
+            NamedTypeError: on an unknown key, a repeated key or a value that is not a float dtype.
+
+        Example:
+            >>> Precision.parse("p=f32,c=bf16,o=f32").output
+            dtype('float32')
+        """
+        if not isinstance(spec, str):
+            raise NamedTypeError(f"Precision.parse needs a string, got {spec!r}.")
+        given: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, sep, value = part.partition("=")
+            field = _FIELDS.get(key.strip().lower())
+            if not sep or field is None or field in given:
+                why = "repeated" if field in given else "not key=dtype with a known key"
+                raise NamedTypeError(
+                    f"Precision.parse({spec!r}): {part!r} is {why}. Write e.g. "
+                    "'params=float32,compute=bfloat16,output=float32' (keys params, compute, "
+                    "output or p, c, o)."
+                )
+            given[field] = value
+        return cls(**given)
+
+    def __repr__(self) -> str:
+        parts = [
+            f"{name}={dt.name}"
+            for name, dt in (
+                ("params", self.param),
+                ("compute", self.compute),
+                ("output", self.output),
+            )
+            if dt is not None
+        ]
+        return f"Precision({','.join(parts)!r})"
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """Floating arrays (and NamedArrays) of ``tree`` cast to ``param``."""
+        return _cast(tree, self.param)
+
+    def cast_to_compute(self, tree: Any) -> Any:
+        """Floating arrays (and NamedArrays) of ``tree`` cast to ``compute``."""
+        return _cast(tree, self.compute)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """Floating arrays (and NamedArrays) of ``tree`` cast to ``output`` (else ``compute``)."""
+        return _cast(tree, self.output if self.output is not None else self.compute)
+
+
+def _cast_leaf(x: Any, dtype: Any) -> Any:
+    dt = getattr(x, "dtype", None)
+    if dt is None or dt == dtype or not jnp.issubdtype(dt, jnp.floating):
+        return x
+    return x.astype(dtype)
+
+
+def _cast(tree: Any, dtype: Any) -> Any:
+    if dtype is None:
+        return tree
+    return jax.tree.map(
+        lambda x: _cast_leaf(x, dtype), tree, is_leaf=lambda x: isinstance(x, NamedArray)
+    )
+
+
+_NONE = Precision()
+_POLICY: contextvars.ContextVar[Precision] = contextvars.ContextVar(
+    "namedaxes_precision", default=_NONE
+)
+
+
+def as_precision(policy: Precision | str | None) -> Precision:
+    if policy is None:
+        return _NONE
+    if isinstance(policy, Precision):
+        return policy
+    if isinstance(policy, str):
+        return Precision.parse(policy)
+    raise NamedTypeError(
+        f"precision() needs a Precision or a string such as 'params=float32,compute=bfloat16', "
+        f"got {policy!r}."
+    )
+
+
+def current_precision() -> Precision:
+    """The policy in force (``Precision()``, which changes nothing, when none is).
+
+    Example:
+        >>> import namedaxes as na
+        >>> na.nn.current_precision()
+        Precision('')
+        >>> with na.nn.precision("compute=bfloat16"):
+        ...     na.nn.current_precision().compute
+        dtype(bfloat16)
+    """
+    return _POLICY.get()
+
+
+@contextlib.contextmanager
+def precision(policy: Precision | str | None) -> Iterator[Precision]:
+    """Put a mixed-precision policy in force for a block (or, as a decorator, for a function).
+
+    Layers read the policy when they run, so under ``jax.jit`` (and ``named_jit``/``fsdp``) what
+    counts is the policy in force while the function is *traced*: set it inside the jitted
+    function (decorate the loss), or around the whole run before its first call. A compiled
+    function keeps the policy it was traced with. ``None`` turns a policy off.
+
+    Args:
+        policy: A :class:`Precision`, a string for :meth:`Precision.parse`, or ``None``.
+
+    Raises:
+        NamedTypeError: if ``policy`` is none of these.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> lin = na.nn.Linear({"embed": 4}, {"mlp": 8}, key=jax.random.key(0))
+        >>> with na.nn.precision("params=float32,compute=bfloat16,output=float32"):
+        ...     y = lin(na.ones({"batch": 2, "embed": 4}))
+        >>> y.dtype, lin.weight.dtype
+        (dtype('float32'), dtype('float32'))
+    """
+    token = _POLICY.set(as_precision(policy))
+    try:
+        yield _POLICY.get()
+    finally:
+        _POLICY.reset(token)
+
+
+# -- what layers call -----------------------------------------------------------------------------
+
+
+def param_dtype(dtype: Any) -> Any:
+    """A layer's parameter dtype: the one given, else the policy's ``param``, else ``None``."""
+    return dtype if dtype is not None else _POLICY.get().param
+
+
+def upcast(x: Any) -> Any:
+    """``x`` in float32 when it is a narrower float (norms and softmax compute in float32)."""
+    dt = getattr(x, "dtype", None)
+    if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.finfo(dt).bits < 32:
+        return x.astype(jnp.float32)
+    return x
