@@ -29,6 +29,7 @@ from ._axis import eliminate_axes as eliminate_axes
 from ._axis import replace_axis as replace_axis
 from ._axis import without_axes as without_axes
 from ._caches import clear_caches as clear_caches
+from ._errors import AttentionKernelError as AttentionKernelError
 from ._errors import AxisError as AxisError
 from ._errors import AxisIndexError as AxisIndexError
 from ._errors import AxisNotFoundError as AxisNotFoundError

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "AttentionKernelError",
     "AxisError",
     "AxisIndexError",
     "AxisNotFoundError",
@@ -125,6 +126,11 @@ class MemoryAnalysisUnavailableError(NamedAxesError, NotImplementedError):
 
 class LayerError(NamedAxesError, ValueError):
     """A ``namedaxes.nn`` layer was configured with an invalid value (e.g. a dropout rate >= 1)."""
+
+
+class AttentionKernelError(LayerError):
+    """An attention kernel asked for by name cannot run here: not on this device, not for these
+    dtypes, shapes or options (``dot_product_attention(..., implementation="cudnn")`` on a CPU)."""
 
 
 class PlanError(NamedAxesError, ValueError):

@@ -1,9 +1,9 @@
-"""Attention over named axes: ``dot_product_attention``, ``causal_mask`` and ``Attention``.
+"""The ``Attention`` layer and ``causal_mask``; the function is ``dot_product_attention``.
 
 Query positions and key positions are two different axes (``position`` and ``key_position`` by
 default), so every other axis the query and the key share (``batch``, ``heads``, ``kv_heads``) is
-matched by name, and query-only axes (``q_per_kv`` in grouped-query attention) are kept. Multi-head,
-grouped-query and multi-query attention are the same function with different axes.
+matched by name. Multi-head, grouped-query and multi-query attention are the same function with
+different axes.
 """
 
 from __future__ import annotations
@@ -12,27 +12,18 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_name
-from .._errors import (
-    AxisNotFoundError,
-    AxisSizeError,
-    NamedTypeError,
-    format_axes,
-    format_names,
-)
-from .._ops.contract import dot
+from .._axis import Axis
+from .._errors import AxisSizeError, NamedTypeError
 from .._ops.creation import arange
-from .._ops.elementwise import where
-from .._ops.reductions import softmax
 from .._ops.shape import rename
-from ._common import expect_axes, expect_free, place
+from ._common import expect_axes, place
+from ._dot_product_attention import dot_product_attention
 from ._linear import Linear
 from ._norm import RmsNorm
 
-__all__ = ["Attention", "causal_mask", "dot_product_attention"]
+__all__ = ["Attention", "causal_mask"]
 
 
 def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
@@ -56,94 +47,6 @@ def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
     """
     offset = key_position.size - position.size
     return arange(position) + offset >= arange(key_position)
-
-
-def _float_min(dtype: Any) -> float:
-    # The most negative finite value: masked scores vanish in the softmax, and a row with no
-    # allowed key becomes uniform instead of NaN.
-    return float(jnp.finfo(dtype).min)
-
-
-def dot_product_attention(
-    query: NamedArray,
-    key: NamedArray,
-    value: NamedArray,
-    *,
-    head_axis: AxisSelector = "head_dim",
-    key_position: AxisSelector = "key_position",
-    mask: NamedArray | None = None,
-    scale: float | None = None,
-) -> NamedArray:
-    """``softmax(query · key / sqrt(d), over key positions) · value``, with axes matched by name.
-
-    The scores are ``dot(query * scale, key, axis=head_axis)``: every axis the query and the key
-    share besides ``head_axis`` (``batch``, ``heads``, ``kv_heads``) is matched, query-only axes
-    (``position``, ``q_per_kv``) and ``key_position`` are kept. Masked-out scores are set to the
-    dtype's most negative value with ``where(mask, scores, fill)`` before the softmax over
-    ``key_position``; the weights then contract ``key_position`` with ``value``.
-
-    Args:
-        query: ``(..., position, heads..., head_dim)``; must not have ``key_position``.
-        key: ``(..., key_position, heads..., head_dim)``.
-        value: ``(..., key_position, heads..., head_dim)`` (its head axis may have another size).
-        head_axis: The feature axis contracted between query and key.
-        key_position: The key position axis (softmax axis).
-        mask: Boolean NamedArray over some of the scores' axes (e.g. ``causal_mask(...)``, a
-            padding mask ``(batch, key_position)``, or both combined with ``&``); ``True``
-            attends.
-        scale: Multiplies the query; default ``head_axis size ** -0.5``.
-
-    Returns:
-        The query's axes except ``head_axis``, then the value's new axes (its head axis).
-
-    Raises:
-        AxisNotFoundError: if ``head_axis``/``key_position`` is missing, or the mask has an axis
-            the scores lack.
-        AxisSizeError: if ``head_axis`` differs in size between query and key.
-        DuplicateAxisError: if the query has ``key_position``.
-        NamedTypeError: if the mask is not a boolean NamedArray.
-
-    Example:
-        >>> import namedaxes as na
-        >>> q = na.ones({"batch": 2, "position": 3, "heads": 4, "head_dim": 8})
-        >>> k = na.ones({"batch": 2, "key_position": 3, "heads": 4, "head_dim": 8})
-        >>> mask = causal_mask(na.Axis("position", 3), na.Axis("key_position", 3))
-        >>> dot_product_attention(q, k, k, mask=mask)
-        NamedArray(float32, batch=2, position=3, heads=4, head_dim=8)
-    """
-    head, kpos = axis_name(head_axis), axis_name(key_position)
-    what = "dot_product_attention"
-    query = expect_axes(query, (), what, "query")
-    key = expect_axes(key, (), what, "key")
-    value = expect_axes(value, (), what, "value")
-    q_head = query.resolve_axis(head)
-    key = expect_axes(key, (q_head,), what, "key")
-    expect_axes(key, (key.resolve_axis(kpos),), what, "key")
-    if not value.has_axis(kpos) or value.axis_size(kpos) != key.axis_size(kpos):
-        raise AxisSizeError(
-            f"{what}: value NamedArray({format_axes(value.axes)}) needs axis {kpos!r} of size "
-            f"{key.axis_size(kpos)}, as in the key. Give the value the key's positions."
-        )
-    expect_free(query, (kpos,), what, "names the key positions; query positions need another name")
-    if scale is None:
-        scale = q_head.size**-0.5
-    scores = dot(query * scale, key, axis=head)
-    if mask is not None:
-        if not isinstance(mask, NamedArray) or mask.dtype != jnp.bool_:
-            raise NamedTypeError(
-                f"{what}: mask must be a boolean NamedArray, got {mask!r}. Build it with "
-                "causal_mask(...) or a comparison such as tokens != pad_id."
-            )
-        extra = [a.name for a in mask.axes if not scores.has_axis(a.name)]
-        if extra:
-            raise AxisNotFoundError(
-                f"{what}: mask NamedArray({format_axes(mask.axes)}) has axis "
-                f"{format_names(extra)} that the scores NamedArray({format_axes(scores.axes)}) "
-                "lack. Mask over query, key and shared axes only (rename the mask's axes to match)."
-            )
-        scores = where(mask, scores, _float_min(scores.dtype))
-    weights = softmax(scores, kpos)
-    return dot(weights, value, axis=kpos)
 
 
 class Attention(eqx.Module):
@@ -257,10 +160,14 @@ class Attention(eqx.Module):
         v = rename(self.v_proj(x), {pos.name: kpos.name})
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.causal:
-            causal = causal_mask(pos, kpos)
-            mask = causal if mask is None else mask & causal
         out = dot_product_attention(
-            q, k, v, head_axis=self.HeadDim.name, key_position=kpos.name, mask=mask
+            q,
+            k,
+            v,
+            head_axis=self.HeadDim.name,
+            key_position=kpos.name,
+            position=pos.name,
+            mask=mask,
+            causal=self.causal,
         )
         return place(self.o_proj(out))

@@ -1,0 +1,299 @@
+"""Attention kernels on plain arrays in ``jax.nn.dot_product_attention``'s layout.
+
+``dot_product_attention`` (the named function) flattens its inputs into one ``KernelCall``:
+query ``(B, T, N, H)``, key and value ``(B, S, K, H)`` with ``K`` dividing ``N`` (query head ``h``
+uses key/value head ``h // (N // K)``), and the structured options (causal, sliding window,
+padding, query offset) kept as such. Each kernel turns that call into what its backend takes
+natively, or raises ``Unavailable`` saying why it cannot:
+
+* ``xla``: ``jax.nn.dot_product_attention(implementation="xla")``; takes everything.
+* ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention) on
+  NVIDIA GPUs for bfloat16/float16. cuDNN's causal mask starts at the first key and its padding
+  is right padding (key lengths), so a left-padded batch is rotated per row (real keys first),
+  attended, and rotated back.
+* ``splash``: TPU splash attention from ``jax.experimental.pallas.ops.tpu``, one kernel per batch
+  row (``vmap``); padding becomes segment ids.
+
+Nothing here knows about names or meshes; the caller runs a kernel per shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["IMPLEMENTATIONS", "KernelCall", "Padding", "Unavailable", "preferred", "run"]
+
+IMPLEMENTATIONS = ("xla", "cudnn", "splash")
+
+# Tests set this to exercise the cuDNN and splash mappings on a CPU: "cudnn" then runs JAX's XLA
+# implementation of exactly the call it would give cuDNN (same rotation, lengths, causal and
+# window arguments, which JAX defines identically for both), and "splash" runs Pallas in interpret
+# mode. Nothing else reads it.
+_EMULATE = False
+
+logger = logging.getLogger("namedaxes")
+
+
+class Unavailable(Exception):  # noqa: N818 - internal signal, turned into AttentionKernelError
+    """A kernel cannot take this call; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Padding:
+    """Which keys are real, per batch row.
+
+    ``mask`` ``(B, S)`` is exact. ``start`` is ``None`` when the real keys are known to start at
+    position 0 (key lengths: right padding); otherwise ``(start, length)`` describe each row's run of
+    real keys, which the kernels that need a run (cuDNN) use.
+    """
+
+    mask: jax.Array
+    length: jax.Array
+    start: jax.Array | None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """One attention call: ``(B, T, N, H)`` queries, ``(B, S, K, H)`` keys and values."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    scale: float
+    causal: bool
+    window: int | None  # keys i - window < j <= i (implies causal)
+    offset: int | jax.Array  # query row t is key position t + offset
+    padding: Padding | None
+    mask: jax.Array | None  # boolean, (B | 1, N | 1, T, S)
+
+    @property
+    def static_offset(self) -> int | None:
+        return self.offset if isinstance(self.offset, int) else None
+
+
+def platform() -> str:
+    """The platform the default backend runs on (``cpu``, ``gpu``, ``tpu``)."""
+    return jax.default_backend()
+
+
+def preferred() -> str:
+    """The fastest kernel this platform has: splash on TPUs, cuDNN on GPUs, else XLA."""
+    return {"tpu": "splash", "gpu": "cudnn"}.get(platform(), "xla")
+
+
+def run(impl: str, call: KernelCall) -> jax.Array:
+    """``impl``'s output ``(B, T, N, H)``; raises ``Unavailable`` when it cannot take ``call``."""
+    if impl == "xla":
+        return _xla(call)
+    if impl == "cudnn":
+        return _cudnn(call)
+    return _splash(call)
+
+
+@functools.cache
+def note_once(message: str) -> None:
+    """Log ``message`` once per process (a fallback the user may want to know about)."""
+    logger.warning(message)
+
+
+# -- masks built from the structured options (used where a kernel cannot take them natively) -----
+
+
+def structural_mask(call: KernelCall) -> jax.Array | None:
+    """``(1, 1, T, S)`` boolean: causal / window at ``offset``; ``None`` when neither is asked."""
+    if not call.causal:
+        return None
+    t, s = call.q.shape[1], call.k.shape[1]
+    offset = jnp.asarray(call.offset, jnp.int32)
+    query_at = jnp.arange(t, dtype=jnp.int32)[:, None] + offset
+    key_at = jnp.arange(s, dtype=jnp.int32)[None, :]
+    allowed = key_at <= query_at
+    if call.window is not None:
+        allowed = allowed & (key_at > query_at - call.window)
+    return allowed[None, None]
+
+
+def _and(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+def _padding_mask(call: KernelCall) -> jax.Array | None:
+    return None if call.padding is None else call.padding.mask[:, None, None, :]
+
+
+# -- xla ------------------------------------------------------------------------------------------
+
+
+def _xla(call: KernelCall, implementation: str = "xla") -> jax.Array:
+    native = call.causal and call.static_offset == 0
+    mask = call.mask if native else _and(call.mask, structural_mask(call))
+    lengths = None
+    if call.padding is not None:
+        if call.padding.start is None:
+            lengths = call.padding.length.astype(jnp.int32)
+        else:
+            mask = _and(mask, _padding_mask(call))
+    return jax.nn.dot_product_attention(
+        call.q,
+        call.k,
+        call.v,
+        mask=mask,
+        scale=call.scale,
+        is_causal=native,
+        key_value_seq_lengths=lengths,
+        local_window_size=(call.window - 1, 0) if native and call.window is not None else None,
+        implementation=implementation,  # type: ignore[arg-type]
+    )
+
+
+# -- cuDNN ----------------------------------------------------------------------------------------
+
+
+def _rotate(x: jax.Array, shift: jax.Array) -> jax.Array:
+    """Row ``r`` of each batch element becomes row ``(r + shift[b]) % n`` of ``x`` (axis 1)."""
+    n = x.shape[1]
+    index = (jnp.arange(n, dtype=jnp.int32)[None, :] + shift[:, None]) % n
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _cudnn(call: KernelCall) -> jax.Array:
+    if not _EMULATE:
+        if platform() != "gpu":
+            raise Unavailable(f"cuDNN attention runs on NVIDIA GPUs; this backend is {platform()}")
+        if call.q.dtype not in (jnp.bfloat16, jnp.float16):
+            raise Unavailable(
+                f"cuDNN flash attention takes bfloat16 or float16, got {call.q.dtype}; compute "
+                "in bfloat16 (a precision policy, or cast the query, key and value)"
+            )
+    if call.causal and call.static_offset != 0:
+        raise Unavailable(
+            "cuDNN's causal mask puts query 0 at key 0, and these queries start at key "
+            f"{'a traced position' if call.static_offset is None else call.static_offset}; "
+            "use implementation='xla' for queries at an offset (decoding with a cache)"
+        )
+    q, k, v, mask = call.q, call.k, call.v, call.mask
+    lengths = shift = None
+    if call.padding is not None:
+        if call.padding.start is None:
+            lengths = call.padding.length
+        elif mask is not None:
+            mask = _and(mask, _padding_mask(call))  # a general mask is a bias anyway
+        else:
+            # Left (or both-sided) padding: rotate each row so its real keys come first; causal
+            # and window masks only compare positions within a row, which the rotation keeps.
+            shift, lengths = call.padding.start.astype(jnp.int32), call.padding.length
+            k, v = _rotate(k, shift), _rotate(v, shift)
+            if call.causal:
+                q = _rotate(q, shift)
+    if mask is not None:  # cuDNN wants the bias over every query and key position
+        b, n, t, s = mask.shape
+        mask = jnp.broadcast_to(mask, (b, n, q.shape[1], k.shape[1]))
+    try:
+        out = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            scale=call.scale,
+            is_causal=call.causal,
+            key_value_seq_lengths=None if lengths is None else lengths.astype(jnp.int32),
+            local_window_size=None if call.window is None else (call.window - 1, 0),
+            implementation="xla" if _EMULATE else "cudnn",
+        )
+    except (ValueError, NotImplementedError, RuntimeError, TypeError) as e:
+        raise Unavailable(f"JAX's cuDNN attention refused these inputs: {e}") from e
+    if shift is not None and call.causal:
+        out = _rotate(out, -shift)
+    return out
+
+
+# -- splash (TPU) ---------------------------------------------------------------------------------
+
+
+def _splash_module() -> Any:
+    try:
+        from jax.experimental.pallas.ops.tpu import splash_attention
+    except ImportError as e:  # pragma: no cover - present in every supported JAX
+        raise Unavailable(f"jax.experimental.pallas.ops.tpu.splash_attention: {e}") from e
+    return splash_attention
+
+
+def _block(n: int) -> int | None:
+    return next((b for b in (512, 256, 128) if n % b == 0), None)
+
+
+def _splash(call: KernelCall) -> jax.Array:
+    if not _EMULATE and platform() != "tpu":
+        raise Unavailable(f"splash attention runs on TPUs; this backend is {platform()}")
+    if call.mask is not None:
+        raise Unavailable(
+            "splash takes causal, sliding-window and padding options but not a general mask=; "
+            "use implementation='xla' for arbitrary masks"
+        )
+    offset = call.static_offset
+    if call.causal and offset is None:
+        raise Unavailable("splash needs a static query_offset (a Python int), got a traced one")
+    offset = offset or 0
+    sa = _splash_module()
+    b, t, n, h = call.q.shape
+    s, kv = call.k.shape[1], call.k.shape[2]
+    bq, bkv = _block(t), _block(s)
+    if bq is None or bkv is None:
+        raise Unavailable(
+            f"splash needs query and key lengths that are multiples of 128, got {t} and {s}"
+        )
+    if call.window is not None:
+        base = sa.LocalMask((t, s), (call.window - 1, 0), offset)
+    elif call.causal:
+        base = sa.CausalMask((t, s), offset)
+    else:
+        base = sa.FullMask((t, s))
+    group = n // kv
+    sizes = sa.BlockSizes(
+        block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+        block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+        block_q_dq=bq, block_kv_dq=bkv,
+    )  # fmt: skip
+    make = sa.make_splash_mha if group == 1 else sa.make_splash_mqa
+    heads = n if group == 1 else group
+    try:
+        kernel = make(
+            sa.MultiHeadMask([base] * heads),
+            block_sizes=sizes,
+            head_shards=1,
+            q_seq_shards=1,
+            interpret=_EMULATE,
+        )
+    except (ValueError, NotImplementedError) as e:
+        raise Unavailable(f"splash refused these shapes: {e}") from e
+    q = (call.q * jnp.asarray(call.scale, call.q.dtype)).transpose(0, 2, 1, 3)  # (B, N, T, H)
+    k, v = call.k.transpose(0, 2, 1, 3), call.v.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    segments = None
+    if call.padding is not None:
+        kv_ids = call.padding.mask.astype(jnp.int32)
+        if call.causal:  # a query is a key position: it shares that key's segment
+            q_ids = jnp.take(kv_ids, jnp.clip(jnp.arange(t) + offset, 0, s - 1), axis=1)
+        else:
+            q_ids = jnp.ones((b, t), jnp.int32)
+        segments = sa.SegmentIds(q=q_ids, kv=kv_ids)
+    if group == 1:
+        per_row = lambda q, k, v, seg: kernel(q, k, v, segment_ids=seg)  # noqa: E731
+    else:
+        q = q.reshape(b, kv, group, t, h)
+
+        def per_row(q: Any, k: Any, v: Any, seg: Any) -> Any:
+            return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=seg))(q, k, v)
+
+    try:
+        out = jax.vmap(per_row)(q, k, v, segments)
+    except (ValueError, NotImplementedError) as e:
+        raise Unavailable(f"splash refused these inputs: {e}") from e
+    return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)

@@ -1,0 +1,460 @@
+"""``dot_product_attention``: attention over named axes, run by a fused kernel chosen by name.
+
+The named axes are mapped onto ``jax.nn.dot_product_attention``'s ``(batch, seq, heads,
+head_dim)`` layout: every axis the query, key and value share (besides ``heads`` and
+``head_dim``) is flattened into the kernel's batch; the query's ``heads`` axis (and any other
+query-only axis besides ``position``) into its heads; the key's and value's own axes (``kv_heads``)
+into its key/value heads. Causal, sliding-window and padding options, and grouped-query heads, go
+to the kernel as such (see ``_attention_kernels``). Under a mapping that shards the batch or heads
+axes the kernel runs per shard (``shard_map`` by name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec
+
+from .._array import NamedArray
+from .._axis import Axis, AxisSelector, axis_name
+from .._errors import (
+    AttentionKernelError,
+    AxisNotFoundError,
+    AxisSizeError,
+    NamedTypeError,
+    format_axes,
+    format_names,
+)
+from .._mesh import context_mesh
+from .._ops.contract import dot
+from .._ops.creation import arange
+from .._ops.elementwise import where
+from .._ops.reductions import softmax
+from .._ops.shape import rearrange
+from .._partitioning._context import current_rules
+from .._partitioning._resolve import resolve
+from .._partitioning._shard_map import shard_map
+from .._spec import entry_axes
+from . import _attention_kernels as kernels
+from ._common import expect_axes, expect_free
+from ._precision import current_precision, upcast
+
+__all__ = ["dot_product_attention"]
+
+_WHAT = "dot_product_attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Which named axes become the kernel's batch, query heads and key/value heads."""
+
+    batch: tuple[str, ...]
+    position: str | None  # the query's position axis, if it has one (else one query)
+    q_heads: tuple[str, ...]
+    kv_heads: tuple[str, ...]
+    head: str
+    kpos: str
+
+
+def _classify(q: NamedArray, k: NamedArray, v: NamedArray, head: str, kpos: str, position: str,
+              heads: str) -> _Layout | None:  # fmt: skip
+    """The kernel layout, or ``None`` when the value's axes differ from the key's."""
+    if k.axes != v.axes and (
+        set(k.axis_names) != set(v.axis_names) or any(v.axis_size(a.name) != a.size for a in k.axes)
+    ):
+        return None
+    in_k = set(k.axis_names)
+    pos = position if q.has_axis(position) else None
+    batch = tuple(n for n in q.axis_names if n in in_k and n not in (head, heads))
+    q_heads = tuple([heads] if q.has_axis(heads) else []) + tuple(
+        n for n in q.axis_names if n not in in_k and n not in (pos, head, heads)
+    )
+    kv_heads = tuple([heads] if q.has_axis(heads) and k.has_axis(heads) else []) + tuple(
+        n for n in k.axis_names if not q.has_axis(n) and n not in (kpos, head)
+    )
+    n = math.prod(q.axis_size(a) for a in q_heads)
+    kv = math.prod(k.axis_size(a) for a in kv_heads)
+    if n % kv:
+        raise AxisSizeError(
+            f"{_WHAT}: the key/value heads ({format_axes(k.resolve_axis(a) for a in kv_heads)}) "
+            f"must divide the query heads ({format_axes(q.resolve_axis(a) for a in q_heads)}): "
+            "each key/value head serves a group of query heads."
+        )
+    return _Layout(batch, pos, q_heads, kv_heads, head, kpos)
+
+
+def _to_layout(
+    x: NamedArray,
+    groups: tuple[tuple[str, ...], ...],
+    sizes: dict[str, int],
+    full: tuple[bool, ...],
+) -> jax.Array:
+    """``x`` as one array dimension per group of names (flattened in group order).
+
+    A group ``x`` has only some axes of is broadcast over the rest; a group it has none of is a
+    dimension of size 1 unless ``full`` asks for its whole size.
+    """
+    names = [n for g in groups for n in g if x.has_axis(n)]
+    arr = rearrange(x, names).array if names else x.array
+    shape: list[int] = []
+    source: list[int] = []
+    for g, want_full in zip(groups, full):
+        some = any(x.has_axis(n) for n in g)
+        for n in g:
+            shape.append(sizes[n] if (some or want_full) else 1)
+            source.append(x.axis_size(n) if x.has_axis(n) else 1)
+    arr = jnp.broadcast_to(arr.reshape(source), shape)
+    out_shape, i = [], 0
+    for g in groups:
+        out_shape.append(math.prod(shape[i : i + len(g)]))
+        i += len(g)
+    return arr.reshape(out_shape)
+
+
+def _offset_value(query_offset: Any) -> int | jax.Array | None:
+    if query_offset is None or isinstance(query_offset, int) and not isinstance(query_offset, bool):
+        return query_offset
+    arr = query_offset.array if isinstance(query_offset, NamedArray) else query_offset
+    if getattr(arr, "ndim", None) == 0 and jnp.issubdtype(arr.dtype, jnp.integer):
+        return jnp.asarray(arr, jnp.int32)
+    raise NamedTypeError(
+        f"{_WHAT}: query_offset must be an int or an integer scalar array, got {query_offset!r}."
+    )
+
+
+def _local_attention(
+    impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
+    q: NamedArray, k: NamedArray, v: NamedArray, mask: NamedArray | None,
+    key_mask: NamedArray | None, key_lengths: NamedArray | None, offset: Any,
+) -> NamedArray:  # fmt: skip
+    """The attention of (per-shard) NamedArrays by kernel ``impl``; the query's axes back."""
+    sizes = {a.name: a.size for a in q.axes + k.axes}
+    pos = () if layout.position is None else (layout.position,)
+    t = q.axis_size(layout.position) if layout.position else 1
+    s = k.axis_size(layout.kpos)
+    groups_q = (layout.batch, pos, layout.q_heads, (layout.head,))
+    groups_k = (layout.batch, (layout.kpos,), layout.kv_heads, (layout.head,))
+    qa = _to_layout(q, groups_q, sizes, (True,) * 4)
+    ka = _to_layout(k, groups_k, sizes, (True,) * 4)
+    va = _to_layout(v, groups_k, sizes, (True,) * 4)
+    padding = None
+    if key_mask is not None:
+        m = _to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
+        length = m.sum(axis=1, dtype=jnp.int32)
+        padding = kernels.Padding(m, length, jnp.argmax(m, axis=1).astype(jnp.int32))
+    elif key_lengths is not None:
+        length = _to_layout(key_lengths, (layout.batch,), sizes, (True,)).astype(jnp.int32)
+        m = jnp.arange(s, dtype=jnp.int32)[None, :] < length[:, None]
+        padding = kernels.Padding(m, length, None)
+    general = None
+    if mask is not None:
+        groups = (layout.batch, layout.q_heads, pos, (layout.kpos,))
+        general = _to_layout(mask, groups, sizes, (False,) * 4)
+    call = kernels.KernelCall(
+        q=qa, k=ka, v=va, scale=scale, causal=causal, window=window,
+        offset=s - t if offset is None else offset, padding=padding, mask=general,
+    )  # fmt: skip
+    out = kernels.run(impl, call)
+    axes = tuple(q.resolve_axis(n) for g in groups_q for n in g)
+    named = NamedArray(out.reshape(tuple(a.size for a in axes)), axes)
+    return rearrange(named, q.axis_names)
+
+
+def _kernel_specs(
+    layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray
+) -> dict[str, Any] | None:
+    """``{axis name: mesh axes}`` for the axes the kernel may run sharded over (batch axes and the
+    leading query/key-value heads axes), or ``None`` when no mesh is involved."""
+    mesh = context_mesh()
+    if mesh is None or math.prod(mesh.shape.values()) == 1:
+        return None
+    rules = current_rules()
+    if rules is not None:
+        specs = [resolve(x.axes, rules, mesh) for x in (q, k, v)]
+    elif any(t == AxisType.Explicit for t in mesh.axis_types):
+        specs = [jax.typeof(x.array).sharding.spec for x in (q, k, v)]
+    else:
+        return None  # Auto mesh, no mapping: XLA places the call
+    per_name: list[dict[str, Any]] = [
+        dict(zip(x.axis_names, tuple(sp) + (None,) * x.ndim)) for x, sp in zip((q, k, v), specs)
+    ]
+    if not any(e is not None for d in per_name for e in d.values()):
+        return None
+    sizes = dict(mesh.shape)
+    out: dict[str, Any] = {n: per_name[0][n] for n in layout.batch}
+    if layout.q_heads:
+        entry = per_name[0][layout.q_heads[0]]
+        split = math.prod(sizes[a] for a in entry_axes(entry))
+        if layout.kv_heads and k.axis_size(layout.kv_heads[0]) % split:
+            entry = None  # the key/value heads cannot follow: keep every head on each shard
+        out[layout.q_heads[0]] = entry
+        if layout.kv_heads:
+            out[layout.kv_heads[0]] = entry
+    return out
+
+
+def _spec(x: Any, entries: dict[str, Any]) -> PartitionSpec:
+    if not isinstance(x, NamedArray):
+        return PartitionSpec()
+    return PartitionSpec(*(entries.get(n) for n in x.axis_names))
+
+
+def _run_kernel(
+    impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
+    arrays: tuple[Any, ...],
+) -> NamedArray:  # fmt: skip
+    q, k, v = arrays[:3]
+
+    def local(*a: Any) -> NamedArray:
+        return _local_attention(impl, layout, scale, causal, window, *a)
+
+    entries = _kernel_specs(layout, q, k, v)
+    if entries is None:
+        return local(*arrays)
+    specs = tuple(_spec(x, entries) for x in arrays)
+    return shard_map(local, in_specs=specs, out_specs=specs[0], check_vma=False)(*arrays)
+
+
+def _general(
+    q: NamedArray, k: NamedArray, v: NamedArray, scale: float, allowed: NamedArray | None,
+    kpos: str, head: str,
+) -> NamedArray:  # fmt: skip
+    """Attention with named ops (the value may have other axes than the key)."""
+    scores = upcast(dot(q * jnp.asarray(scale, q.dtype), k, axis=head))
+    if allowed is not None:
+        scores = where(allowed, scores, float(jnp.finfo(scores.dtype).min))
+    weights = softmax(scores, kpos).astype(v.dtype)
+    return dot(weights, v, axis=kpos)
+
+
+def _structural(position: Axis | None, kpos: Axis, offset: Any, window: int | None) -> NamedArray:
+    query_at = (arange(position) if position is not None else 0) + jnp.asarray(offset, jnp.int32)
+    keys = arange(kpos)
+    allowed = keys <= query_at
+    if window is not None:
+        allowed = allowed & (keys > query_at - window)
+    return allowed
+
+
+def _check_mask(mask: Any, q: NamedArray, head: str, kpos: Axis) -> None:
+    if not isinstance(mask, NamedArray) or mask.dtype != jnp.bool_:
+        raise NamedTypeError(
+            f"{_WHAT}: mask must be a boolean NamedArray, got {mask!r}. Build it with "
+            "causal_mask(...) or a comparison such as tokens != pad_id."
+        )
+    scores = tuple(a for a in q.axes if a.name != head) + (kpos,)
+    extra = [a.name for a in mask.axes if a.name not in {s.name for s in scores}]
+    if extra:
+        raise AxisNotFoundError(
+            f"{_WHAT}: mask NamedArray({format_axes(mask.axes)}) has axis "
+            f"{format_names(extra)} that the scores NamedArray({format_axes(scores)}) "
+            "lack. Mask over query, key and shared axes only (rename the mask's axes to match)."
+        )
+
+
+def _check_padding(
+    key_mask: Any, key_lengths: Any, q: NamedArray, k: NamedArray, head: str, kpos: Axis
+) -> None:
+    if key_mask is not None and key_lengths is not None:
+        raise NamedTypeError(f"{_WHAT}: pass key_mask= or key_lengths=, not both.")
+    shared = {n for n in q.axis_names if k.has_axis(n) and n != head}
+    if key_mask is not None:
+        if not isinstance(key_mask, NamedArray) or key_mask.dtype != jnp.bool_:
+            raise NamedTypeError(
+                f"{_WHAT}: key_mask must be a boolean NamedArray over (batch..., "
+                f"{kpos.name}), True at real keys, got {key_mask!r}."
+            )
+        expect_axes(key_mask, (kpos,), _WHAT, "key_mask")
+        allowed, x, what = shared | {kpos.name}, key_mask, "key_mask"
+    elif key_lengths is not None:
+        if not isinstance(key_lengths, NamedArray) or not jnp.issubdtype(
+            key_lengths.dtype, jnp.integer
+        ):
+            raise NamedTypeError(
+                f"{_WHAT}: key_lengths must be an integer NamedArray over batch axes (the number "
+                f"of real keys at the start of each row), got {key_lengths!r}."
+            )
+        allowed, x, what = shared, key_lengths, "key_lengths"
+    else:
+        return
+    extra = [n for n in x.axis_names if n not in allowed]
+    if extra:
+        raise AxisNotFoundError(
+            f"{_WHAT}: {what} NamedArray({format_axes(x.axes)}) has axis {format_names(extra)}, "
+            f"which is not an axis the query, key and value share ({format_names(sorted(shared))})"
+            f"{' or ' + repr(kpos.name) if what == 'key_mask' else ''}. Padding is per batch row."
+        )
+
+
+def dot_product_attention(
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    *,
+    head_axis: AxisSelector = "head_dim",
+    key_position: AxisSelector = "key_position",
+    position: AxisSelector = "position",
+    heads: AxisSelector = "heads",
+    mask: NamedArray | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    key_lengths: NamedArray | None = None,
+    key_mask: NamedArray | None = None,
+    query_offset: int | jax.Array | NamedArray | None = None,
+    implementation: str | None = None,
+) -> NamedArray:
+    """``softmax(query · key * scale, over key positions) · value``, axes matched by name.
+
+    Axes: ``head_axis`` is contracted between query and key; ``key_position`` (key and value) is
+    the softmax axis; ``position`` is the query's positions (a query without it is one query).
+    Every other axis the three share (``batch``, ...) is matched, except ``heads``: in multi-head
+    attention the three share ``heads``; in grouped-query attention the query has ``heads`` (N)
+    and the key and value their own heads axis (``kv_heads``, K dividing N), and query head ``h``
+    attends with key/value head ``h // (N // K)``, without repeating the keys. Any other query-only
+    axis is part of the query heads (``(kv_heads, q_per_kv)`` queries are grouped-query attention
+    too).
+
+    Structured options go to the kernel natively: ``causal`` (a query at key position ``i`` sees
+    keys ``j <= i``), ``sliding_window=w`` (keys ``i - w < j <= i``; causal), padding as
+    ``key_lengths`` (the first ``n`` keys of a row are real) or ``key_mask`` (``True`` at real
+    keys; left padding works; the real keys of a row must be one contiguous run), and
+    ``query_offset``: query ``t`` is key position ``t + query_offset``; by default the queries are
+    the *last* positions of the key axis (``S - T``; 0 for self-attention), as when decoding with
+    a cache. ``mask=`` is any boolean mask over the scores' axes (``True`` attends), combined with
+    the rest; only XLA takes it without materializing it. A query that sees no key gets a finite
+    but unspecified output (it differs between kernels).
+
+    Kernels (``implementation``): ``"xla"`` (``jax.nn.dot_product_attention``'s XLA path; takes
+    everything), ``"cudnn"`` (cuDNN flash attention: NVIDIA GPUs, bfloat16/float16, queries at
+    offset 0 when causal), ``"splash"`` (TPU splash attention: lengths multiple of 128, a static
+    offset, no ``mask=``). ``None`` picks the platform's fastest (splash on TPU, cuDNN on GPU, XLA
+    elsewhere) and falls back to XLA with a one-time logged note when that kernel cannot take the
+    inputs; a kernel named explicitly that cannot run raises. Under an ``axis_mapping`` (or an
+    Explicit mesh) that shards batch or heads axes, the kernel runs once per shard
+    (``shard_map``); positions and ``head_axis`` are gathered first. Under a mixed-precision
+    policy the query, key and value are cast to its compute dtype; the softmax is in float32.
+
+    Args:
+        query: ``(..., position, heads..., head_dim)``; must not have ``key_position``.
+        key: ``(..., key_position, heads or kv_heads, head_dim)``.
+        value: Like ``key`` (the general XLA path also takes other value axes, e.g. another
+            head size).
+        head_axis: The feature axis contracted between query and key.
+        key_position: The key position axis (softmax axis).
+        position: The query position axis.
+        heads: The query heads axis name (shared with key/value in multi-head attention).
+        mask: Boolean NamedArray over some of the scores' axes; ``True`` attends.
+        scale: Multiplies the scores; default ``head_axis size ** -0.5``.
+        causal: Causal attention at ``query_offset``.
+        sliding_window: Window size ``w`` (HF semantics); implies ``causal``.
+        key_lengths: Integer NamedArray over batch axes: real keys per row (right padding).
+        key_mask: Boolean NamedArray ``(batch..., key_position)``: real keys (any padding side).
+        query_offset: Key position of the first query: an int or an integer scalar (traced is
+            fine for ``"xla"``); default ``key_position size - position size``.
+        implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+
+    Returns:
+        The query's axes (``head_axis`` from the value), in the query's order.
+
+    Raises:
+        AxisNotFoundError: if ``head_axis``/``key_position`` is missing, or the mask or padding has
+            an axis it may not have.
+        AxisSizeError: if ``head_axis`` differs in size between query and key, the value's key
+            positions differ from the key's, or the key/value heads do not divide the query heads.
+        DuplicateAxisError: if the query has ``key_position``.
+        NamedTypeError: if an option has the wrong type.
+        AttentionKernelError: if ``implementation`` is unknown, or names a kernel that cannot run
+            here (with the reason: device, dtype, shapes or options).
+
+    Example:
+        >>> import namedaxes as na
+        >>> q = na.ones({"batch": 2, "position": 3, "heads": 4, "head_dim": 8})
+        >>> k = na.ones({"batch": 2, "key_position": 3, "kv_heads": 2, "head_dim": 8})
+        >>> dot_product_attention(q, k, k, causal=True)
+        NamedArray(float32, batch=2, position=3, heads=4, head_dim=8)
+    """
+    head, kpos_name = axis_name(head_axis), axis_name(key_position)
+    pos_name, heads_name = axis_name(position), axis_name(heads)
+    if implementation is not None and implementation not in kernels.IMPLEMENTATIONS:
+        raise AttentionKernelError(
+            f"{_WHAT}: unknown implementation={implementation!r}. Choose None (the fastest "
+            f"available), {format_names(kernels.IMPLEMENTATIONS)}."
+        )
+    query = expect_axes(query, (), _WHAT, "query")
+    key = expect_axes(key, (), _WHAT, "key")
+    value = expect_axes(value, (), _WHAT, "value")
+    q_head = query.resolve_axis(head)
+    key = expect_axes(key, (q_head,), _WHAT, "key")
+    kpos = key.resolve_axis(kpos_name)
+    if not value.has_axis(kpos_name) or value.axis_size(kpos_name) != kpos.size:
+        raise AxisSizeError(
+            f"{_WHAT}: value NamedArray({format_axes(value.axes)}) needs axis {kpos_name!r} of "
+            f"size {kpos.size}, as in the key. Give the value the key's positions."
+        )
+    why = "names the key positions; query positions need another name"
+    expect_free(query, (kpos_name,), _WHAT, why)
+    if sliding_window is not None:
+        if (
+            not isinstance(sliding_window, int)
+            or isinstance(sliding_window, bool)
+            or sliding_window < 1
+        ):
+            raise NamedTypeError(f"{_WHAT}: sliding_window must be a positive int, got {sliding_window!r}.")  # fmt: skip
+        causal = True
+    if mask is not None:
+        _check_mask(mask, query, head, kpos)
+    _check_padding(key_mask, key_lengths, query, key, head, kpos)
+    offset = _offset_value(query_offset)
+    policy = current_precision()
+    query, key, value = policy.cast_to_compute((query, key, value))
+    if len({query.dtype, key.dtype, value.dtype}) > 1:
+        raise NamedTypeError(
+            f"{_WHAT}: query, key and value must share a dtype, got {query.dtype}, {key.dtype} "
+            f"and {value.dtype}. Cast them (or use a precision policy)."
+        )
+    scale = q_head.size**-0.5 if scale is None else float(scale)
+
+    layout = _classify(query, key, value, head, kpos_name, pos_name, heads_name)
+    if layout is None:
+        if implementation not in (None, "xla"):
+            raise AttentionKernelError(
+                f"{_WHAT}(implementation={implementation!r}) cannot run: the value "
+                f"NamedArray({format_axes(value.axes)}) has other axes than the key "
+                f"NamedArray({format_axes(key.axes)}), which only implementation='xla' takes."
+            )
+        pos = query.resolve_axis(pos_name) if query.has_axis(pos_name) else None
+        allowed = mask
+        if causal:
+            start = kpos.size - (pos.size if pos else 1) if offset is None else offset
+            allowed = _and(allowed, _structural(pos, kpos, start, sliding_window))
+        if key_mask is not None:
+            allowed = _and(allowed, key_mask)
+        elif key_lengths is not None:
+            allowed = _and(allowed, arange(kpos) < key_lengths.astype(jnp.int32))
+        return _general(query, key, value, scale, allowed, kpos_name, head)
+
+    arrays = (query, key, value, mask, key_mask, key_lengths, offset)
+    if implementation is not None:
+        try:
+            return _run_kernel(implementation, layout, scale, causal, sliding_window, arrays)
+        except kernels.Unavailable as e:
+            raise AttentionKernelError(
+                f"{_WHAT}(implementation={implementation!r}) cannot run here: {e}. Pass "
+                "implementation=None to use the fastest kernel that can."
+            ) from None
+    best = kernels.preferred()
+    if best != "xla":
+        try:
+            return _run_kernel(best, layout, scale, causal, sliding_window, arrays)
+        except kernels.Unavailable as e:
+            kernels.note_once(f"namedaxes: {_WHAT} uses XLA instead of {best}: {e}.")
+    return _run_kernel("xla", layout, scale, causal, sliding_window, arrays)
+
+
+def _and(a: NamedArray | None, b: NamedArray) -> NamedArray:
+    return b if a is None else a & b
