@@ -132,7 +132,7 @@ def _padding_mask(call: KernelCall) -> jax.Array | None:
 # -- xla ------------------------------------------------------------------------------------------
 
 
-def _xla(call: KernelCall, implementation: str = "xla") -> jax.Array:
+def _xla(call: KernelCall) -> jax.Array:
     native = call.causal and call.static_offset == 0
     mask = call.mask if native else _and(call.mask, structural_mask(call))
     lengths = None
@@ -141,17 +141,18 @@ def _xla(call: KernelCall, implementation: str = "xla") -> jax.Array:
             lengths = call.padding.length.astype(jnp.int32)
         else:
             mask = _and(mask, _padding_mask(call))
-    return jax.nn.dot_product_attention(
-        call.q,
-        call.k,
-        call.v,
-        mask=mask,
-        scale=call.scale,
-        is_causal=native,
-        key_value_seq_lengths=lengths,
-        local_window_size=(call.window - 1, 0) if native and call.window is not None else None,
-        implementation=implementation,  # type: ignore[arg-type]
-    )
+    with jax.numpy_dtype_promotion("standard"):  # JAX's attention code promotes bf16 with f32
+        return jax.nn.dot_product_attention(
+            call.q,
+            call.k,
+            call.v,
+            mask=mask,
+            scale=call.scale,
+            is_causal=native,
+            key_value_seq_lengths=lengths,
+            local_window_size=(call.window - 1, 0) if native and call.window is not None else None,
+            implementation="xla",
+        )
 
 
 # -- cuDNN ----------------------------------------------------------------------------------------
@@ -197,17 +198,18 @@ def _cudnn(call: KernelCall) -> jax.Array:
         b, n, t, s = mask.shape
         mask = jnp.broadcast_to(mask, (b, n, q.shape[1], k.shape[1]))
     try:
-        out = jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            scale=call.scale,
-            is_causal=call.causal,
-            key_value_seq_lengths=None if lengths is None else lengths.astype(jnp.int32),
-            local_window_size=None if call.window is None else (call.window - 1, 0),
-            implementation="xla" if _EMULATE else "cudnn",
-        )
+        with jax.numpy_dtype_promotion("standard"):
+            out = jax.nn.dot_product_attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                scale=call.scale,
+                is_causal=call.causal,
+                key_value_seq_lengths=None if lengths is None else lengths.astype(jnp.int32),
+                local_window_size=None if call.window is None else (call.window - 1, 0),
+                implementation="xla" if _EMULATE else "cudnn",
+            )
     except (ValueError, NotImplementedError, RuntimeError, TypeError) as e:
         raise Unavailable(f"JAX's cuDNN attention refused these inputs: {e}") from e
     if shift is not None and call.causal:
@@ -228,6 +230,27 @@ def _splash_module() -> Any:
 
 def _block(n: int) -> int | None:
     return next((b for b in (512, 256, 128) if n % b == 0), None)
+
+
+def _segments(real: jax.Array, causal: bool, window: int | None, offset: int, t: int) -> Any:
+    """Splash segment ids: keys are 1 (real) or 0 (padding); a query is 1 when it sees a real key.
+
+    A query that sees no real key (left padding under a causal mask) gets segment 0, so it attends
+    to the padding keys it sees instead of to nothing (splash needs every row to see some key).
+    """
+    sa = _splash_module()
+    kv_ids = real.astype(jnp.int32)
+    s = real.shape[1]
+    if causal:
+        seen_upto = jnp.cumsum(kv_ids, axis=1)  # real keys at positions <= j
+        at = jnp.arange(t) + offset
+        seen = jnp.take(seen_upto, jnp.clip(at, 0, s - 1), axis=1)
+        if window is not None:
+            before = jnp.take(seen_upto, jnp.clip(at - window, 0, s - 1), axis=1)
+            seen = seen - jnp.where(at - window >= 0, before, 0)
+    else:
+        seen = jnp.broadcast_to(kv_ids.sum(axis=1, keepdims=True), (real.shape[0], t))
+    return sa.SegmentIds(q=(seen > 0).astype(jnp.int32), kv=kv_ids)
 
 
 def _splash(call: KernelCall) -> jax.Array:
@@ -278,12 +301,7 @@ def _splash(call: KernelCall) -> jax.Array:
     k, v = call.k.transpose(0, 2, 1, 3), call.v.transpose(0, 2, 1, 3)  # (B, K, S, H)
     segments = None
     if call.padding is not None:
-        kv_ids = call.padding.mask.astype(jnp.int32)
-        if call.causal:  # a query is a key position: it shares that key's segment
-            q_ids = jnp.take(kv_ids, jnp.clip(jnp.arange(t) + offset, 0, s - 1), axis=1)
-        else:
-            q_ids = jnp.ones((b, t), jnp.int32)
-        segments = sa.SegmentIds(q=q_ids, kv=kv_ids)
+        segments = _segments(call.padding.mask, call.causal, call.window, offset, t)
     if group == 1:
         per_row = lambda q, k, v, seg: kernel(q, k, v, segment_ids=seg)  # noqa: E731
     else:
@@ -293,7 +311,8 @@ def _splash(call: KernelCall) -> jax.Array:
             return jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=seg))(q, k, v)
 
     try:
-        out = jax.vmap(per_row)(q, k, v, segments)
+        with jax.numpy_dtype_promotion("standard"):
+            out = jax.vmap(per_row)(q, k, v, segments)
     except (ValueError, NotImplementedError) as e:
         raise Unavailable(f"splash refused these inputs: {e}") from e
     return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)

@@ -257,11 +257,11 @@ def _check_mask(mask: Any, q: NamedArray, head: str, kpos: Axis) -> None:
 
 
 def _check_padding(
-    key_mask: Any, key_lengths: Any, q: NamedArray, k: NamedArray, head: str, kpos: Axis
+    key_mask: Any, key_lengths: Any, q: NamedArray, k: NamedArray, head: str, kpos: Axis, heads: str
 ) -> None:
     if key_mask is not None and key_lengths is not None:
         raise NamedTypeError(f"{_WHAT}: pass key_mask= or key_lengths=, not both.")
-    shared = {n for n in q.axis_names if k.has_axis(n) and n != head}
+    shared = {n for n in q.axis_names if k.has_axis(n) and n not in (head, heads)}
     if key_mask is not None:
         if not isinstance(key_mask, NamedArray) or key_mask.dtype != jnp.bool_:
             raise NamedTypeError(
@@ -283,10 +283,11 @@ def _check_padding(
         return
     extra = [n for n in x.axis_names if n not in allowed]
     if extra:
+        may = sorted(shared) + ([kpos.name] if what == "key_mask" else [])
         raise AxisNotFoundError(
-            f"{_WHAT}: {what} NamedArray({format_axes(x.axes)}) has axis {format_names(extra)}, "
-            f"which is not an axis the query, key and value share ({format_names(sorted(shared))})"
-            f"{' or ' + repr(kpos.name) if what == 'key_mask' else ''}. Padding is per batch row."
+            f"{_WHAT}: {what} NamedArray({format_axes(x.axes)}) has axis {format_names(extra)}; "
+            f"padding is per batch row, so it may only have {format_names(may)} (axes the query, "
+            f"key and value share, besides {heads!r}). Drop or rename that axis."
         )
 
 
@@ -408,7 +409,7 @@ def dot_product_attention(
         causal = True
     if mask is not None:
         _check_mask(mask, query, head, kpos)
-    _check_padding(key_mask, key_lengths, query, key, head, kpos)
+    _check_padding(key_mask, key_lengths, query, key, head, kpos, heads_name)
     offset = _offset_value(query_offset)
     policy = current_precision()
     query, key, value = policy.cast_to_compute((query, key, value))

@@ -1,0 +1,290 @@
+"""nn.dot_product_attention: every kernel against a plain jax.numpy attention, sharded and not.
+
+cuDNN and splash cannot run on a CPU. Their *mappings* (rotation of left-padded rows, key lengths,
+causal/window arguments, segment ids, per-head kernels) are checked here by running them with
+``_attention_kernels._EMULATE``: the cuDNN call goes to JAX's XLA implementation of the same
+arguments (JAX defines them identically for both), splash runs Pallas in interpret mode. The
+cuDNN kernel itself is checked on a GPU by ``benchmarks/accelerator.py --check``.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import named
+from namedaxes.nn import _attention_kernels as kernels
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+def reference(q, k, v, allowed, scale):
+    """Plain attention: q (b, t, n, d), k/v (b, s, m, d), allowed broadcastable to (b, n, t, s).
+
+    Key/value head ``h // (n // m)`` serves query head ``h`` (the kv heads are repeated here).
+    """
+    n, m = q.shape[2], k.shape[2]
+    k, v = jnp.repeat(k, n // m, axis=2), jnp.repeat(v, n // m, axis=2)
+    f32 = jnp.float32
+    s = jnp.einsum("btnd,bsnd->bnts", q.astype(f32), k.astype(f32)) * scale
+    s = jnp.where(allowed, s, jnp.finfo(f32).min)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v.astype(f32))
+
+
+def qkv(b, t, s, n, m, d, dtype=jnp.float32, seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    kv_name = "heads" if n == m else "kv_heads"
+    q = na.random.normal(kq, {"batch": b, "position": t, "heads": n, "head_dim": d})
+    k = na.random.normal(kk, {"batch": b, "key_position": s, kv_name: m, "head_dim": d})
+    v = na.random.normal(kv, {"batch": b, "key_position": s, kv_name: m, "head_dim": d})
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def case(name, t):
+    """``(keyword arguments, allowed (b, 1, t, s))`` for a named case over 2 rows of length t."""
+    i = jnp.arange(t)
+    causal = i[None, :] <= i[:, None]
+    if name == "causal":
+        return dict(causal=True), causal[None, None]
+    if name == "left_padded":
+        starts = jnp.array([0, t // 3])
+        real = i[None, :] >= starts[:, None]
+        kw = dict(causal=True, key_mask=named(real, ("batch", "key_position")))
+        return kw, causal[None, None] & real[:, None, None, :]
+    if name == "sliding_window":  # also right padding, by lengths
+        w, lengths = t // 4 + 1, jnp.array([t, t - 3])
+        window = causal & (i[None, :] > i[:, None] - w)
+        real = i[None, :] < lengths[:, None]
+        kw = dict(sliding_window=w, key_lengths=named(lengths, ("batch",)))
+        return kw, window[None, None] & real[:, None, None, :]
+    raise AssertionError(name)
+
+
+def check(out, ref, allowed, dtype):
+    """Compare the rows that see at least one key (the others are unspecified)."""
+    seen = jnp.broadcast_to(allowed, (ref.shape[0], ref.shape[2]) + allowed.shape[2:]).any(-1)
+    rows = jnp.moveaxis(seen, 1, 2)[..., None]  # (b, t, n, 1)
+    got = np.asarray(jnp.where(rows, out.astype(jnp.float32), 0.0))
+    want = np.asarray(jnp.where(rows, ref, 0.0))
+    np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    monkeypatch.setattr(kernels, "_EMULATE", True)
+
+
+CASES = ["causal", "left_padded", "sliding_window"]
+DTYPES = [pytest.param(jnp.float32, id="f32"), pytest.param(jnp.bfloat16, id="bf16")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("impl", ["xla", "cudnn"])
+def test_kernels_agree_with_plain_attention(impl, name, dtype, emulate):
+    q, k, v = qkv(2, 9, 9, 6, 2, 8, dtype)  # grouped-query: 6 query heads, 2 key/value heads
+    kw, allowed = case(name, 9)
+    run = jax.jit(lambda q, k, v: na.nn.dot_product_attention(q, k, v, implementation=impl, **kw))
+    out = run(q, k, v)
+    assert out.axes == q.axes and out.dtype == dtype
+    check(out.array, reference(q.array, k.array, v.array, allowed, 8**-0.5), allowed, dtype)
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("causal", jnp.bfloat16), ("left_padded", jnp.float32), ("sliding_window", jnp.float32)],
+)
+def test_splash_agrees_with_plain_attention(name, dtype, emulate):
+    q, k, v = qkv(2, 128, 128, 4, 2, 16, dtype)
+    kw, allowed = case(name, 128)
+    out = na.nn.dot_product_attention(q, k, v, implementation="splash", **kw)
+    check(out.array, reference(q.array, k.array, v.array, allowed, 16**-0.5), allowed, dtype)
+
+
+def test_multi_head_attention_and_several_batch_axes(emulate):
+    """Two batch-like axes are flattened into the kernel's batch; MHA shares `heads`."""
+    q, k, v = qkv(6, 5, 5, 2, 2, 4)
+    split = lambda x: x.unflatten_axis("batch", {"replica": 2, "batch": 3})  # noqa: E731
+    q, k, v = split(q), split(k), split(v)
+    flat = lambda x: x.rearrange(("replica", "batch", ...)).array.reshape((6,) + x.array.shape[2:])  # noqa: E731
+    i = jnp.arange(5)
+    allowed = (i[None, :] <= i[:, None])[None, None]
+    ref = reference(flat(q), flat(k), flat(v), allowed, 0.5)
+    for impl in ("xla", "cudnn"):
+        out = na.nn.dot_product_attention(q, k, v, causal=True, implementation=impl)
+        assert out.axes == q.axes
+        check(flat(out), ref, allowed, jnp.float32)
+
+
+def test_decoding_queries_at_an_offset(emulate):
+    """Queries that are the last positions of the key axis, and a traced offset (a cache)."""
+    q, k, v = qkv(2, 3, 8, 4, 2, 4)
+    t, s = jnp.arange(3), jnp.arange(8)
+    starts = jnp.array([0, 2])
+    real = s[None, :] >= starts[:, None]
+    key_mask = named(real, ("batch", "key_position"))
+    at_end = (s[None, :] <= t[:, None] + 5)[None, None] & real[:, None, None, :]
+    out = na.nn.dot_product_attention(q, k, v, causal=True, key_mask=key_mask)
+    check(out.array, reference(q.array, k.array, v.array, at_end, 0.5), at_end, jnp.float32)
+
+    @jax.jit
+    def step(q, k, v, offset):
+        return na.nn.dot_product_attention(q, k, v, sliding_window=3, query_offset=offset)
+
+    q1 = q["position", 0:1]
+    window = (s[None, :] <= 4) & (s[None, :] > 1)
+    out = step(q1, k, v, jnp.int32(4))
+    check(
+        out.array,
+        reference(q1.array, k.array, v.array, window[None, None], 0.5),
+        window[None, None],
+        jnp.float32,
+    )
+    with pytest.raises(na.AttentionKernelError, match=r"queries at an offset \(decoding"):
+        na.nn.dot_product_attention(q, k, v, causal=True, implementation="cudnn")
+
+
+def test_value_with_another_head_size_takes_the_named_path():
+    q, k, _ = qkv(2, 4, 4, 2, 2, 4)
+    v = na.random.normal(
+        jax.random.key(3), {"batch": 2, "key_position": 4, "heads": 2, "head_dim": 3}
+    )
+    i = jnp.arange(4)
+    allowed = (i[None, :] <= i[:, None])[None, None]
+    out = na.nn.dot_product_attention(q, k, v, causal=True)
+    s = jnp.einsum("btnd,bsnd->bnts", q.array, k.array) * 0.5
+    w = jax.nn.softmax(jnp.where(allowed, s, -jnp.inf), axis=-1)
+    ref = jnp.einsum("bnts,bsnd->btnd", w, v.array)
+    np.testing.assert_allclose(
+        out.rearrange(("batch", "position", "heads", "head_dim")).array, ref, rtol=1e-5, atol=1e-5
+    )
+    with pytest.raises(na.AttentionKernelError, match=r"has other axes than the key"):
+        na.nn.dot_product_attention(q, k, v, implementation="cudnn")
+
+
+def test_no_repeated_key_value_heads_in_the_xla_program():
+    """Grouped-query attention never builds keys or values with one copy per query head."""
+    q, k, v = qkv(2, 5, 10, 6, 2, 4)  # no array may have both the key length 10 and 6 heads
+
+    def shapes(jaxpr):
+        for eqn in jaxpr.eqns:
+            for var in eqn.outvars:
+                yield tuple(getattr(var.aval, "shape", ()))
+            for p in eqn.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        yield from shapes(inner)
+
+    def loss(q, k, v):
+        out = na.nn.dot_product_attention(q, k, v, causal=True, implementation="xla")
+        return out.array.sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(1, 2)))(q, k, v).jaxpr
+    seen = list(shapes(jaxpr))
+    assert any(10 in s for s in seen) and any(6 in s for s in seen)  # the walk sees the program
+    assert not [s for s in seen if 10 in s and 6 in s]
+
+
+@pytest.mark.parametrize("impl", ["xla", "cudnn"])
+def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
+    """Under a mapping the kernel runs per shard: values, gradients and output specs."""
+    q, k, v = qkv(4, 8, 8, 8, 4, 4)
+    kw, allowed = case("left_padded", 8)
+    kw["key_mask"] = named(jnp.tile(kw["key_mask"].array, (2, 1)), ("batch", "key_position"))
+    allowed = jnp.tile(allowed, (2, 1, 1, 1))
+    seen = allowed.any(-1)[:, 0, :, None, None]
+
+    def loss(q, k, v, key_mask):
+        out = na.nn.dot_product_attention(
+            q, k, v, causal=True, key_mask=key_mask, implementation=impl
+        )
+        return jnp.sum(jnp.where(seen, out.array, 0.0) ** 2), out
+
+    def ref_loss(q, k, v):
+        out = reference(q, k, v, allowed, 0.5)
+        return jnp.sum(jnp.where(seen, out, 0.0) ** 2)
+
+    mapping = {"batch": "data", "heads": "model", "kv_heads": "model"}
+    step = na.named_jit(
+        jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True), axis_resources=mapping
+    )
+    with jax.set_mesh(mesh_2x4):
+        (value, out), grads = step(q, k, v, kw["key_mask"])
+    want, want_grads = jax.value_and_grad(ref_loss, argnums=(0, 1, 2))(q.array, k.array, v.array)
+    assert out.array.sharding.spec[:3] == ("data", None, "model")
+    assert grads[1].array.sharding.spec[:3] == ("data", None, "model")
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g.array, w, rtol=1e-4, atol=1e-5)
+
+
+def test_named_kernel_that_cannot_run_raises():
+    q, k, v = qkv(1, 4, 4, 2, 2, 8, jnp.bfloat16)
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"dot_product_attention\(implementation='cudnn'\) cannot run here: cuDNN attention "
+        r"runs on NVIDIA GPUs; this backend is cpu",
+    ):
+        na.nn.dot_product_attention(q, k, v, implementation="cudnn")
+    with pytest.raises(na.AttentionKernelError, match=r"splash attention runs on TPUs"):
+        na.nn.dot_product_attention(q, k, v, implementation="splash")
+    with pytest.raises(na.AttentionKernelError, match=r"unknown implementation='flash'"):
+        na.nn.dot_product_attention(q, k, v, implementation="flash")
+
+
+def test_splash_refuses_what_it_cannot_take(emulate):
+    q, k, v = qkv(1, 4, 4, 2, 2, 8)
+    with pytest.raises(na.AttentionKernelError, match=r"multiples of 128, got 4 and 4"):
+        na.nn.dot_product_attention(q, k, v, implementation="splash")
+    mask = na.ones({"position": 4, "key_position": 4}, dtype=bool)
+    with pytest.raises(na.AttentionKernelError, match=r"not a general mask="):
+        na.nn.dot_product_attention(q, k, v, mask=mask, implementation="splash")
+
+
+def test_fastest_kernel_falls_back_with_one_note(monkeypatch, caplog):
+    """None tries the platform's kernel; when it cannot take the inputs, XLA, noted once."""
+    monkeypatch.setattr(kernels, "preferred", lambda: "cudnn")  # a GPU's choice, on a CPU
+    kernels.note_once.cache_clear()
+    q, k, v = qkv(1, 4, 4, 2, 2, 8)
+    with caplog.at_level(logging.WARNING, logger="namedaxes"):
+        out = na.nn.dot_product_attention(q, k, v, causal=True)
+        na.nn.dot_product_attention(q, k, v, causal=True)
+    notes = [r.getMessage() for r in caplog.records]
+    assert notes == [
+        "namedaxes: dot_product_attention uses XLA instead of cudnn: cuDNN attention runs on "
+        "NVIDIA GPUs; this backend is cpu."
+    ]
+    expected = na.nn.dot_product_attention(q, k, v, causal=True, implementation="xla")
+    np.testing.assert_array_equal(out.array, expected.array)
+
+
+def test_option_errors():
+    q, k, v = qkv(2, 4, 4, 2, 2, 8)
+    km = named(jnp.ones((2, 4), bool), ("batch", "key_position"))
+    with pytest.raises(na.NamedTypeError, match=r"pass key_mask= or key_lengths=, not both"):
+        na.nn.dot_product_attention(
+            q, k, v, key_mask=km, key_lengths=named(jnp.ones(2, int), "batch")
+        )
+    match = (
+        r"key_mask NamedArray\(heads=2, key_position=4\) has axis 'heads'; padding is per batch "
+        r"row, so it may only have 'batch', 'key_position' \(axes the query, key and value share, "
+        r"besides 'heads'\)"
+    )
+    with pytest.raises(na.AxisNotFoundError, match=match):
+        na.nn.dot_product_attention(
+            q, k, v, key_mask=named(jnp.ones((2, 4), bool), ("heads", "key_position"))
+        )
+    with pytest.raises(na.NamedTypeError, match=r"sliding_window must be a positive int, got 0"):
+        na.nn.dot_product_attention(q, k, v, sliding_window=0)
+    with pytest.raises(na.NamedTypeError, match=r"must share a dtype, got float32, bfloat16"):
+        na.nn.dot_product_attention(q, k.astype(jnp.bfloat16), v)
+    kv3 = na.ones({"batch": 2, "key_position": 4, "kv_heads": 3, "head_dim": 8})
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"key/value heads \(kv_heads=3\) must divide the query heads \(heads=2\)",
+    ):
+        na.nn.dot_product_attention(q, kv3, kv3)
