@@ -6,7 +6,8 @@ uses key/value head ``h // (N // K)``), and the structured options (causal, slid
 padding, query offset) kept as such. Each kernel turns that call into what its backend takes
 natively, or raises ``Unavailable`` saying why it cannot:
 
-* ``xla``: ``jax.nn.dot_product_attention(implementation="xla")``; takes everything.
+* ``xla``: the same math as ``jax.nn.dot_product_attention(implementation="xla")`` in plain
+  ``jnp`` (scores materialized); takes everything.
 * ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` (cuDNN flash attention) on
   NVIDIA GPUs for bfloat16/float16. cuDNN's causal mask starts at the first key and its padding
   is right padding (key lengths), so a left-padded batch is rotated per row (real keys first),
@@ -133,26 +134,30 @@ def _padding_mask(call: KernelCall) -> jax.Array | None:
 
 
 def _xla(call: KernelCall) -> jax.Array:
-    native = call.causal and call.static_offset == 0
-    mask = call.mask if native else _and(call.mask, structural_mask(call))
-    lengths = None
+    """Scores in float32 (at least), masked, softmax, weights back in the value's dtype.
+
+    Grouped-query heads are a reshape of the query, ``(B, T, K, N // K, H)``, never a repeat of
+    the keys. (Not ``jax.nn.dot_product_attention(implementation="xla")``, whose backward pass
+    does not lower under ``jax_numpy_dtype_promotion="strict"``; the math is the same.)
+    """
+    q, k, v = call.q, call.k, call.v
+    b, t, n, h = q.shape
+    s, kv = k.shape[1], k.shape[2]
+    g = n // kv
+    acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+    scores = jnp.einsum(
+        "btkgh,bskh->bkgts", q.reshape(b, t, kv, g, h), k, preferred_element_type=acc
+    ) * jnp.asarray(call.scale, acc)
+    mask = _and(call.mask, structural_mask(call))
     if call.padding is not None:
-        if call.padding.start is None:
-            lengths = call.padding.length.astype(jnp.int32)
-        else:
-            mask = _and(mask, _padding_mask(call))
-    with jax.numpy_dtype_promotion("standard"):  # JAX's attention code promotes bf16 with f32
-        return jax.nn.dot_product_attention(
-            call.q,
-            call.k,
-            call.v,
-            mask=mask,
-            scale=call.scale,
-            is_causal=native,
-            key_value_seq_lengths=lengths,
-            local_window_size=(call.window - 1, 0) if native and call.window is not None else None,
-            implementation="xla",
-        )
+        mask = _and(mask, _padding_mask(call))
+    if mask is not None:
+        mb, mn = mask.shape[:2]
+        grouped = mask.reshape(mb, kv, g, t, s) if mn == n else mask.reshape(mb, 1, 1, t, s)
+        scores = jnp.where(grouped, scores, jnp.finfo(acc).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
+    return out.reshape(b, t, n, h)
 
 
 # -- cuDNN ----------------------------------------------------------------------------------------

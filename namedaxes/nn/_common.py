@@ -1,4 +1,5 @@
-"""Checks and helpers every layer shares: input axes, output names, parameter placement."""
+"""Checks and helpers every layer shares: input axes, output names, parameter placement and the
+precision policy (parameters and inputs in its compute dtype, results in its output dtype)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,18 @@ from .._errors import (
     format_names,
 )
 from .._partitioning import auto_sharded
+from ._precision import current_precision, param_dtype
 
-__all__ = ["as_axes", "expect_axes", "expect_free", "fan_in", "place"]
+__all__ = [
+    "as_axes",
+    "compute",
+    "expect_axes",
+    "expect_free",
+    "fan_in",
+    "output",
+    "param",
+    "place",
+]
 
 
 def as_axes(spec: AxisSpec, what: str) -> tuple[Axis, ...]:
@@ -74,15 +85,35 @@ def fan_in(axes: Sequence[Axis]) -> int:
 def place(x: Any) -> Any:
     """Place ``x`` by the compute mapping in force (no-op without a mapping or mesh).
 
-    Layers call this on their parameters and outputs: a parameter stored by another mapping (FSDP)
-    is gathered here, explicitly, which is what Explicit meshes need and what XLA does anyway on
-    Auto meshes; an output then carries the layout the mapping asks for.
+    A parameter stored by another mapping (FSDP) is gathered here, explicitly, which is what
+    Explicit meshes need and what XLA does anyway on Auto meshes; an output then carries the layout
+    the mapping asks for.
     """
     return auto_sharded(x)
 
 
+def param(w: Any) -> Any:
+    """A parameter where a layer uses it: in the policy's compute dtype, placed by the mapping.
+
+    Every layer reads its parameters through here. The cast comes first, so an FSDP gather moves
+    the compute dtype, and the gradient flows back through it in the parameter's own dtype.
+    """
+    return auto_sharded(current_precision().cast_to_compute(w))
+
+
+def compute(x: Any) -> Any:
+    """A layer's input in the policy's compute dtype (unchanged without a policy)."""
+    return current_precision().cast_to_compute(x)
+
+
+def output(y: Any) -> Any:
+    """A layer's result in the policy's output dtype (else its compute dtype), placed."""
+    return auto_sharded(current_precision().cast_to_output(y))
+
+
 def check_dtype_float(dtype: Any, layer: str) -> Any:
-    """``dtype`` (or JAX's default float) if it is a floating type."""
+    """The parameters' dtype: ``dtype``, else the policy's ``param``; ``None`` is JAX's default."""
+    dtype = param_dtype(dtype)
     if dtype is None:
         return None
     try:

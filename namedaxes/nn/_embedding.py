@@ -14,7 +14,7 @@ from .._errors import NamedTypeError, format_axes
 from .._ops.contract import dot
 from .._ops.indexing import take
 from ..random import normal
-from ._common import as_axes, check_dtype_float, expect_axes, expect_free, place
+from ._common import as_axes, check_dtype_float, compute, expect_axes, expect_free, output, param
 
 __all__ = ["Embedding"]
 
@@ -33,14 +33,15 @@ class Embedding(eqx.Module):
     then ``Embed``. ``emb.unembed(x)`` contracts ``Embed`` with the same table, giving logits over
     ``Vocab`` (a tied output head). The table is drawn from a normal distribution with standard
     deviation ``init_scale / sqrt(Embed.size)``. Under an ``axis_mapping`` with a mesh, the table
-    and the outputs are placed by that mapping.
+    and the outputs are placed by that mapping; under a precision policy the table is used in its
+    compute dtype and results come out in its output dtype.
 
     Args:
         Vocab: The axis of the ids (one ``Axis``, e.g. ``Axis("vocab", 256)``).
         Embed: The vector axis.
         key: PRNG key for the table.
         init_scale: Multiplies the entries' standard deviation.
-        dtype: The table's float dtype (JAX's default float when ``None``).
+        dtype: The table's float dtype (the policy's ``param`` or JAX's default when ``None``).
 
     Raises:
         NamedTypeError: if ``Vocab`` or ``Embed`` is not one axis, or the dtype is not a float.
@@ -100,7 +101,7 @@ class Embedding(eqx.Module):
             )
         names = (self.Vocab.name, self.Embed.name)
         expect_free(ids, names, "Embedding", "the lookup creates or consumes")
-        return place(take(place(self.weight), self.Vocab.name, ids))
+        return output(take(param(self.weight), self.Vocab.name, ids))
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over ``Vocab``: ``x`` with ``Embed`` contracted against the table (a tied head).
@@ -111,4 +112,4 @@ class Embedding(eqx.Module):
         """
         x = expect_axes(x, (self.Embed,), "Embedding.unembed")
         expect_free(x, (self.Vocab.name,), "Embedding.unembed", "is the output axis")
-        return place(dot(x, place(self.weight), axis=self.Embed.name))
+        return output(dot(compute(x), param(self.weight), axis=self.Embed.name))

@@ -13,7 +13,16 @@ from .._errors import DuplicateAxisError, format_names
 from .._ops.contract import dot
 from .._ops.creation import zeros
 from ..random import normal
-from ._common import as_axes, check_dtype_float, expect_axes, expect_free, fan_in, place
+from ._common import (
+    as_axes,
+    check_dtype_float,
+    compute,
+    expect_axes,
+    expect_free,
+    fan_in,
+    output,
+    param,
+)
 
 __all__ = ["Linear"]
 
@@ -27,7 +36,9 @@ class Linear(eqx.Module):
     the input's remaining axes in their order, then ``Out``.
 
     Under an ``axis_mapping`` with a mesh (inside ``named_jit``/``fsdp``), the weight and the output
-    are placed by that mapping, so a weight stored FSDP-sharded is gathered here.
+    are placed by that mapping, so a weight stored FSDP-sharded is gathered here. Under a precision
+    policy the input and the parameters are cast to its compute dtype and the result to its output
+    dtype.
 
     Args:
         In: The input axes (an ``Axis``, a sequence of them, or a ``{name: size}`` dict).
@@ -35,7 +46,7 @@ class Linear(eqx.Module):
         key: PRNG key for the weight.
         use_bias: Whether to add a bias over ``Out``.
         init_scale: Multiplies the weight's standard deviation.
-        dtype: The parameters' float dtype (JAX's default float when ``None``).
+        dtype: The parameters' float dtype (the policy's ``param`` or JAX's default when ``None``).
 
     Raises:
         DuplicateAxisError: if ``In`` and ``Out`` share a name.
@@ -88,7 +99,7 @@ class Linear(eqx.Module):
         """
         x = expect_axes(x, self.In, "Linear")
         expect_free(x, (a.name for a in self.Out), "Linear", "is an output axis of the layer")
-        y = dot(x, place(self.weight), axis=tuple(a.name for a in self.In))
+        y = dot(compute(x), param(self.weight), axis=tuple(a.name for a in self.In))
         if self.bias is not None:
-            y = y + place(self.bias)
-        return place(y)
+            y = y + param(self.bias)
+        return output(y)

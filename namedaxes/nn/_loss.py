@@ -15,6 +15,7 @@ from .._ops.indexing import take
 from .._ops.reductions import log_softmax
 from .._ops.reductions import sum as named_sum
 from ._common import expect_axes, expect_free
+from ._precision import upcast
 
 __all__ = ["cross_entropy", "one_hot"]
 
@@ -68,6 +69,7 @@ def cross_entropy(
     With integer ``targets`` (class ids, over some of the logits' other axes), the per-element
     loss is ``-take(log_softmax(logits, axis), axis, targets)``; with float ``targets`` that have
     ``axis`` (probabilities, e.g. ``one_hot``), it is ``-sum(targets * log_softmax(logits), axis)``.
+    The loss is computed in float32 at least (bfloat16 logits are upcast first).
     ``where`` (a boolean NamedArray over some of the remaining axes, ``True`` where the loss counts)
     drops padding: it sets the loss to 0 there and, for ``"mean"``, counts only the ``True``
     elements (an all-``False`` mask gives 0, not NaN).
@@ -108,7 +110,7 @@ def cross_entropy(
             f"cross_entropy needs NamedArray targets, got {type(targets).__name__}. Name them, "
             "e.g. named(ids, ('batch', 'position'))."
         )
-    logp = log_softmax(logits, name)
+    logp = log_softmax(upcast(logits), name)
     if jnp.issubdtype(targets.dtype, jnp.integer):
         why = "is the class axis (integer targets are class ids)"
         expect_free(targets, (name,), "cross_entropy", why)
@@ -117,7 +119,7 @@ def cross_entropy(
     else:
         expect_axes(targets, (cls,), "cross_entropy", "targets")
         _subset(targets, logits, "targets", "the logits")
-        nll = -named_sum(logp * targets, name)
+        nll = -named_sum(logp * targets.astype(logp.dtype), name)
     if where is None:
         if reduction == "mean":
             return nll.mean()

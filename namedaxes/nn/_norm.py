@@ -11,13 +11,18 @@ from .._axis import Axis, AxisSpec
 from .._ops.creation import ones, zeros
 from .._ops.elementwise import rsqrt
 from .._ops.reductions import mean
-from ._common import as_axes, check_dtype_float, expect_axes, place
+from ._common import as_axes, check_dtype_float, expect_axes, output, place
+from ._precision import upcast
 
 __all__ = ["LayerNorm", "RmsNorm"]
 
 
 class _Norm(eqx.Module):
-    """What both norms share: parameters over the normalized axes and the affine step after."""
+    """What both norms share: parameters over the normalized axes and the affine step after.
+
+    Both compute in float32 at least (a bfloat16 input and bfloat16 parameters are upcast, as
+    ``transformers`` does); the result has the input's dtype, or the policy's output dtype.
+    """
 
     weight: NamedArray | None
     bias: NamedArray | None
@@ -45,12 +50,12 @@ class _Norm(eqx.Module):
             AxisSizeError: if a normalized axis has another size.
         """
         x = expect_axes(x, self.axis, type(self).__name__)
-        y = self._normalize(x, tuple(a.name for a in self.axis))
+        y = self._normalize(upcast(x), tuple(a.name for a in self.axis))
         if self.weight is not None:
-            y = y * place(self.weight)
+            y = y * upcast(place(self.weight))
         if self.bias is not None:
-            y = y + place(self.bias)
-        return y
+            y = y + upcast(place(self.bias))
+        return output(y.astype(x.dtype))
 
 
 class LayerNorm(_Norm):
