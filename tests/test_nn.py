@@ -1,5 +1,7 @@
 """namedaxes.nn layers: values against the plain-JAX computation with the same parameters, and errors."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -425,6 +427,67 @@ def test_stacked_checkpointing_gives_the_same_gradients_and_scan_stacks_outputs(
         plain.scan(x, 1.0)
     with pytest.raises(na.NamedTypeError, match=r"Stacked needs an Axis for Layer"):
         na.nn.Stacked(3, Block, key=KEY)
+
+
+class Residual(eqx.Module):
+    norm: na.nn.RmsNorm
+    mlp: na.nn.MLP
+
+    def __init__(self, key):
+        self.norm, self.mlp = na.nn.RmsNorm(E), na.nn.MLP(E, {"mlp": 16}, key=key)
+
+    def __call__(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+# What each policy keeps from the scan over 3 layers, (batch=2, embed=8) carries, mlp=16.
+SCAN_RESIDUALS = {
+    "dots": ["f32[3,2,16]", "f32[3,2,8]"],  # the up and down projections' outputs
+    "carry": ["f32[3,2,8]"],  # each layer's input
+    "offload": ["f32<host>[3,2,8]"],  # the same, in host memory
+    "full": [],  # nothing: only the stack's input is kept
+}
+
+
+def _remat_loss(stack, x):
+    return na.sum(stack(x) ** 2).scalar()
+
+
+@functools.cache
+def _remat_grads(policy):
+    stack = na.nn.Stacked(Axis("layer", 3), Residual, key=KEY, gradient_checkpointing=policy)
+    return stack, jax.jit(jax.grad(_remat_loss, argnums=(0, 1)))(stack, data(B, E))
+
+
+@pytest.mark.parametrize("policy", ["none", *SCAN_RESIDUALS])
+def test_stacked_remat_policies_give_the_same_gradients_and_keep_what_they_say(policy, capsys):
+    x = data(B, E)
+    stack, got = _remat_grads(policy)
+    _, want = _remat_grads(False)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        close(a, b, tol=1e-6)
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(_remat_loss, stack, x)
+    lines = capsys.readouterr().out.splitlines()
+    from_scan = [line.split()[0] for line in lines if "output of scan" in line]
+    if policy == "none":
+        assert len(from_scan) > 6  # every intermediate of every layer
+    else:
+        assert from_scan == SCAN_RESIDUALS[policy]
+    assert any("from the argument x" in line for line in lines) == (policy == "full")
+
+
+def test_stacked_remat_policy_errors():
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"Stacked\(\): gradient_checkpointing='dots_only' is not one of 'none', 'dots', "
+        r"'carry', 'offload', 'full' or a jax.checkpoint_policies policy",
+    ):
+        na.nn.Stacked(Axis("layer", 2), Residual, key=KEY, gradient_checkpointing="dots_only")
+    stack = na.nn.Stacked(
+        Axis("layer", 2), Residual, key=KEY, gradient_checkpointing="dots_saveable"
+    )
+    assert stack(data(B, E)).axes == (B, E)
 
 
 # -- losses -------------------------------------------------------------------------------------

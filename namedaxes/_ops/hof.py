@@ -32,7 +32,7 @@ from .._errors import (
 from .._spec import entry_axes
 from ._common import mapping_in_force, unshard_dims
 
-__all__ = ["fold", "scan", "vmap"]
+__all__ = ["check_remat", "fold", "scan", "vmap"]
 
 
 def _is_array(x: Any) -> bool:
@@ -332,7 +332,16 @@ def _is_policy(f: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def _checkpoint_policy(remat: Any, op: str) -> tuple[bool, Any]:
+def check_remat(remat: Any, op: str, arg: str, also: str) -> None:
+    """Raise ``NamedTypeError`` unless ``remat`` is a bool, a policy name or a policy.
+
+    For callers that take ``remat`` under another argument name ``arg`` and also take the names
+    ``also`` lists (both are put in the messages).
+    """
+    _checkpoint_policy(remat, op, arg, also)
+
+
+def _checkpoint_policy(remat: Any, op: str, arg: str = "remat", also: str = "") -> tuple[bool, Any]:
     """``(checkpoint?, policy)`` from ``remat=``: a bool, a policy name, or a policy."""
     if remat is None or remat is False:
         return False, None
@@ -353,13 +362,13 @@ def _checkpoint_policy(remat: Any, op: str) -> tuple[bool, Any]:
             else ""
         )
         raise NamedTypeError(
-            f"{op}(): remat={remat!r} is not a jax.checkpoint_policies policy.{hint} Policies by "
-            f"name: {', '.join(repr(n) for n in names)}."
+            f"{op}(): {arg}={remat!r} is not {also}a jax.checkpoint_policies policy.{hint} "
+            f"Policies by name: {', '.join(repr(n) for n in names)}."
         )
     if callable(remat):
         return True, remat
     raise NamedTypeError(
-        f"{op}(): remat must be a bool, a jax.checkpoint_policies name such as "
+        f"{op}(): {arg} must be a bool, {also}a jax.checkpoint_policies name such as "
         f"'nothing_saveable', or a policy callable, got {remat!r} ({type(remat).__name__})."
     )
 

@@ -7,14 +7,56 @@ from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from .._array import NamedArray, is_named_array
 from .._axis import Axis
 from .._errors import NamedTypeError
-from .._ops.hof import fold, scan, vmap
+from .._ops.hof import check_remat, fold, scan, vmap
 from .._ops.shape import rearrange
 
-__all__ = ["Stacked"]
+__all__ = ["REMAT_POLICIES", "Stacked"]
+
+# The carry entering each layer, named so that the "offload" policy can move it to host memory.
+_CARRY = "stacked_carry"
+
+#: What each named ``gradient_checkpointing`` policy keeps between the forward and backward pass.
+REMAT_POLICIES = {
+    "none": "everything autodiff saves (no recomputation; the most memory)",
+    "dots": "each layer's input and its matmul outputs without batch dimensions (projections); the "
+    "rest (norms, activations, attention scores) is recomputed",
+    "carry": "each layer's input only (the carry); each layer runs again in the backward pass",
+    "offload": "like 'carry', with the carries in host memory (pinned_host), copied back for the "
+    "backward pass",
+    "full": "only the stack's input: the whole stack runs again in the backward pass (as 'carry', "
+    "so each layer runs a third time)",
+}
+
+
+def _remat(g: Any) -> tuple[Any, bool]:
+    """``(fold's remat=, checkpoint the whole fold?)`` for a ``gradient_checkpointing`` value."""
+    if g is None or g is False or g == "none":
+        return False, False
+    if g is True or g == "carry":
+        return True, False
+    if g == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable, False
+    if g == "offload":
+        policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=[_CARRY],
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+        return policy, False
+    if g == "full":
+        return True, True
+    return g, False  # a jax.checkpoint_policies name or policy
+
+
+def _name_carry(h: Any) -> Any:
+    return jax.tree.map(lambda a: checkpoint_name(a, _CARRY), h)
+
 
 M = TypeVar("M", bound=eqx.Module)
 
@@ -40,20 +82,27 @@ class Stacked(eqx.Module, Generic[M]):
     so the program size does not grow with depth): ``stack(x, *args, key=key, **kwargs)`` runs
     ``x = layer(x, *args, key=k_i, **kwargs)`` for each layer in order. Extra arguments are the same
     for every layer; ``key`` (optional) is split into one key per layer. ``scan`` is the same for
-    layers that return ``(x, y)``, stacking the ``y``\\s on ``Layer``. With
-    ``gradient_checkpointing``, each layer's activations are recomputed in the backward pass
-    (``jax.checkpoint`` of each step; pass a ``jax.checkpoint_policies`` policy or its name, such
-    as ``"dots_saveable"``, instead of ``True`` to keep some of them).
+    layers that return ``(x, y)``, stacking the ``y``\\s on ``Layer``.
+
+    ``gradient_checkpointing`` trades compute for memory (``jax.checkpoint`` of each layer). By
+    name, from most memory to least: ``"none"`` (``False``), ``"dots"`` (keep each layer's input and
+    its projections' outputs, recompute the rest), ``"carry"`` (``True``: keep only each layer's
+    input), ``"offload"`` (as ``"carry"``, in host memory), ``"full"`` (keep only the stack's input;
+    the stack runs again in the backward pass); see ``REMAT_POLICIES``. A
+    ``jax.checkpoint_policies`` policy or its name is also taken. Gradients are the same for all.
 
     Args:
         Layer: The stacking axis, e.g. ``Axis("layer", 12)``.
         make: ``key -> layer``; called under ``vmap``, so it must not depend on the key's value
             in Python control flow.
         key: PRNG key, split into one key per layer.
-        gradient_checkpointing: ``False``, ``True``, a checkpoint policy or a policy name.
+        gradient_checkpointing: A policy name (``"none"``, ``"dots"``, ``"carry"``,
+            ``"offload"``, ``"full"``), ``False``/``True``, or a ``jax.checkpoint_policies`` policy
+            (or its name).
 
     Raises:
-        NamedTypeError: if ``Layer`` is not an ``Axis`` or ``make`` is not callable.
+        NamedTypeError: if ``Layer`` is not an ``Axis``, ``make`` is not callable, or
+            ``gradient_checkpointing`` is not a policy.
 
     Example:
         >>> import jax
@@ -85,13 +134,13 @@ class Stacked(eqx.Module, Generic[M]):
             )
         if not callable(make):
             raise NamedTypeError(f"Stacked needs a callable key -> layer, got {make!r}.")
+        g = gradient_checkpointing
+        if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
+            names = ", ".join(repr(n) for n in REMAT_POLICIES)
+            check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
         self.stacked = vmap(make, Layer, map_plain=True)(jax.random.split(key, Layer.size))
         self.Layer = Layer
         self.gradient_checkpointing = gradient_checkpointing
-
-    def _remat(self) -> Any:
-        g = self.gradient_checkpointing
-        return False if g is None else g
 
     def __call__(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
         """Apply the layers in order: ``x = layer_i(x, *args, **kwargs)`` (a fold over ``Layer``).
@@ -104,24 +153,29 @@ class Stacked(eqx.Module, Generic[M]):
     def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
         """The same as calling the stack."""
         keys = None if key is None else jax.random.split(key, self.Layer.size)
+        remat, whole = _remat(self.gradient_checkpointing)
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> Any:
             layer, k = xs
             extra = kwargs if k is None else {**kwargs, "key": k}
-            return _like(layer(h, *args, **extra), h)
+            return _like(layer(_name_carry(h), *args, **extra), h)
 
-        return fold(body, self.Layer, remat=self._remat())(x, (self.stacked, keys), *args, **kwargs)
+        run = fold(body, self.Layer, remat=remat)
+        if whole:
+            run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
+        return run(x, (self.stacked, keys), *args, **kwargs)
 
     def scan(
         self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any
     ) -> tuple[Any, Any]:
         """Apply layers that return ``(x, y)``; returns ``(x, ys)``, ``ys`` stacked on ``Layer``."""
         keys = None if key is None else jax.random.split(key, self.Layer.size)
+        remat, whole = _remat(self.gradient_checkpointing)
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             layer, k = xs
             extra = kwargs if k is None else {**kwargs, "key": k}
-            out = layer(h, *args, **extra)
+            out = layer(_name_carry(h), *args, **extra)
             if not isinstance(out, tuple) or len(out) != 2:
                 raise NamedTypeError(
                     f"Stacked.scan needs layers that return (x, y), got {type(out).__name__}. Use "
@@ -129,7 +183,10 @@ class Stacked(eqx.Module, Generic[M]):
                 )
             return _like(out[0], h), out[1]
 
-        return scan(body, self.Layer, remat=self._remat())(x, (self.stacked, keys), *args, **kwargs)
+        run = scan(body, self.Layer, remat=remat)
+        if whole:
+            run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
+        return run(x, (self.stacked, keys), *args, **kwargs)
 
     def unstacked(self) -> tuple[M, ...]:
         """The layers as separate modules (each without the ``Layer`` axis), in order.
