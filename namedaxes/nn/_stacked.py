@@ -88,7 +88,7 @@ class Stacked(eqx.Module, Generic[M]):
     name, from most memory to least: ``"none"`` (``False``), ``"dots"`` (keep each layer's input and
     its projections' outputs, recompute the rest), ``"carry"`` (``True``: keep only each layer's
     input), ``"offload"`` (as ``"carry"``, in host memory), ``"full"`` (keep only the stack's input;
-    the stack runs again in the backward pass); see ``REMAT_POLICIES``. A
+    the stack runs again in the backward pass). A
     ``jax.checkpoint_policies`` policy or its name is also taken. Gradients are the same for all.
 
     Args:
