@@ -60,6 +60,10 @@ def case(name, t):
         real = i[None, :] < lengths[:, None]
         kw = dict(sliding_window=w, key_lengths=named(lengths, ("batch",)))
         return kw, window[None, None] & real[:, None, None, :]
+    if name == "padded_not_causal":  # every query sees the real keys of its row
+        starts, ends = jnp.array([1, 0]), jnp.array([t - 2, t])
+        real = (i[None, :] >= starts[:, None]) & (i[None, :] < ends[:, None])
+        return dict(key_mask=named(real, ("batch", "key_position"))), real[:, None, None, :]
     raise AssertionError(name)
 
 
@@ -77,7 +81,7 @@ def emulate(monkeypatch):
     monkeypatch.setattr(kernels, "_EMULATE", True)
 
 
-CASES = ["causal", "left_padded", "sliding_window"]
+CASES = ["causal", "left_padded", "sliding_window", "padded_not_causal"]
 DTYPES = [pytest.param(jnp.float32, id="f32"), pytest.param(jnp.bfloat16, id="bf16")]
 
 

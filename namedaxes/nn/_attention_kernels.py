@@ -142,7 +142,7 @@ def _xla(call: KernelCall) -> jax.Array:
     """
     q, k, v = call.q, call.k, call.v
     b, t, n, h = q.shape
-    s, kv = k.shape[1], k.shape[2]
+    kv = k.shape[2]
     g = n // kv
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     scores = jnp.einsum(
@@ -152,8 +152,8 @@ def _xla(call: KernelCall) -> jax.Array:
     if call.padding is not None:
         mask = _and(mask, _padding_mask(call))
     if mask is not None:
-        mb, mn = mask.shape[:2]
-        grouped = mask.reshape(mb, kv, g, t, s) if mn == n else mask.reshape(mb, 1, 1, t, s)
+        mb, mn, mt, ms = mask.shape
+        grouped = mask.reshape((mb, kv, g, mt, ms) if mn == n else (mb, 1, 1, mt, ms))
         scores = jnp.where(grouped, scores, jnp.finfo(acc).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
