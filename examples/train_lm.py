@@ -55,6 +55,7 @@ class Config:
     mlp: int = 256
     layers: int = 2
     batch: int = 32
+    remat: bool | str = False  # Stacked's gradient_checkpointing: False, "dots", "carry", ...
 
     @property
     def axes(self):
@@ -103,12 +104,15 @@ class GPT(eqx.Module):
         self.tokens = na.nn.Embedding(Vocab, Embed, key=k_tok)
         self.positions = na.random.normal(k_pos, (Pos, Embed)) * Embed.size**-0.5
         Layer = na.Axis("layer", cfg.layers)
-        self.blocks = na.nn.Stacked(Layer, lambda k: Block(cfg, key=k), key=k_blocks)
+        self.blocks = na.nn.Stacked(
+            Layer, lambda k: Block(cfg, key=k), key=k_blocks, gradient_checkpointing=cfg.remat
+        )
         self.ln_f = na.nn.LayerNorm(Embed)
 
     def __call__(self, ids: na.NamedArray) -> na.NamedArray:
         """Logits (batch, position, vocab) for token ids (batch, position)."""
-        h = self.tokens(ids) + na.auto_sharded(self.positions)
+        positions = na.nn.current_precision().cast_to_compute(self.positions)  # no-op without one
+        h = self.tokens(ids) + na.auto_sharded(positions)
         h = self.blocks(h)
         return self.tokens.unembed(self.ln_f(h))
 

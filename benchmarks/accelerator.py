@@ -1,0 +1,557 @@
+"""Accelerator speed: the example's GPT in namedaxes against the same GPT in plain JAX, and attention.
+
+Run on a GPU (or TPU) machine from the repository root:
+
+    python benchmarks/accelerator.py              # peak matmul, attention, sizes example/100m/1b
+    python benchmarks/accelerator.py --quick      # fewer rounds; 1b and 16k-token attention skipped
+    python benchmarks/accelerator.py --sizes 100m --rounds 5
+    python benchmarks/accelerator.py --check      # cuDNN attention numerics against XLA, then exit
+
+On a CPU it runs tiny sizes (the same code) in well under a minute; only ratios mean anything there.
+
+Both models are ``examples/train_lm.py``'s GPT (token + learned position embeddings, pre-norm
+LayerNorm blocks with multi-head causal attention and a GELU MLP, a tied output head), trained with
+optax AdamW on random tokens: namedaxes under ``Precision(param=float32, compute=bfloat16)`` with
+``nn.Stacked`` remat, its plain twin with the same float32 parameters (the named model's arrays)
+cast to bfloat16 where used, ``lax.scan`` + ``jax.checkpoint`` with the same policy, and
+``jax.nn.dot_product_attention`` (cuDNN on GPUs). Sections, each with a hard time budget (checked
+between rounds; a section out of time reports what it measured):
+
+* peak: the device's measured bfloat16 matmul throughput (the MFU denominator);
+* attention: forward + backward of causal bfloat16 attention, 16 heads x 64, at 4k and 16k tokens:
+  ``namedaxes.nn.dot_product_attention`` against a direct ``jax.nn.dot_product_attention`` call;
+* one row per model size: step time, tokens/s, model FLOP/s (6 x parameters x tokens plus causal
+  attention; remat recomputation not counted), MFU, the interleaved median step-time ratio
+  namedaxes / plain and plain / plain (A/A: the plain step timed in a second slot of every round),
+  and both first losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _twin as tw  # noqa: E402  (the example's GPT and the plain parameter names)
+
+import namedaxes as na  # noqa: E402
+from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
+
+POLICY = na.nn.Precision(param=jnp.float32, compute=jnp.bfloat16)
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+GPU_SIZES = {
+    # The example's model (examples/train_lm.py) at a real sequence length.
+    "example": dict(
+        vocab=16, embed=64, heads=4, head_dim=16, mlp=256, layers=2, seq=2048, batch=16
+    ),
+    "100m": dict(
+        vocab=32768, embed=768, heads=12, head_dim=64, mlp=3072, layers=12, seq=2048, batch=8
+    ),  # noqa: E501
+    "1b": dict(
+        vocab=32768, embed=2048, heads=16, head_dim=128, mlp=8192, layers=16, seq=2048, batch=4
+    ),  # noqa: E501
+}
+CPU_SIZES = {
+    "example": dict(vocab=16, embed=64, heads=4, head_dim=16, mlp=256, layers=2, seq=64, batch=8),
+    "small": dict(vocab=256, embed=128, heads=4, head_dim=32, mlp=512, layers=2, seq=128, batch=4),
+}
+
+
+def platform() -> str:
+    return jax.default_backend()
+
+
+def on_accelerator() -> bool:
+    return platform() in ("gpu", "tpu")
+
+
+def attention_kernel() -> str | None:
+    """What the plain twin asks ``jax.nn.dot_product_attention`` for (cuDNN on GPUs)."""
+    return "cudnn" if platform() == "gpu" else None
+
+
+def clock(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+class Budget:
+    """A section's wall-clock allowance."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+def out_of_memory(e: Exception) -> bool:
+    text = str(e)
+    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+class Stream:
+    """A table printed row by row (a run cut short keeps what it printed), fixed column widths."""
+
+    def __init__(self, title: str, header: list[str], widths: list[int]):
+        self.widths = [max(w, len(h)) for h, w in zip(header, widths)]
+        line = "  ".join("-" * w for w in self.widths)
+        print(f"\n{title}\n{line}")
+        self.row(header)
+        print(line)
+
+    def row(self, cells: list[str]) -> None:
+        print("  ".join(str(c).rjust(w) for c, w in zip(cells, self.widths)))
+        sys.stdout.flush()
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = "  ".join("-" * w for w in widths)
+    print(f"\n{title}\n{line}")
+    print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))
+    print(line)
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    sys.stdout.flush()
+
+
+def interleaved(
+    slots: dict[str, Callable[[], Any]], budget: Budget, rounds: int
+) -> dict[str, list[float]]:  # noqa: E501
+    """Time each slot once per round, the order rotating between rounds, until rounds or budget."""
+    names = list(slots)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        if r >= 2 and budget.left() <= 0:
+            break
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            times[n].append(clock(slots[n]))
+    return times
+
+
+# -- peak -----------------------------------------------------------------------------------------
+
+
+def peak_bf16(budget: Budget) -> float:
+    """The best measured bfloat16 matmul FLOP/s over a few square sizes."""
+    sizes = (4096, 8192) if on_accelerator() else (512,)
+    best = 0.0
+    for n in sizes:
+        a = jax.random.normal(jax.random.key(0), (n, n), BF16)
+        b = jax.random.normal(jax.random.key(1), (n, n), BF16)
+        reps = 10
+
+        @jax.jit
+        def chain(a: jax.Array, b: jax.Array) -> jax.Array:
+            def body(_: int, x: jax.Array) -> jax.Array:
+                return (x @ b) * jnp.asarray(1e-2, BF16)  # keep the values finite
+
+            return jax.lax.fori_loop(0, reps, body, a)
+
+        clock(lambda: chain(a, b))
+        for _ in range(5):
+            t = clock(lambda: chain(a, b))
+            best = max(best, reps * 2 * n**3 / t)
+            if budget.left() <= 0:
+                break
+    return best
+
+
+# -- attention ------------------------------------------------------------------------------------
+
+
+def attention_fwd_bwd(budget: Budget, tokens: list[int], rounds: int) -> list[list[str]]:
+    heads, head_dim = (16, 64) if on_accelerator() else (4, 32)
+    rows = []
+    for t in tokens:
+        if budget.left() <= 0:
+            rows.append([f"{t}", "skipped (budget)", "", "", "", ""])
+            continue
+        keys = jax.random.split(jax.random.key(0), 4)
+        shape = (1, t, heads, head_dim)
+        q, k, v, g = (jax.random.normal(kk, shape, BF16) for kk in keys)
+        names = ("batch", "position", "heads", "head_dim")
+        kv_names = ("batch", "key_position", "heads", "head_dim")
+
+        def named_loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            out = na.nn.dot_product_attention(
+                na.named(q, names), na.named(k, kv_names), na.named(v, kv_names), causal=True
+            )
+            return jnp.sum(out.array.astype(F32) * g.astype(F32))
+
+        def direct_loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            out = jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, implementation=attention_kernel()
+            )
+            return jnp.sum(out.astype(F32) * g.astype(F32))
+
+        named = jax.jit(jax.grad(named_loss, argnums=(0, 1, 2)))
+        direct = jax.jit(jax.grad(direct_loss, argnums=(0, 1, 2)))
+        try:
+            clock(lambda: named(q, k, v))
+            clock(lambda: direct(q, k, v))
+        except Exception as e:  # noqa: BLE001 - report and go on
+            rows.append([f"{t}", f"failed: {type(e).__name__}: {str(e)[:80]}", "", "", "", ""])
+            continue
+        times = interleaved(
+            {
+                "named": lambda: named(q, k, v),
+                "direct": lambda: direct(q, k, v),
+                "direct2": lambda: direct(q, k, v),
+            },
+            budget,
+            rounds,
+        )
+        med = {n: statistics.median(ts) for n, ts in times.items()}
+        flops = 3.5 * 2 * t * t * heads * head_dim  # causal: half of 4 T^2 H D forward, bwd 2.5x
+        ratio = statistics.median(a / b for a, b in zip(times["named"], times["direct"]))
+        aa = statistics.median(a / b for a, b in zip(times["direct2"], times["direct"]))
+        rows.append([
+            f"{t}",
+            f"{med['named'] * 1e3:.2f}",
+            f"{med['direct'] * 1e3:.2f}",
+            f"{ratio:.3f}",
+            f"{aa:.3f}",
+            f"{flops / med['named'] / 1e12:.1f} / {flops / med['direct'] / 1e12:.1f}",
+        ])  # fmt: skip
+    return rows
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+def model_flops_per_step(c: tw.Config) -> float:
+    e, hd, m, layers, v, t = c.embed, c.heads * c.head_dim, c.mlp, c.layers, c.vocab, c.seq
+    per_token = layers * (2 * e * 3 * hd + 2 * hd * e + 2 * 2 * e * m + 2 * t * hd) + 2 * e * v
+    return 3.0 * per_token * c.batch * c.seq
+
+
+def parameter_count(c: tw.Config) -> int:
+    e, hd, m = c.embed, c.heads * c.head_dim, c.mlp
+    per_layer = 4 * e * hd + 2 * e * m + m + e + 4 * e
+    return c.layers * per_layer + c.vocab * e + c.seq * e + 2 * e
+
+
+def plain_loss(params: dict[str, jax.Array], tokens: jax.Array, remat: Any) -> jax.Array:
+    """The named model's math in plain JAX: bfloat16 compute, float32 norms and loss."""
+
+    def cast(x: jax.Array) -> jax.Array:
+        return x.astype(BF16)
+
+    def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+        xf = x.astype(F32)
+        centered = xf - jnp.mean(xf, -1, keepdims=True)
+        y = centered * jax.lax.rsqrt(jnp.mean(centered * centered, -1, keepdims=True) + 1e-5)
+        return (y * w + b).astype(x.dtype)
+
+    def block(h: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+        x = layer_norm(h, p["ln1_w"], p["ln1_b"])
+        q, k, v = (jnp.einsum("bte,ehd->bthd", x, cast(p[n])) for n in ("q", "k", "v"))
+        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_kernel())
+        h = h + jnp.einsum("bthd,hde->bte", o, cast(p["o"]))
+        x = layer_norm(h, p["ln2_w"], p["ln2_b"])
+        u = jnp.einsum("bte,em->btm", x, cast(p["up_w"])) + cast(p["up_b"])
+        d = jnp.einsum("btm,me->bte", jax.nn.gelu(u), cast(p["down_w"])) + cast(p["down_b"])
+        return h + d, None
+
+    if remat in (True, "carry"):
+        block = jax.checkpoint(block, prevent_cse=False)
+    elif remat == "dots":
+        policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        block = jax.checkpoint(block, policy=policy, prevent_cse=False)
+    tok = cast(params["tok"])
+    h = jnp.take(tok, tokens, axis=0) + cast(params["pos"])[None]
+    h, _ = jax.lax.scan(block, h, {n: params[n] for n in tw.STACKED})
+    logits = jnp.einsum("bte,ve->btv", layer_norm(h, params["lnf_w"], params["lnf_b"]), tok)
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(F32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+@na.nn.precision(POLICY)
+def named_loss(model: tw.GPT, ids: na.NamedArray) -> jax.Array:
+    logits = model(ids)["position", :-1]
+    return na.nn.cross_entropy(logits, "vocab", ids["position", 1:]).scalar()
+
+
+def steps(opt: optax.GradientTransformation, remat: Any) -> tuple[Any, Any]:
+    def named(model: Any, state: Any, ids: na.NamedArray) -> Any:
+        loss, grads = eqx.filter_value_and_grad(named_loss)(model, ids)
+        updates, state = opt.update(grads, state, model)
+        return eqx.apply_updates(model, updates), state, loss
+
+    def plain(params: Any, state: Any, tokens: jax.Array) -> Any:
+        loss, grads = jax.value_and_grad(plain_loss)(params, tokens, remat)
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    return (
+        na.named_jit(named, donate_args=(True, True, False)),
+        jax.jit(plain, donate_argnums=(0, 1)),
+    )
+
+
+def model_row(
+    name: str, c: tw.Config, peak: float, budget: Budget, rounds: int, per_round: int
+) -> list[str]:  # noqa: E501
+    opt = optax.adamw(1e-4, weight_decay=0.01)
+    named_step, plain_step = steps(opt, c.remat)
+    model = eqx.filter_jit(lambda k: tw.GPT(c, key=k))(jax.random.key(0))
+    params = jax.tree.map(jnp.copy, tw.plain_params(model))
+    n_state, p_state = opt.init(eqx.filter(model, eqx.is_array)), opt.init(params)
+    tokens = [
+        jax.random.randint(jax.random.key(i), (c.batch, c.seq), 0, c.vocab)
+        for i in range(per_round)
+    ]
+    ids = [na.named(t, ("batch", "position")) for t in tokens]
+    state = {"model": model, "n": n_state, "params": params, "p": p_state}
+
+    def run_named() -> Any:
+        for b in ids:
+            state["model"], state["n"], loss = named_step(state["model"], state["n"], b)
+        return loss
+
+    def run_plain() -> Any:
+        for t in tokens:
+            state["params"], state["p"], loss = plain_step(state["params"], state["p"], t)
+        return loss
+
+    t0 = time.perf_counter()
+    state["model"], state["n"], loss_n = named_step(state["model"], state["n"], ids[0])
+    first_named = float(loss_n)
+    compile_named = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state["params"], state["p"], loss_p = plain_step(state["params"], state["p"], tokens[0])
+    first_plain = float(loss_p)
+    compile_plain = time.perf_counter() - t0
+    times = interleaved(
+        {"named": run_named, "plain": run_plain, "plain2": run_plain}, budget, rounds
+    )
+    step = {n: statistics.median(ts) / per_round for n, ts in times.items()}
+    ratio = statistics.median(a / b for a, b in zip(times["named"], times["plain"]))
+    aa = statistics.median(a / b for a, b in zip(times["plain2"], times["plain"]))
+    flops = model_flops_per_step(c)
+    tokens_per_step = c.batch * c.seq
+    return [
+        name,
+        f"{parameter_count(c) / 1e6:.1f}M",
+        f"{c.batch}x{c.seq}",
+        f"{step['named'] * 1e3:.2f} / {step['plain'] * 1e3:.2f}",
+        f"{tokens_per_step / step['named']:,.0f}",
+        f"{flops / step['named'] / 1e12:.2f}",
+        f"{100 * flops / step['named'] / peak:.1f} / {100 * flops / step['plain'] / peak:.1f}",
+        f"{ratio:.3f}",
+        f"{aa:.3f}",
+        f"{first_named:.4f} / {first_plain:.4f}",
+        f"{compile_named:.0f} / {compile_plain:.0f}",
+        f"{len(times['named'])}",
+    ]
+
+
+# -- check ----------------------------------------------------------------------------------------
+
+
+def check() -> int:
+    """cuDNN attention (named, and direct) against XLA on this device, forward and gradients."""
+    emulated = platform() != "gpu"
+    if emulated:
+        kernels._EMULATE = True  # noqa: SLF001 - no GPU: run the cuDNN mapping through XLA
+        print(f"no GPU ({platform()}): the cuDNN mapping is emulated with XLA; numerics only")
+    b, t, d = (2, 1024, 128) if not emulated else (2, 64, 16)
+    i = jnp.arange(t)
+    starts = jnp.array([0, t // 3])
+    lengths = jnp.array([t, t - t // 5])
+    left = na.named(i[None, :] >= starts[:, None], ("batch", "key_position"))
+    right = na.named(lengths, ("batch",))
+    cases = {
+        "causal, 16 heads": (16, 16, dict(causal=True)),
+        "causal, GQA 16/4": (16, 4, dict(causal=True)),
+        "causal, left-padded, GQA 8/2": (8, 2, dict(causal=True, key_mask=left)),
+        f"window {t // 4}, right-padded, GQA 8/2": (
+            8,
+            2,
+            dict(sliding_window=t // 4, key_lengths=right),
+        ),
+        "non-causal, left-padded, MQA 8/1": (8, 1, dict(key_mask=left)),
+    }
+    rows, failed = [], 0
+    for title, (n, kv, kw) in cases.items():
+        keys = jax.random.split(jax.random.key(1), 4)
+        q = na.named(
+            jax.random.normal(keys[0], (b, t, n, d), BF16),
+            ("batch", "position", "heads", "head_dim"),
+        )  # noqa: E501
+        kvn = "heads" if n == kv else "kv_heads"
+        k, v = (
+            na.named(
+                jax.random.normal(kk, (b, t, kv, d), BF16),
+                ("batch", "key_position", kvn, "head_dim"),
+            )
+            for kk in keys[1:3]
+        )  # noqa: E501
+        g = jax.random.normal(keys[3], (b, t, n, d), F32)
+        if "left" in title:
+            seen = (i[None, :] >= starts[:, None])[:, :, None, None]  # rows that see a key
+        else:
+            seen = jnp.ones((b, t, 1, 1), bool)
+
+        def loss(q: Any, k: Any, v: Any, impl: str | None) -> Any:
+            out = na.nn.dot_product_attention(q, k, v, implementation=impl, **kw)
+            return jnp.sum(jnp.where(seen, out.array.astype(F32), 0.0) * g), out
+
+        def run(impl: str | None) -> Any:
+            f = jax.jit(
+                jax.value_and_grad(
+                    lambda q, k, v: loss(q, k, v, impl), argnums=(0, 1, 2), has_aux=True
+                )
+            )  # noqa: E501
+            hlo = f.lower(q, k, v).compile().as_text()
+            return f(q, k, v), "cudnn$fmha" in hlo
+
+        logs = io.StringIO()
+        handler = logging.StreamHandler(logs)
+        logging.getLogger("namedaxes").addHandler(handler)
+        try:
+            ((_, out_c), grads_c), fused = run("cudnn")
+            ((_, out_d), _), fused_default = run(None)
+            ((_, out_x), grads_x), _ = run("xla")
+        except Exception as e:  # noqa: BLE001
+            rows.append([title, f"FAILED: {type(e).__name__}: {str(e)[:100]}", "", "", "", ""])
+            failed += 1
+            continue
+        finally:
+            logging.getLogger("namedaxes").removeHandler(handler)
+        diff = float(
+            jnp.max(
+                jnp.where(seen, jnp.abs(out_c.array.astype(F32) - out_x.array.astype(F32)), 0.0)
+            )
+        )  # noqa: E501
+        rel = max(
+            float(
+                jnp.linalg.norm((a.array - bb.array).astype(F32))
+                / jnp.linalg.norm(bb.array.astype(F32))
+            )  # noqa: E501
+            for a, bb in zip(grads_c, grads_x)
+        )
+        same_default = bool(jnp.array_equal(out_d.array, out_c.array))
+        ok = diff < 2e-2 and rel < 2e-2 and (emulated or (fused and fused_default and same_default))
+        failed += not ok
+        rows.append([
+            title, f"{diff:.2e}", f"{rel:.2e}",
+            "n/a" if emulated else ("yes" if fused else "NO"),
+            "n/a" if emulated else ("yes" if fused_default and same_default else f"NO {logs.getvalue().strip()[:60]}"),  # noqa: E501
+            "ok" if ok else "FAIL",
+        ])  # fmt: skip
+    # The named call against a direct jax.nn cuDNN call: the same kernel, so (nearly) the same bits.
+    if not emulated:
+        q = jax.random.normal(jax.random.key(2), (b, t, 16, d), BF16)
+        names = ("batch", "position", "heads", "head_dim")
+        kn = ("batch", "key_position", "heads", "head_dim")
+        direct = jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn")
+        named = na.nn.dot_product_attention(
+            na.named(q, names), na.named(q, kn), na.named(q, kn), causal=True
+        )  # noqa: E501
+        diff = float(jnp.max(jnp.abs(direct.astype(F32) - named.array.astype(F32))))
+        ok = diff < 1e-3
+        failed += not ok
+        rows.append(
+            ["named vs direct jax.nn cuDNN", f"{diff:.2e}", "", "", "", "ok" if ok else "FAIL"]
+        )  # noqa: E501
+    table(
+        f"cuDNN attention vs XLA, bfloat16, batch {b} x {t} tokens x head_dim {d} ({platform()})",
+        ["case", "max |out diff|", "grad rel err", "fused kernel", "None picks it", "result"],
+        rows,
+    )
+    print("\nCHECK", "PASSED" if not failed else f"FAILED ({failed})")
+    return 1 if failed else 0
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="verify cuDNN numerics and exit")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no 1b, no 16k")
+    parser.add_argument("--sizes", default=None, help="comma-separated: " + ", ".join(GPU_SIZES))
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds per section")
+    parser.add_argument("--steps", type=int, default=None, help="steps per round")
+    parser.add_argument("--remat", default="dots", help="Stacked remat policy (none/dots/carry)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="total seconds (default 480 on an accelerator, 50 on CPU)",
+    )  # noqa: E501
+    args = parser.parse_args()
+    if args.check:
+        return check()
+
+    accel = on_accelerator()
+    total = Budget(args.budget or (480.0 if accel else 50.0))
+    rounds = args.rounds or (3 if args.quick else 7 if accel else 3)
+    per_round = args.steps or (3 if accel else 2)
+    default = ["example", "100m"] if args.quick else list(GPU_SIZES) if accel else list(CPU_SIZES)
+    chosen = args.sizes.split(",") if args.sizes else default
+    unknown = [s for s in chosen if s not in GPU_SIZES and s not in CPU_SIZES]
+    if unknown:
+        parser.error(f"unknown sizes {unknown}; choose from {list(GPU_SIZES) + list(CPU_SIZES)}")
+    device = jax.devices()[0]
+    print(f"device: {device.device_kind} ({platform()}), jax {jax.__version__}, namedaxes "
+          f"{na.__version__}; precision {POLICY}, remat {args.remat!r}")  # fmt: skip
+
+    peak = peak_bf16(Budget(min(30.0, total.left())))
+    print(f"measured bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
+
+    tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
+    rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
+    table(
+        "attention forward+backward, causal, bfloat16, batch 1"
+        + (", 16 heads x 64" if accel else ", 4 heads x 32 (CPU)"),
+        ["tokens", "named ms", "direct ms", "named/direct", "A/A", "TFLOP/s named / direct"],
+        rows,
+    )
+
+    header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
+              "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
+              "first call s", "rounds"]  # fmt: skip
+    out = Stream("training step (AdamW), namedaxes vs plain JAX", header,
+                 [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])  # fmt: skip
+    for name in chosen:
+        spec = (GPU_SIZES if accel else CPU_SIZES).get(name) or {**CPU_SIZES, **GPU_SIZES}[name]
+        c = tw.Config(**spec, remat=False if args.remat == "none" else args.remat)
+        left = total.left()
+        if left <= 0:
+            out.row([name, "skipped (budget)"])
+            continue
+        try:
+            out.row(model_row(name, c, peak, Budget(min(180.0, left)), rounds, per_round))
+        except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
+            why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
+            out.row([name, why])
+        gc.collect()
+        jax.clear_caches()
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
