@@ -82,12 +82,19 @@ def emulate(monkeypatch):
 
 
 CASES = ["causal", "left_padded", "sliding_window", "padded_not_causal"]
-DTYPES = [pytest.param(jnp.float32, id="f32"), pytest.param(jnp.bfloat16, id="bf16")]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("impl", ["xla", "cudnn"])
+# XLA in both dtypes; cuDNN's mapping (which does not depend on the dtype) in float32, and bfloat16
+# once (the kernel itself only runs bfloat16/float16 on a GPU).
+F32, BF16 = jnp.float32, jnp.bfloat16
+KERNEL_CASES = [
+    *(pytest.param("xla", n, d, id=f"xla-{n}-{d.__name__}") for n in CASES for d in (F32, BF16)),
+    *(pytest.param("cudnn", n, F32, id=f"cudnn-{n}-float32") for n in CASES),
+    pytest.param("cudnn", "left_padded", BF16, id="cudnn-left_padded-bfloat16"),
+]
+
+
+@pytest.mark.parametrize("impl, name, dtype", KERNEL_CASES)
 def test_kernels_agree_with_plain_attention(impl, name, dtype, emulate):
     q, k, v = qkv(2, 9, 9, 6, 2, 8, dtype)  # grouped-query: 6 query heads, 2 key/value heads
     kw, allowed = case(name, 9)
@@ -195,16 +202,20 @@ def test_no_repeated_key_value_heads_in_the_xla_program():
 
 @pytest.mark.parametrize("impl", ["xla", "cudnn"])
 def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
-    """Under a mapping the kernel runs per shard: values, gradients and output specs."""
+    """Under a mapping the kernel runs per shard: values, gradients and output specs.
+
+    One case holds all the options: grouped-query heads, left padding, a sliding window (causal).
+    """
     q, k, v = qkv(4, 8, 8, 8, 4, 4)
-    kw, allowed = case("left_padded", 8)
-    kw["key_mask"] = named(jnp.tile(kw["key_mask"].array, (2, 1)), ("batch", "key_position"))
-    allowed = jnp.tile(allowed, (2, 1, 1, 1))
+    i = jnp.arange(8)
+    real = i[None, :] >= jnp.array([0, 3, 1, 5])[:, None]
+    window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 3)
+    allowed = window[None, None] & real[:, None, None, :]
     seen = allowed.any(-1)[:, 0, :, None, None]
 
     def loss(q, k, v, key_mask):
         out = na.nn.dot_product_attention(
-            q, k, v, causal=True, key_mask=key_mask, implementation=impl
+            q, k, v, sliding_window=3, key_mask=key_mask, implementation=impl
         )
         return jnp.sum(jnp.where(seen, out.array, 0.0) ** 2), out
 
@@ -216,8 +227,11 @@ def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
     step = na.named_jit(
         jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True), axis_resources=mapping
     )
+    key_mask = named(real, ("batch", "key_position"))
     with jax.set_mesh(mesh_2x4):
-        (value, out), grads = step(q, k, v, kw["key_mask"])
+        (value, out), grads = step(q, k, v, key_mask)
+        with na.axis_mapping(mapping):  # the kernel runs inside one shard_map
+            assert str(jax.make_jaxpr(loss)(q, k, v, key_mask)).count("shard_map[") == 1
     want, want_grads = jax.value_and_grad(ref_loss, argnums=(0, 1, 2))(q.array, k.array, v.array)
     assert out.array.sharding.spec[:3] == ("data", None, "model")
     assert grads[1].array.sharding.spec[:3] == ("data", None, "model")
