@@ -308,6 +308,7 @@ from .distributed import barrier_sync as barrier_sync
 from .distributed import from_process_local as from_process_local
 from .distributed import is_multiprocess as is_multiprocess
 from .distributed import process_allgather as process_allgather
+from .distributed import process_local_indices as process_local_indices
 from .mesh import HybridMeshShape as HybridMeshShape
 from .mesh import MeshConfig as MeshConfig
 from .mesh import calculate_host_mesh_shape as calculate_host_mesh_shape

@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from ._array import NamedArray
+from ._axis import AxisSpec, to_axes
 from ._errors import (
     BarrierTimeoutError,
     DistributedError,
@@ -36,6 +37,7 @@ __all__ = [
     "from_process_local",
     "is_multiprocess",
     "process_allgather",
+    "process_local_indices",
 ]
 
 # Every process numbers its unnamed barriers the same way, so the n-th call meets the n-th call.
@@ -147,8 +149,9 @@ def from_process_local(
     """Build a global, sharded NamedArray from each process's local piece.
 
     Every process passes its own ``x``. Along axes that the mapping puts on mesh axes spanning
-    several processes, ``x`` is this process's slice (processes in mesh order); along the other
-    axes every process passes the whole axis (the same data). The result's axes have global sizes.
+    several processes, ``x`` is this process's slice (processes in mesh order): the global
+    indices ``process_local_indices`` names, so a data loader reads only those rows; along the
+    other axes every process passes the whole axis (the same data). The result's axes have global sizes.
     The partition spec comes from ``resolve`` on the process-local view of the mesh, so the
     divisibility decisions match those for the global array.
 
@@ -201,6 +204,51 @@ def from_process_local(
         local_data = np.asarray(local_data)
     array = jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local_data)
     return NamedArray(array, x.axis_names)
+
+
+def process_local_indices(
+    axes: AxisSpec, mapping: ResourceMapping | AxisRules | None = None, mesh: Mesh | None = None
+) -> dict[str, np.ndarray]:
+    """Which global indices of each axis this process holds: the piece ``from_process_local`` wants.
+
+    For a global array with ``axes`` placed by the mapping on the mesh, returns, for every axis,
+    the global indices that this process's devices hold, in the order ``from_process_local`` reads
+    its local data. A data loader reads just those rows (``data[idx["batch"]]``) and passes them
+    to ``from_process_local`` with the same mapping and mesh. Along an axis that no
+    process-spanning mesh axis shards, every process gets the whole range. With one process every
+    axis is whole.
+
+    Args:
+        axes: The global array's axes: ``{name: size}`` or ``Axis`` objects (global sizes).
+        mapping: ``{logical_name: mesh_axes}`` or ``AxisRules``; default the ``axis_mapping`` in
+            force.
+        mesh: The global mesh; default the one set with ``jax.set_mesh``.
+
+    Returns:
+        ``{axis_name: np.ndarray of int64 indices}`` in the order of ``axes``.
+
+    Raises:
+        ShardingError: if no mapping is given or in force, or the mapping cannot shard ``axes``.
+        MeshError: if no mesh is given or set, or this process's devices are not one block.
+
+    Example:
+        >>> mesh = jax.make_mesh((8,), ("data",))
+        >>> idx = process_local_indices({"batch": 8, "position": 3}, {"batch": "data"}, mesh)
+        >>> idx["batch"].tolist(), idx["position"].tolist()  # one process holds every row
+        ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2])
+    """
+    axes = to_axes(axes, what="process_local_indices axes")
+    mesh = require_mesh(mesh, what="process_local_indices", concrete=True)
+    rules = rules_in_force(mapping, "process_local_indices")
+    _local_extents(mesh)  # the same checks as from_process_local: this process owns one block
+    shape = tuple(a.size for a in axes)
+    sharding = NamedSharding(mesh, resolve(axes, rules, mesh))
+    blocks = sharding.addressable_devices_indices_map(shape).values()
+    out = {}
+    for dim, axis in enumerate(axes):
+        ranges = sorted({index[dim].indices(axis.size)[:2] for index in blocks})
+        out[axis.name] = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+    return out
 
 
 def process_allgather(x: NamedArray) -> NamedArray:

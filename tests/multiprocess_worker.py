@@ -54,10 +54,10 @@ def check_meshes(out: dict) -> None:
 def check_arrays(out: dict, axis_type: str) -> None:
     import namedaxes as na
 
-    pid = jax.process_index()
     mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
-    rows = slice(pid * 4, (pid + 1) * 4)
-    local = na.named(np.asarray(global_data()[rows]), ("batch", "embed"))
+    mapping = {"batch": "data", "embed": "model"}
+    indices = na.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)
+    local = na.named(np.asarray(global_data()[indices["batch"]]), ("batch", "embed"))
 
     @na.named_jit
     def reduce(x):
@@ -65,7 +65,7 @@ def check_arrays(out: dict, axis_type: str) -> None:
         # a per-feature sum over the process-spanning batch axis, and a global sum of squares
         return na.sum(x, "batch"), na.sum(na.square(x))
 
-    with jax.set_mesh(mesh), na.axis_mapping({"batch": "data", "embed": "model"}):
+    with jax.set_mesh(mesh), na.axis_mapping(mapping):
         x = na.from_process_local(local)
         col_sum, sq_sum = reduce(x)
     gathered = na.process_allgather(x)
@@ -75,6 +75,7 @@ def check_arrays(out: dict, axis_type: str) -> None:
     except na.ShardingError as e:
         global_input_error = str(e)
     out[axis_type] = {
+        "local_indices": {name: idx.tolist() for name, idx in indices.items()},
         "global_shape": x.shape,
         "spec": [str(e) for e in x.sharding.spec],
         "shard_shapes": sorted({tuple(s.data.shape) for s in x.array.addressable_shards}),
@@ -86,6 +87,22 @@ def check_arrays(out: dict, axis_type: str) -> None:
         "gathered": np.asarray(gathered.array).tolist(),
         "gathered_fully_addressable": gathered.array.is_fully_addressable,
         "global_input_error": global_input_error,
+    }
+
+
+def check_interleaved_rows(out: dict) -> None:
+    """A mesh whose `data` positions alternate between the processes: each holds every other row."""
+    import namedaxes as na
+
+    devices = sorted(jax.devices(), key=lambda d: (d.id % 4, d.process_index))
+    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    mapping = {"batch": "data"}
+    rows = na.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)["batch"]
+    x = na.from_process_local(na.named(global_data()[rows], ("batch", "embed")), mapping, mesh)
+    out["interleaved"] = {
+        "mesh_processes": grid(mesh, "process_index"),
+        "rows": rows.tolist(),
+        "gathered": np.asarray(na.process_allgather(x).array).tolist(),
     }
 
 
@@ -132,6 +149,7 @@ def main() -> None:
         check_meshes(out)
         for axis_type in ("auto", "explicit"):
             check_arrays(out, axis_type)
+        check_interleaved_rows(out)
         check_barriers(out)
     except Exception:  # report, so the test shows the failure of this process
         out["error"] = traceback.format_exc()

@@ -25,6 +25,7 @@ from namedaxes.distributed import (
     from_process_local,
     is_multiprocess,
     process_allgather,
+    process_local_indices,
 )
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
@@ -117,6 +118,36 @@ def test_from_process_local_shows_the_mapping_it_was_given(mesh_2x4):
         from_process_local(local, ["batch"], mesh_2x4)
 
 
+def test_process_local_indices_are_whole_on_one_process(mesh_2x4):
+    idx = process_local_indices(
+        {"batch": 8, "embed": 4}, {"batch": "data", "embed": "model"}, mesh_2x4
+    )
+    assert list(idx) == ["batch", "embed"]
+    np.testing.assert_array_equal(idx["batch"], np.arange(8))
+    np.testing.assert_array_equal(idx["embed"], np.arange(4))
+    with jax.set_mesh(mesh_2x4), axis_mapping({"batch": "data"}):
+        assert process_local_indices({"batch": 6})["batch"].tolist() == [0, 1, 2, 3, 4, 5]
+    data = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = from_process_local(
+        named(data[idx["batch"]], ("batch", "embed")), {"batch": "data"}, mesh_2x4
+    )
+    np.testing.assert_array_equal(np.asarray(x.array), data)
+
+
+def test_process_local_indices_errors(mesh_2x4):
+    with pytest.raises(
+        ShardingError,
+        match=r"process_local_indices\(\) got no mapping and no axis_mapping is in force\.",
+    ):
+        process_local_indices({"batch": 8}, mesh=mesh_2x4)
+    with pytest.raises(MeshError, match=r"process_local_indices needs a device mesh, but none"):
+        process_local_indices({"batch": 8}, {"batch": "data"})
+    with pytest.raises(ShardingError, match=r"Cannot shard axis 'batch' \(size 3\)"):
+        process_local_indices({"batch": 3}, {"batch": "data"}, mesh_2x4)
+    with pytest.raises(NamedTypeError, match=r"process_local_indices axes must be"):
+        process_local_indices(("batch",), {"batch": "data"}, mesh_2x4)
+
+
 def test_process_allgather_is_identity_when_fully_addressable(mesh_2x4):
     data = np.arange(64, dtype=np.float32).reshape(8, 8)
     x = from_process_local(named(data, ("batch", "embed")), {"batch": "data"}, mesh_2x4)
@@ -161,8 +192,13 @@ def test_create_mesh_puts_dcn_axis_across_processes(two_processes):
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
 def test_process_local_arrays_reduce_like_one_process(two_processes, axis_type):
     data = np.arange(64, dtype=np.float32).reshape(8, 8) / 8  # the worker's global_data()
-    for r in two_processes:
+    for pid, r in enumerate(two_processes):
         got = r[axis_type]
+        # process_local_indices: each process reads its own half of the rows, every column
+        assert got["local_indices"] == {
+            "batch": [4 * pid + i for i in range(4)],
+            "embed": list(range(8)),
+        }
         assert got["global_shape"] == {"batch": 8, "embed": 8}
         assert got["spec"] == ["data", "model"]
         assert got["shard_shapes"] == [[4, 2]]
@@ -177,7 +213,19 @@ def test_process_local_arrays_reduce_like_one_process(two_processes, axis_type):
             "which is already a global array spanning several processes"
             in got["global_input_error"]
         )
-    assert two_processes[0][axis_type] == two_processes[1][axis_type]
+    first, second = (
+        {k: v for k, v in r[axis_type].items() if k != "local_indices"} for r in two_processes
+    )
+    assert first == second
+
+
+def test_process_local_indices_follow_the_mesh_order_of_the_devices(two_processes):
+    data = np.arange(64, dtype=np.float32).reshape(8, 8) / 8
+    for pid, r in enumerate(two_processes):
+        got = r["interleaved"]
+        assert got["mesh_processes"] == [0, 1, 0, 1, 0, 1, 0, 1]
+        assert got["rows"] == [pid, pid + 2, pid + 4, pid + 6]
+        np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
 
 
 def test_barrier_passes_and_times_out_when_a_process_never_arrives(two_processes):
