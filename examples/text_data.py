@@ -110,6 +110,8 @@ class Corpus:
         order unrelated to folders, for taking a representative subset). Files that do not
         decode as UTF-8 or contain a NUL byte are skipped.
         """
+        if split not in ("train", "heldout"):
+            raise TextDataError(f"split must be 'train' or 'heldout', got {split!r}.")
         want_heldout = split == "heldout"
         if self.single_file:
             text = _read_text(self.source)
