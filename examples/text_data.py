@@ -65,7 +65,9 @@ FORMAT = 1  # bump when the cache layout or any rule here changes: old caches ar
 EOS = "<|endoftext|>"
 HELDOUT_EVERY = 20  # one file (or piece of a single file) in 20 is held out
 FILE_PIECES = 100  # a single text file is cut into this many pieces of lines
-MAX_TOKENIZER_BYTES = 64 * 2**20  # the BPE trains on at most this much of the training split
+# The BPE trains on this much of the training split at most. On the standard library (31 MB) 8 MiB
+# trains in a sixth of the time of all of it, for 0.7% more tokens per byte of held-out text.
+MAX_TOKENIZER_BYTES = 8 * 2**20
 ENCODE_CHUNK_BYTES = 8 * 2**20  # text encoded per batch while writing the token streams
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
 TRAIN_STREAM, HELDOUT_STREAM = 0, 1
@@ -239,16 +241,21 @@ def _train_tokenizer(corpus: Corpus, vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
 
-    def texts() -> Iterator[str]:
-        budget = MAX_TOKENIZER_BYTES
-        for _, text in corpus.documents("train", by_digest=True):
-            if budget <= 0:
-                return
-            budget -= len(text.encode("utf-8"))
-            yield text
-
-    tokenizer.train_from_iterator(texts(), trainer)
+    tokenizer.train_from_iterator((text for _, text in tokenizer_documents(corpus)), trainer)
     return tokenizer
+
+
+def tokenizer_documents(corpus: Corpus) -> Iterator[tuple[str, str]]:
+    """The training documents the BPE learns from: in digest order until ``MAX_TOKENIZER_BYTES``.
+
+    The last document may cross the limit; the subset is the same on every machine.
+    """
+    budget = MAX_TOKENIZER_BYTES
+    for name, text in corpus.documents("train", by_digest=True):
+        if budget <= 0:
+            return
+        budget -= len(text.encode("utf-8"))
+        yield name, text
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:

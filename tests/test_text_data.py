@@ -110,6 +110,21 @@ def test_default_corpus_is_the_standard_library_source():
     assert all(r.endswith(".py") and "site-packages/" not in r for r in rel)
 
 
+def test_tokenizer_learns_from_a_fixed_subset_of_the_training_split(corpus_dir, monkeypatch):
+    folder, texts = corpus_dir
+    corpus = td.discover(folder)
+    train = sorted(
+        (n for n in texts if not oracle_heldout(n)),
+        key=lambda n: hashlib.sha256(n.encode()).digest(),
+    )
+    assert [n for n, _ in td.tokenizer_documents(corpus)] == train  # all of it fits the limit
+    first = len(texts[train[0]].encode())
+    monkeypatch.setattr(td, "MAX_TOKENIZER_BYTES", first + 1)  # the first, then one that crosses
+    assert [n for n, _ in td.tokenizer_documents(corpus)] == train[:2]
+    monkeypatch.setattr(td, "MAX_TOKENIZER_BYTES", first)
+    assert [n for n, _ in td.tokenizer_documents(corpus)] == train[:1]
+
+
 def test_single_file_is_split_into_pieces_of_lines(tmp_path):
     lines = [f"line {i}\n" for i in range(200)]
     path = tmp_path / "book.txt"
