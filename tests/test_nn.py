@@ -289,53 +289,149 @@ def test_dot_product_attention_errors():
         na.nn.dot_product_attention(q, k, na.ones({"key_position": 2, "head_dim": 4}))
 
 
-def attention_oracle(attn, x, pad=None):
-    """The Attention layer in plain JAX on (b, t, e) arrays with the layer's own parameters."""
+def rope_oracle(x, positions, inv_freq, factor=1.0):
+    """RoPE as complex rotations: feature i and i + d/2 are the real and imaginary parts of one
+    number, multiplied by exp(1j * position * inv_freq[i]) (x: (..., t, heads, d); positions (t,))."""
+    d = x.shape[-1]
+    z = x[..., : d // 2] + 1j * x[..., d // 2 :]
+    angles = np.asarray(positions, np.float64)[:, None] * np.asarray(inv_freq, np.float64)
+    z = z * np.exp(1j * angles)[:, None, :] * factor
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def attention_oracle(attn, x, pad=None, positions=None):
+    """The Attention layer in plain JAX on (b, t, e) arrays with the layer's own parameters:
+    keys/values repeated per query head (head h uses key/value head h // group)."""
 
     def proj(lin, a, spec):
         y = jnp.einsum(spec, a, lin.weight.array)
         return y if lin.bias is None else y + jnp.broadcast_to(lin.bias.array, y.shape)
 
     def rms(norm, a):
+        axes = tuple(range(a.ndim - len(norm.axis), a.ndim))
         w = jnp.broadcast_to(norm.weight.array, a.shape)
-        return a / jnp.sqrt((a * a).mean(-1, keepdims=True) + norm.eps) * w
+        return a / jnp.sqrt((a * a).mean(axes, keepdims=True) + norm.eps) * w
 
     b, t, _ = x.shape
-    gqa = len(attn.QHeads) == 2
-    q = proj(attn.q_proj, x, "bte,emgd->btmgd" if gqa else "bte,end->btnd")
+    q = proj(attn.q_proj, x, "bte,end->btnd")
     k = proj(attn.k_proj, x, "bte,emd->btmd")
     v = proj(attn.v_proj, x, "bte,emd->btmd")
     if attn.q_norm is not None:
         q, k = rms(attn.q_norm, q), rms(attn.k_norm, k)
-    q = q.reshape(b, t, -1, q.shape[-1])
-    mask = jnp.tril(jnp.ones((t, t), bool))[None, None]
+    if attn.rotary is not None:
+        inv = np.asarray(attn.rotary.inverse_frequencies())
+        pos = np.arange(t) if positions is None else positions
+        q = jnp.asarray(rope_oracle(np.asarray(q), pos, inv), jnp.float32)
+        k = jnp.asarray(rope_oracle(np.asarray(k), pos, inv), jnp.float32)
+    group = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+    mask = (j <= i)[None, None]
+    if attn.sliding_window is not None:
+        mask = mask & (i - j < attn.sliding_window)[None, None]
     if pad is not None:
         mask = mask & pad[:, None, None, :]
-    o = plain_attention(q, k, v, mask)
-    o = o.reshape((b, t) + tuple(a.size for a in attn.QHeads) + (-1,))
-    return proj(attn.o_proj, o, "btmgd,mgde->bte" if gqa else "btnd,nde->bte")
+    scale = q.shape[-1] ** -0.5 if attn.scale is None else attn.scale
+    s = jnp.einsum("btnd,bsnd->bnts", q * scale, k)
+    w = jax.nn.softmax(jnp.where(mask, s, jnp.finfo(s.dtype).min), axis=-1)
+    o = jnp.einsum("bnts,bsnd->btnd", w, v)
+    return proj(attn.o_proj, o, "btnd,nde->bte")
 
 
-@pytest.mark.parametrize("kind", ["mha", "gqa_qknorm"])
+H4, KV2, D4 = Axis("heads", 4), Axis("kv_heads", 2), Axis("head_dim", 4)
+ATTENTION_KINDS = {
+    "mha": dict(),
+    "gqa_head_norm_bias": dict(KVHeads=KV2, qk_norm=True, use_bias=True),
+    "gqa_projection_norm_rope_window": dict(
+        KVHeads=KV2,
+        qk_norm="projection",
+        use_bias=True,
+        out_bias=False,
+        sliding_window=2,
+        rotary=na.nn.RotaryEmbedding(D4, theta=100.0),
+        scale=0.3,
+    ),
+    "mqa_rope": dict(KVHeads=Axis("kv_heads", 1), rotary=na.nn.RotaryEmbedding(D4)),
+}
+
+
+@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
 def test_attention_layer_matches_plain(kind):
-    H, D = Axis("heads", 4), Axis("head_dim", 2)
-    kw = dict(KVHeads=Axis("kv_heads", 2), qk_norm=True, use_bias=True) if kind != "mha" else {}
-    attn = na.nn.Attention(E, H, D, key=KEY, **kw)
-    if kind != "mha":
-        assert attn.q_proj.weight.axis_names == ("embed", "kv_heads", "q_per_kv", "head_dim")
-        assert attn.k_proj.weight.axis_names == ("embed", "kv_heads", "head_dim")
+    kw = ATTENTION_KINDS[kind]
+    attn = na.nn.Attention(E, H4, D4, key=KEY, **kw)
+    kv = kw.get("KVHeads", H4).name
+    assert attn.q_proj.weight.axis_names == ("embed", "heads", "head_dim")
+    assert attn.o_proj.weight.axis_names == ("heads", "head_dim", "embed")
+    assert attn.k_proj.weight.axis_names == ("embed", kv, "head_dim")
+    assert (attn.o_proj.bias is None) == (not kw.get("use_bias") or kw.get("out_bias") is False)
+    if kw.get("qk_norm") == "projection":
+        assert attn.q_norm.weight.axis_names == ("heads", "head_dim")
+        assert attn.k_norm.weight.axis_names == (kv, "head_dim")
+    elif kw.get("qk_norm"):
         assert attn.q_norm.weight.axis_names == ("head_dim",)
+    # Non-trivial norm weights and biases, so that a skipped one changes the output.
+    attn = jax.tree.map(
+        lambda a: (
+            a + 0.3 * na.random.normal(jax.random.key(a.size), a.axes)
+            if a.ndim <= 2 and a.size < 64
+            else a
+        ),
+        attn,
+        is_leaf=lambda a: isinstance(a, na.NamedArray),
+    )
     x = data(B, T, E)
     pad = jnp.arange(5)[None, :] < jnp.array([[5], [2]])
-    run = eqx.filter_jit(
-        lambda attn, x, pad: (
-            attn(x, mask=named(pad, ("batch", "key_position"))),
-            attention_oracle(attn, x.array, pad),
-        )
-    )
-    y, ref = run(attn, x, pad)
+    run = eqx.filter_jit(lambda attn, x, pad: attn(x, mask=named(pad, ("batch", "key_position"))))
+    y = run(attn, x, pad)
     assert y.axis_names == ("batch", "position", "embed")
-    close(y.array, ref, tol=1e-4)
+    close(y.array, attention_oracle(attn, x.array, pad), tol=1e-4)
+
+
+def test_attention_positions_per_row():
+    """Position ids per batch row: each row matches the oracle at its own positions."""
+    attn = na.nn.Attention(E, H4, D4, KVHeads=KV2, key=KEY, rotary=na.nn.RotaryEmbedding(D4))
+    x = data(B, T, E)
+    rows = np.array([[0, 1, 2, 3, 4], [0, 2, 4, 6, 8]])
+    y = eqx.filter_jit(lambda a, x, p: a(x, positions=p))(attn, x, named(rows, (B, T)))
+    for r in range(2):
+        want = attention_oracle(attn, x.array[r : r + 1], positions=rows[r])
+        close(y.array[r : r + 1], want, tol=1e-4)
+    y0 = eqx.filter_jit(lambda a, x: a(x))(attn, x)
+    close(y0.array[0], y.array[0], tol=1e-5)
+    assert not np.allclose(y0.array[1], y.array[1], atol=1e-3)
+
+
+def test_grouped_query_heads_use_kv_head_h_over_group():
+    """Query head h attends with key/value head h // (heads / kv_heads), as jax.nn does."""
+    attn = na.nn.Attention(E, H4, D4, KVHeads=KV2, key=KEY, causal=False)
+    x = data(B, T, E)
+
+    @eqx.filter_jit
+    def run(attn, x):
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        plain = jax.nn.dot_product_attention(
+            q.rearrange(("batch", "position", "heads", "head_dim")).array,
+            k.rearrange(("batch", "position", "kv_heads", "head_dim")).array,
+            v.rearrange(("batch", "position", "kv_heads", "head_dim")).array,
+        )
+        out = attn.o_proj(named(plain, ("batch", "position", "heads", "head_dim")))
+        return attn(x), out
+
+    y, ref = run(attn, x)
+    close(y.array, ref.array, tol=1e-5)
+
+
+def test_sliding_window_mask():
+    P, K = Axis("position", 3), Axis("key_position", 5)
+    m = na.nn.sliding_window_mask(P, K, 2)
+    assert m.axis_names == ("position", "key_position")
+    # queries are the last 3 of 5 keys: query i sits at key i + 2
+    np.testing.assert_array_equal(
+        m.array & na.nn.causal_mask(P, K).array,
+        [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]],
+    )
+    with pytest.raises(na.LayerError, match=r"window of at least 1 key, got 0"):
+        na.nn.sliding_window_mask(P, K, 0)
 
 
 def test_attention_errors():
@@ -343,6 +439,14 @@ def test_attention_errors():
         na.nn.Attention(
             E, Axis("heads", 4), Axis("head_dim", 2), KVHeads=Axis("kv_heads", 3), key=KEY
         )
+    with pytest.raises(na.LayerError, match=r"KVHeads and Heads are both named 'heads'"):
+        na.nn.Attention(E, H4, D4, KVHeads=Axis("heads", 2), key=KEY)
+    with pytest.raises(na.LayerError, match=r"qk_norm must be one of .*, got 'rms'"):
+        na.nn.Attention(E, H4, D4, qk_norm="rms", key=KEY)
+    with pytest.raises(na.LayerError, match=r"sliding_window must be a positive number"):
+        na.nn.Attention(E, H4, D4, sliding_window=0, key=KEY)
+    with pytest.raises(na.LayerError, match=r"rotary must be a RotaryEmbedding over Axis"):
+        na.nn.Attention(E, H4, D4, rotary=na.nn.RotaryEmbedding(Axis("head_dim", 2)), key=KEY)
     with pytest.raises(na.NamedTypeError, match=r"Attention Heads must be an Axis, got 4"):
         na.nn.Attention(E, 4, Axis("head_dim", 2), key=KEY)
     attn = na.nn.Attention(E, Axis("heads", 2), Axis("head_dim", 2), key=KEY)
@@ -546,3 +650,91 @@ def test_cross_entropy_errors():
         na.nn.cross_entropy(logits, "vocab", ids, where=na.ones({"batch": 2}))
     with pytest.raises(na.NamedTypeError, match=r"cross_entropy needs NamedArray targets"):
         na.nn.cross_entropy(logits, "vocab", jnp.zeros(2, jnp.int32))
+
+
+# -- RotaryEmbedding, RopeScaling, Gemma's norm, activations by name -----------------------------
+
+
+def test_rotary_embedding_is_a_complex_rotation():
+    """rope(x) against the complex-number form: features i and i + d/2 rotate by position * f_i."""
+    D = Axis("head_dim", 8)
+    rope = na.nn.RotaryEmbedding(D, theta=50.0)
+    x = data(Axis("position", 5), Axis("heads", 3), D)
+    pos = na.arange(Axis("position", 5), start=2)
+    y = rope(x, pos)
+    assert y.axis_names == ("position", "heads", "head_dim") and y.dtype == x.dtype
+    inv = 50.0 ** -(np.arange(0, 8, 2) / 8)
+    close(y.array, rope_oracle(np.asarray(x.array), np.arange(2, 7), inv))
+    # axes in another order and a batch of position rows: the same rotation, by name
+    xt = x.rearrange(("head_dim", "heads", "position"))
+    yt = rope(xt, pos.broadcast_axis(Axis("batch", 2)))
+    assert yt.axis_names == ("head_dim", "heads", "position", "batch")  # x's axes, then new ones
+    close(yt.rearrange(("batch", "position", "heads", "head_dim")).array[1], y.array)
+
+
+def test_rope_scaling_frequencies():
+    D = Axis("head_dim", 16)
+    default = np.asarray(na.nn.RotaryEmbedding(D).inverse_frequencies())
+    close(default, 10000.0 ** -(np.arange(0, 16, 2) / 16))
+
+    def inv(kind, max_position=None, **kw):
+        rope = na.nn.RotaryEmbedding(D, scaling=na.nn.RopeScaling(kind, **kw))
+        return np.asarray(rope.inverse_frequencies(max_position)), rope.attention_factor
+
+    close(inv("linear", factor=4.0)[0], default / 4)
+    # dynamic: unchanged within the original context, a larger base beyond it
+    close(inv("dynamic", 15, factor=2.0, original_max_position_embeddings=16)[0], default)
+    grown = 10000.0 * (2.0 * 32 / 16 - 1) ** (16 / 14)
+    close(
+        inv("dynamic", 31, factor=2.0, original_max_position_embeddings=16)[0],
+        grown ** -(np.arange(0, 16, 2) / 16),
+    )
+    # llama3: short wavelengths kept, long ones divided by the factor
+    f, _ = inv("llama3", factor=8.0, original_max_position_embeddings=32, high_freq_factor=4.0)
+    wavelen = 2 * np.pi / default
+    close(f[wavelen < 8], default[wavelen < 8])
+    close(f[wavelen > 32], default[wavelen > 32] / 8)
+    assert np.all((f <= default + 1e-9) & (f >= default / 8 - 1e-9))
+    # yarn: the same bounds, and cos/sin scaled by 0.1 ln(factor) + 1
+    f, factor = inv("yarn", factor=4.0, original_max_position_embeddings=32)
+    assert factor == pytest.approx(0.1 * np.log(4.0) + 1)
+    close(f[0], default[0])
+    close(f[-1], default[-1] / 4)
+
+
+def test_rope_scaling_errors():
+    with pytest.raises(na.LayerError, match=r"kind 'longrope' is not supported. Supported kinds"):
+        na.nn.RopeScaling("longrope", factor=2.0)
+    with pytest.raises(na.LayerError, match=r"'yarn' needs original_max_position_embeddings"):
+        na.nn.RopeScaling("yarn", factor=2.0)
+    with pytest.raises(na.LayerError, match=r"head_dim=3 must be even"):
+        na.nn.RotaryEmbedding(Axis("head_dim", 3))
+    rope = na.nn.RotaryEmbedding(Axis("head_dim", 4))
+    with pytest.raises(na.NamedTypeError, match=r"positions as an integer NamedArray"):
+        rope(na.ones({"position": 2, "head_dim": 4}), na.ones({"position": 2}))
+
+
+def test_rms_norm_weight_offset_scales_by_one_plus_weight():
+    norm = na.nn.RmsNorm(E, eps=1e-6, weight_offset=1.0)
+    assert np.all(np.asarray(norm.weight.array) == 0.0)
+    w = data(E, key=4)
+    norm = eqx.tree_at(lambda n: n.weight, norm, w)
+    x = data(B, E, key=5)
+    a = np.asarray(x.array)
+    want = a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6) * (1 + np.asarray(w.array))
+    close(norm(x).array, want)
+
+
+def test_activations_by_name():
+    x = data(B, E)
+    a = np.asarray(x.array, np.float64)
+    erf = np.vectorize(__import__("math").erf)
+    close(na.nn.activation("gelu")(x).array, 0.5 * a * (1 + erf(a / np.sqrt(2))))
+    tanh = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)))
+    for name in ("gelu_new", "gelu_pytorch_tanh"):
+        close(na.nn.activation(name)(x).array, tanh)
+    close(na.nn.activation("silu")(x).array, a / (1 + np.exp(-a)))
+    mlp = na.nn.MLP(E, Axis("mlp", 4), key=KEY, activation="gelu_pytorch_tanh", gated=True)
+    assert mlp.activation is na.nn.activation("gelu_new")
+    with pytest.raises(na.LayerError, match=r"Unknown activation 'gelu_tanh'. Known: gelu, "):
+        na.nn.activation("gelu_tanh")

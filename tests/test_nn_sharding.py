@@ -5,7 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _helpers import shard_shapes, spec_of
+from _helpers import shard_shapes, spec_of, xfail_explicit_reshape
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -128,3 +128,25 @@ def test_stacked_training_step_under_fsdp(mesh_2x4):
     close(w.array, want_grads.stacked.mlp.up.weight.array)
     assert w.axis_names == ("layer", "embed", "mlp")
     assert spec_of(w) == P(None, "data", "model") and shard_shapes(w) == [(3, 4, 4)]
+
+
+def test_grouped_query_attention_shards_by_heads(mesh_2x4, request):
+    """{"heads": "model"} shards the query and output projections of grouped-query attention as it
+    does for multi-head attention; keys/values (kv_heads, not mapped) stay whole on `model`."""
+    xfail_explicit_reshape(request, mesh_2x4)
+    KV = Axis("kv_heads", 2)
+    attn = na.nn.Attention(
+        E, H, D, KVHeads=KV, key=KEY, qk_norm=True, rotary=na.nn.RotaryEmbedding(D)
+    )
+    x = na.random.normal(jax.random.key(2), (B, T, E))
+
+    def fn(attn, x):
+        return attn(x)
+
+    expected = eqx.filter_jit(fn)(attn, x)
+    attn_s, y = run_sharded(mesh_2x4, fn, attn, x)
+    assert spec_of(attn_s.q_proj.weight) == P("data", "model")
+    assert spec_of(attn_s.o_proj.weight) == P("model", None, "data")
+    assert spec_of(attn_s.k_proj.weight) == P("data")
+    close(y.array, expected.array)
+    assert spec_of(y) == P("data") and shard_shapes(y) == [(2, 6, 8)]

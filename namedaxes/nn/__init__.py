@@ -16,6 +16,7 @@ Example:
 # layers
 from ._attention import Attention as Attention
 from ._attention import causal_mask as causal_mask
+from ._attention import sliding_window_mask as sliding_window_mask
 from ._dot_product_attention import dot_product_attention as dot_product_attention
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
@@ -25,6 +26,7 @@ from ._linear import Linear as Linear
 from ._loss import cross_entropy as cross_entropy
 from ._loss import one_hot as one_hot
 from ._mlp import MLP as MLP
+from ._mlp import activation as activation
 from ._norm import LayerNorm as LayerNorm
 from ._norm import RmsNorm as RmsNorm
 
@@ -32,4 +34,6 @@ from ._norm import RmsNorm as RmsNorm
 from ._precision import Precision as Precision
 from ._precision import current_precision as current_precision
 from ._precision import precision as precision
+from ._rotary import RopeScaling as RopeScaling
+from ._rotary import RotaryEmbedding as RotaryEmbedding
 from ._stacked import Stacked as Stacked

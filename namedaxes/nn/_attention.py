@@ -1,9 +1,9 @@
-"""The ``Attention`` layer and ``causal_mask``; the function is ``dot_product_attention``.
+"""The ``Attention`` layer and the masks; the function is ``dot_product_attention``.
 
 Query positions and key positions are two different axes (``position`` and ``key_position`` by
 default), so every other axis the query and the key share (``batch``, ``heads``, ``kv_heads``) is
-matched by name. Multi-head, grouped-query and multi-query attention are the same function with
-different axes.
+matched by name, and query-only axes (``q_per_kv`` in grouped-query attention) are kept. Multi-head,
+grouped-query and multi-query attention are the same function with different axes.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import jax
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import AxisSizeError, NamedTypeError
+from .._errors import AxisSizeError, LayerError, NamedTypeError
 from .._ops.creation import arange
-from .._ops.shape import rename
+from .._ops.shape import flatten_axes, rename, unflatten_axis
 from ._common import expect_axes, place
 from ._dot_product_attention import dot_product_attention
 from ._linear import Linear
 from ._norm import RmsNorm
+from ._rotary import RotaryEmbedding
 
-__all__ = ["Attention", "causal_mask"]
+__all__ = ["Attention", "causal_mask", "sliding_window_mask"]
 
 
 def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
@@ -49,39 +50,94 @@ def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
     return arange(position) + offset >= arange(key_position)
 
 
+def sliding_window_mask(position: Axis, key_position: Axis, window: int) -> NamedArray:
+    """Boolean ``(position, key_position)`` mask: a query sees only the last ``window`` keys.
+
+    Combine it with :func:`causal_mask` (``&``) for causal sliding-window attention, as Mistral
+    does. Positions are counted as in ``causal_mask`` (a longer key axis ends at the queries).
+
+    Args:
+        position: The query position axis.
+        key_position: The key position axis.
+        window: How many keys (the query's own included) a query may see; at least 1.
+
+    Returns:
+        ``mask[q, k] = (q + key_position.size - position.size) - k < window``.
+
+    Raises:
+        LayerError: if ``window`` is not a positive integer.
+
+    Example:
+        >>> import namedaxes as na
+        >>> P, K = na.Axis("position", 4), na.Axis("key_position", 4)
+        >>> (sliding_window_mask(P, K, 2) & causal_mask(P, K)).array.astype(int)
+        Array([[1, 0, 0, 0],
+               [1, 1, 0, 0],
+               [0, 1, 1, 0],
+               [0, 0, 1, 1]], dtype=int32)
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise LayerError(f"sliding_window_mask needs a window of at least 1 key, got {window!r}.")
+    offset = key_position.size - position.size
+    return arange(position) + offset - arange(key_position) < window
+
+
+QK_NORMS = (False, True, "head", "projection")
+
+
 class Attention(eqx.Module):
     """Self-attention: project to query/key/value heads, attend, project back to ``Embed``.
 
-    Axes: the input is ``(..., position, Embed)``. With ``KVHeads=None`` (multi-head attention) the
-    query, key and value are ``(..., position, heads, head_dim)``. With ``KVHeads`` (grouped-query
-    attention; ``KVHeads.size == 1`` is multi-query) the key and value are
-    ``(..., position, kv_heads, head_dim)`` and the query is ``(..., position, kv_heads,
-    q_per_kv, head_dim)`` with ``q_per_kv = Heads.size // KVHeads.size``: each key/value head
-    serves a group of query heads. The key/value positions are renamed to ``key_position``.
-    ``qk_norm=True`` applies an ``RmsNorm`` over ``head_dim`` to queries and keys. Map ``heads``
-    (or ``kv_heads``) to a mesh axis for tensor parallelism.
+    Axes: the input is ``(..., position, Embed)``. Queries are ``(..., position, heads, head_dim)``
+    with ``heads = Heads`` in every variant, so ``q_proj``'s weight is ``(Embed, heads, head_dim)``
+    and ``o_proj``'s ``(heads, head_dim, Embed)``. With ``KVHeads=None`` (multi-head attention) keys
+    and values have ``heads`` too. With ``KVHeads`` (grouped-query attention; ``KVHeads.size == 1``
+    is multi-query) they are ``(..., position, kv_heads, head_dim)`` and query head ``h`` uses key
+    /value head ``h // (Heads.size // KVHeads.size)`` (the convention of Hugging Face checkpoints and
+    of ``jax.nn.dot_product_attention``): the queries' ``heads`` axis is split into
+    ``(kv_heads, q_per_kv)`` for the attention and merged back after, so no key is repeated. Map
+    ``heads`` to a mesh axis for tensor parallelism: the query and output projections shard the same
+    way for multi-head and grouped-query attention (map ``kv_heads`` too where its size divides).
+    The key/value positions are renamed to ``key_position``.
+
+    Options: ``qk_norm`` applies an ``RmsNorm`` to queries and keys after the projections, over
+    ``head_dim`` (``True`` or ``"head"``, one weight shared by the heads, as Qwen3) or over
+    ``(heads, head_dim)`` / ``(kv_heads, head_dim)`` (``"projection"``, as OLMo 2). ``rotary``
+    rotates queries and keys by position (after the norms). ``sliding_window`` lets each query see
+    only the last ``sliding_window`` keys (with the causal mask). ``use_bias`` puts biases on all
+    four projections; ``out_bias`` overrides it for ``o_proj`` (Qwen2: biases on q, k, v only).
 
     Args:
         Embed: The model axis (input and output).
         Heads: The number of query heads, as an ``Axis`` (e.g. ``Axis("heads", 8)``).
         HeadDim: The per-head feature axis (e.g. ``Axis("head_dim", 64)``).
         key: PRNG key.
-        KVHeads: Key/value heads for grouped-query attention; must divide ``Heads.size``.
+        KVHeads: Key/value heads for grouped-query attention; must divide ``Heads.size`` and have
+            another name than ``Heads``.
         causal: Mask future positions.
-        qk_norm: RmsNorm on queries and keys over ``HeadDim``.
+        qk_norm: ``False``, ``True``/``"head"`` or ``"projection"`` (above).
+        norm_eps: The q/k norms' epsilon.
         use_bias: Biases in the projections.
+        out_bias: Bias in ``o_proj`` (default: ``use_bias``).
+        sliding_window: The number of keys a query sees (itself included), or ``None`` for all.
+        rotary: A :class:`RotaryEmbedding` over ``HeadDim``, or ``None``.
+        scale: Multiplies the query before the scores (default ``HeadDim.size ** -0.5``).
         position: The name of the input's sequence axis.
         init_scale: Passed to every ``Linear``.
         dtype: The parameters' float dtype.
 
     Raises:
         AxisSizeError: if ``KVHeads.size`` does not divide ``Heads.size``.
+        LayerError: for an unknown ``qk_norm``, a ``sliding_window`` below 1, a ``rotary`` over
+            another axis, or ``KVHeads`` named like ``Heads``.
 
     Example:
         >>> import jax
         >>> import namedaxes as na
-        >>> attn = na.nn.Attention(na.Axis("embed", 8), na.Axis("heads", 2), na.Axis("head_dim", 4),
-        ...                        key=jax.random.key(0))
+        >>> attn = na.nn.Attention(na.Axis("embed", 8), na.Axis("heads", 4), na.Axis("head_dim", 4),
+        ...                        KVHeads=na.Axis("kv_heads", 2), key=jax.random.key(0))
+        >>> attn.q_proj.weight, attn.k_proj.weight
+        (NamedArray(float32, embed=8, heads=4, head_dim=4), NamedArray(float32, embed=8, kv_heads=2, head_dim=4))
         >>> attn(na.ones({"batch": 2, "position": 5, "embed": 8}))
         NamedArray(float32, batch=2, position=5, embed=8)
     """
@@ -92,11 +148,14 @@ class Attention(eqx.Module):
     o_proj: Linear
     q_norm: RmsNorm | None
     k_norm: RmsNorm | None
+    rotary: RotaryEmbedding | None
     Embed: Axis = eqx.field(static=True)
-    QHeads: tuple[Axis, ...] = eqx.field(static=True)
-    KVHeads: Axis = eqx.field(static=True)
+    Heads: Axis = eqx.field(static=True)
+    KVHeads: Axis | None = eqx.field(static=True)
     HeadDim: Axis = eqx.field(static=True)
     causal: bool = eqx.field(static=True)
+    sliding_window: int | None = eqx.field(static=True)
+    scale: float | None = eqx.field(static=True)
     position: str = eqx.field(static=True)
 
     def __init__(
@@ -108,8 +167,13 @@ class Attention(eqx.Module):
         key: jax.Array,
         KVHeads: Axis | None = None,
         causal: bool = True,
-        qk_norm: bool = False,
+        qk_norm: bool | str = False,
+        norm_eps: float = 1e-6,
         use_bias: bool = False,
+        out_bias: bool | None = None,
+        sliding_window: int | None = None,
+        rotary: RotaryEmbedding | None = None,
+        scale: float | None = None,
         position: str = "position",
         init_scale: float = 1.0,
         dtype: Any = None,
@@ -118,56 +182,121 @@ class Attention(eqx.Module):
         for what, a in given:
             if not isinstance(a, Axis) and not (what == "KVHeads" and a is None):
                 raise NamedTypeError(f"Attention {what} must be an Axis, got {a!r}.")
-        if KVHeads is None:
-            q_heads: tuple[Axis, ...] = (Heads,)
-            KVHeads = Heads
-        else:
+        if KVHeads is not None:
+            if KVHeads.name == Heads.name:
+                raise LayerError(
+                    f"Attention: KVHeads and Heads are both named {Heads.name!r}; name the key/value "
+                    "heads differently (e.g. 'kv_heads'), or pass KVHeads=None for multi-head "
+                    "attention."
+                )
             if Heads.size % KVHeads.size:
                 raise AxisSizeError(
                     f"Attention: KVHeads {KVHeads.name}={KVHeads.size} must divide Heads "
                     f"{Heads.name}={Heads.size} (each key/value head serves a group of query "
                     "heads)."
                 )
-            q_heads = (KVHeads, Axis("q_per_kv", Heads.size // KVHeads.size))
-        kq, kk, kv, ko = jax.random.split(key, 4)
-        kw = dict(use_bias=use_bias, init_scale=init_scale, dtype=dtype)
-        self.q_proj = Linear(Embed, q_heads + (HeadDim,), key=kq, **kw)
-        self.k_proj = Linear(Embed, (KVHeads, HeadDim), key=kk, **kw)
-        self.v_proj = Linear(Embed, (KVHeads, HeadDim), key=kv, **kw)
-        self.o_proj = Linear(q_heads + (HeadDim,), Embed, key=ko, **kw)
-        self.q_norm = RmsNorm(HeadDim, dtype=dtype) if qk_norm else None
-        self.k_norm = RmsNorm(HeadDim, dtype=dtype) if qk_norm else None
-        self.Embed, self.QHeads, self.KVHeads, self.HeadDim = Embed, q_heads, KVHeads, HeadDim
+        if qk_norm not in QK_NORMS or isinstance(qk_norm, int) and not isinstance(qk_norm, bool):
+            raise LayerError(
+                f"Attention qk_norm must be one of {', '.join(map(repr, QK_NORMS))}, got "
+                f"{qk_norm!r}."
+            )
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool)
+            or not isinstance(sliding_window, int)
+            or sliding_window < 1
+        ):
+            raise LayerError(
+                f"Attention sliding_window must be a positive number of keys or None, got "
+                f"{sliding_window!r}."
+            )
+        if rotary is not None and (
+            not isinstance(rotary, RotaryEmbedding) or rotary.HeadDim != HeadDim
+        ):
+            raise LayerError(
+                f"Attention rotary must be a RotaryEmbedding over {HeadDim}, got {rotary!r}."
+            )
+        kv = KVHeads if KVHeads is not None else Heads
+        kq, kk, kv_key, ko = jax.random.split(key, 4)
+        kw = dict(init_scale=init_scale, dtype=dtype)
+        self.q_proj = Linear(Embed, (Heads, HeadDim), key=kq, use_bias=use_bias, **kw)
+        self.k_proj = Linear(Embed, (kv, HeadDim), key=kk, use_bias=use_bias, **kw)
+        self.v_proj = Linear(Embed, (kv, HeadDim), key=kv_key, use_bias=use_bias, **kw)
+        o_bias = use_bias if out_bias is None else out_bias
+        self.o_proj = Linear((Heads, HeadDim), Embed, key=ko, use_bias=o_bias, **kw)
+        if qk_norm == "projection":
+            self.q_norm = RmsNorm((Heads, HeadDim), eps=norm_eps, dtype=dtype)
+            self.k_norm = RmsNorm((kv, HeadDim), eps=norm_eps, dtype=dtype)
+        elif qk_norm:
+            self.q_norm = RmsNorm(HeadDim, eps=norm_eps, dtype=dtype)
+            self.k_norm = RmsNorm(HeadDim, eps=norm_eps, dtype=dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = rotary
+        self.Embed, self.Heads, self.KVHeads, self.HeadDim = Embed, Heads, KVHeads, HeadDim
         self.causal = causal
+        self.sliding_window = sliding_window
+        self.scale = scale
         self.position = position
 
-    def __call__(self, x: NamedArray, *, mask: NamedArray | None = None) -> NamedArray:
+    def mask(
+        self, position: Axis, key_position: Axis, mask: NamedArray | None
+    ) -> NamedArray | None:
+        """The layer's mask: ``mask`` (if any) & causal (if ``causal``) & its sliding window."""
+        if self.causal:
+            causal = causal_mask(position, key_position)
+            mask = causal if mask is None else mask & causal
+        if self.sliding_window is not None:
+            window = sliding_window_mask(position, key_position, self.sliding_window)
+            mask = window if mask is None else mask & window
+        return mask
+
+    def __call__(
+        self,
+        x: NamedArray,
+        *,
+        mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+    ) -> NamedArray:
         """Attend over the ``position`` axis of ``x``; the output has ``x``'s axes.
 
         Args:
             x: ``(..., position, Embed)``.
-            mask: An extra boolean mask over the scores' axes, combined with the causal mask; e.g. a
-                padding mask ``(batch, key_position)`` that is ``True`` at real tokens.
+            mask: An extra boolean mask over the scores' axes, combined with the causal and
+                sliding-window masks; e.g. a padding mask ``(batch, key_position)`` that is
+                ``True`` at real tokens.
+            positions: Integer position ids for ``rotary``, with the ``position`` axis (e.g.
+                ``(batch, position)``); default ``0 .. n-1``.
 
         Raises:
-            AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``.
+            AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``, or ``positions`` lacks
+                ``position``.
+            AxisSizeError: if ``positions``' ``position`` axis has another size than ``x``'s.
         """
         x = expect_axes(x, (self.Embed,), "Attention")
         pos = x.resolve_axis(self.position)
         kpos = Axis("key_position", pos.size)
-        q = self.q_proj(x)
-        k = rename(self.k_proj(x), {pos.name: kpos.name})
-        v = rename(self.v_proj(x), {pos.name: kpos.name})
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            if positions is None:
+                positions = arange(pos)
+            positions = expect_axes(positions, (pos,), "Attention", "positions")
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        k, v = rename(k, {pos.name: kpos.name}), rename(v, {pos.name: kpos.name})
+        kv_heads, groups = self.KVHeads, None
+        if kv_heads is not None:
+            groups = Axis("q_per_kv", self.Heads.size // kv_heads.size)
+            q = unflatten_axis(q, self.Heads.name, (kv_heads, groups))
         out = dot_product_attention(
             q,
             k,
             v,
             head_axis=self.HeadDim.name,
             key_position=kpos.name,
-            position=pos.name,
-            mask=mask,
-            causal=self.causal,
+            mask=self.mask(pos, kpos, mask),
+            scale=self.scale,
         )
+        if kv_heads is not None and groups is not None:
+            out = flatten_axes(out, (kv_heads.name, groups.name), self.Heads.name)
         return place(self.o_proj(out))

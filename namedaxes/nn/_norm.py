@@ -8,7 +8,7 @@ import equinox as eqx
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
-from .._ops.creation import ones, zeros
+from .._ops.creation import full, zeros
 from .._ops.elementwise import rsqrt
 from .._ops.reductions import mean
 from ._common import as_axes, check_dtype_float, expect_axes, output, place
@@ -28,15 +28,24 @@ class _Norm(eqx.Module):
     bias: NamedArray | None
     axis: tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True)
+    weight_offset: float = eqx.field(static=True)
 
     def __init__(
-        self, axis: AxisSpec, eps: float, use_weight: bool, use_bias: bool, dtype: Any
+        self,
+        axis: AxisSpec,
+        eps: float,
+        use_weight: bool,
+        use_bias: bool,
+        dtype: Any,
+        weight_offset: float = 0.0,
     ) -> None:
         name = type(self).__name__
         self.axis = as_axes(axis, f"{name} axis")
         self.eps = float(eps)
+        self.weight_offset = float(weight_offset)
         dt = check_dtype_float(dtype, name)
-        self.weight = ones(self.axis, dt) if use_weight else None
+        # The scale starts at 1: weight + weight_offset == 1.
+        self.weight = full(self.axis, 1.0 - self.weight_offset, dt) if use_weight else None
         self.bias = zeros(self.axis, dt) if use_bias else None
 
     def _normalize(self, x: NamedArray, names: tuple[str, ...]) -> NamedArray:
@@ -52,7 +61,8 @@ class _Norm(eqx.Module):
         x = expect_axes(x, self.axis, type(self).__name__)
         y = self._normalize(upcast(x), tuple(a.name for a in self.axis))
         if self.weight is not None:
-            y = y * upcast(place(self.weight))
+            w = upcast(place(self.weight))
+            y = y * (w + self.weight_offset if self.weight_offset else w)
         if self.bias is not None:
             y = y + upcast(place(self.bias))
         return output(y.astype(x.dtype))
@@ -101,7 +111,9 @@ class RmsNorm(_Norm):
     """Root-mean-square normalization over ``axis``: ``x / sqrt(mean(x**2) + eps) * weight``.
 
     No mean is subtracted. ``weight`` (ones) is over the normalized axes; an optional ``bias``
-    (zeros) is added after. The output keeps ``x``'s axes in their order.
+    (zeros) is added after. The output keeps ``x``'s axes in their order. With
+    ``weight_offset=1.0`` the scale is ``1 + weight`` and ``weight`` starts at zeros (Gemma's
+    norms).
 
     Args:
         axis: The normalized axes (an ``Axis``, a sequence, or a ``{name: size}`` dict).
@@ -109,6 +121,7 @@ class RmsNorm(_Norm):
         use_weight: Learn a scale (``weight``); else ``weight`` is ``None``.
         use_bias: Learn a shift (``bias``); off by default.
         dtype: The parameters' float dtype.
+        weight_offset: Added to ``weight`` to give the scale.
 
     Example:
         >>> import jax.numpy as jnp
@@ -127,8 +140,9 @@ class RmsNorm(_Norm):
         use_weight: bool = True,
         use_bias: bool = False,
         dtype: Any = None,
+        weight_offset: float = 0.0,
     ):
-        super().__init__(axis, eps, use_weight, use_bias, dtype)
+        super().__init__(axis, eps, use_weight, use_bias, dtype, weight_offset)
 
     def _normalize(self, x: NamedArray, names: tuple[str, ...]) -> NamedArray:
         return x * rsqrt(mean(x * x, names) + self.eps)
