@@ -55,6 +55,7 @@ from ._errors import MappingTypeError as MappingTypeError
 from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError
 from ._errors import MeshError as MeshError
 from ._errors import MeshTypeError as MeshTypeError
+from ._errors import ModelConfigError as ModelConfigError
 from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import NoMeshError as NoMeshError

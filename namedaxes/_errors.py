@@ -27,6 +27,7 @@ __all__ = [
     "LayerError",
     "MappingTypeError",
     "MemoryAnalysisUnavailableError",
+    "ModelConfigError",
     "CompileTargetError",
     "DeviceOutOfMemoryError",
     "PlanError",
@@ -240,3 +241,8 @@ class CheckpointAxisError(CheckpointError):
 
 class CheckpointDtypeError(CheckpointError):
     """A leaf's dtype differs between the checkpoint and ``like`` and no cast was asked for."""
+
+
+class ModelConfigError(NamedAxesError, ValueError):
+    """A model configuration cannot be used: an unsupported ``model_type`` or option in a Hugging Face
+    ``config.json``, or values that contradict each other (``namedaxes.models``)."""

@@ -1,0 +1,182 @@
+"""``TransformerConfig``: every family's decoder described by one set of typed fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._axis import Axis
+from .._errors import ModelConfigError
+from ..nn import RopeScaling, activation
+
+__all__ = ["TransformerConfig"]
+
+NORMS = ("rms", "layer")
+QK_NORMS = (None, "head", "projection")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A decoder-only transformer: sizes and the options in which the families differ.
+
+    The families are data here, not classes: Llama is the defaults; Mistral adds
+    ``sliding_window``; Qwen2 ``qkv_bias``; Qwen3 ``qk_norm="head"``; Gemma
+    ``norm_weight_offset=1.0``, ``activation="gelu_pytorch_tanh"`` and ``embed_scale``; OLMo 2
+    ``norm_after=True`` and ``qk_norm="projection"``; GPT-2 ``norm="layer"``,
+    ``learned_positions=True``, ``gated_mlp=False`` and biases everywhere. ``config_from_hf`` reads
+    these fields from a Hugging Face ``config.json``.
+
+    Logical axes of the model built from it (:class:`Transformer`): ``vocab``, ``embed``,
+    ``heads``, ``kv_heads`` (only when ``num_kv_heads < num_heads``), ``head_dim``, ``mlp``,
+    ``layer``, and ``max_position`` (the learned position table).
+
+    Args:
+        model_type: The Hugging Face family (``"llama"``, ``"gpt2"``...), used to name tensors.
+        vocab_size: Vocabulary size.
+        hidden_size: Model width (the ``embed`` axis).
+        intermediate_size: MLP width (the ``mlp`` axis).
+        num_layers: Decoder layers (the ``layer`` axis).
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads (divides ``num_heads``; equal for multi-head attention).
+        head_dim: Features per head.
+        max_position_embeddings: The context length (the learned position table's size).
+        norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm with bias).
+        norm_eps: The norms' epsilon (q/k norms too).
+        norm_weight_offset: Norms scale by ``offset + weight`` (1.0 for Gemma).
+        norm_after: Norm the attention and MLP outputs before the residual add (OLMo 2) instead
+            of their inputs.
+        activation: The MLP activation's Hugging Face name (see ``namedaxes.nn.activation``).
+        gated_mlp: ``down(act(gate(x)) * up(x))`` (SwiGLU/GeGLU) instead of ``down(act(up(x)))``.
+        mlp_bias: Biases in the MLP.
+        qkv_bias: Biases in the query, key and value projections.
+        out_bias: Bias in the attention output projection.
+        qk_norm: ``None``, ``"head"`` (RMSNorm over ``head_dim``) or ``"projection"`` (over the
+            whole projection).
+        sliding_window: Keys a query sees (itself included), or ``None`` for all.
+        learned_positions: A learned position table added to the embeddings (no RoPE).
+        rope_theta: The RoPE base.
+        rope_scaling: A ``namedaxes.nn.RopeScaling`` (``None``: plain RoPE).
+        attention_scale: Multiplies the queries (default ``head_dim ** -0.5``).
+        embed_scale: Multiplies the embeddings (Gemma: ``sqrt(hidden_size)``, in the parameters'
+            dtype).
+        tie_word_embeddings: The output head is the embedding table.
+        hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
+            writes it back); not compared.
+
+    Raises:
+        ModelConfigError: for sizes that are not positive, ``num_kv_heads`` not dividing
+            ``num_heads``, an unknown norm, q/k norm or activation.
+
+    Example:
+        >>> from namedaxes.models import TransformerConfig
+        >>> cfg = TransformerConfig("llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+        ...                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+        >>> cfg.axis("kv_heads"), cfg.replace(num_kv_heads=4).grouped
+        (Axis(name='kv_heads', size=2), False)
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    norm_weight_offset: float = 0.0
+    norm_after: bool = False
+    activation: str = "silu"
+    gated_mlp: bool = True
+    mlp_bias: bool = False
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: str | None = None
+    sliding_window: int | None = None
+    learned_positions: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    attention_scale: float | None = None
+    embed_scale: float = 1.0
+    tie_word_embeddings: bool = False
+    hf_config: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        )
+        for name in sizes:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ModelConfigError(
+                    f"TransformerConfig.{name} must be a positive integer, got {v!r}."
+                )
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(
+                f"TransformerConfig: num_kv_heads={self.num_kv_heads} must divide "
+                f"num_heads={self.num_heads} (each key/value head serves a group of query heads)."
+            )
+        if self.norm not in NORMS:
+            raise ModelConfigError(
+                f"TransformerConfig.norm must be one of {NORMS}, got {self.norm!r}."
+            )
+        if self.qk_norm not in QK_NORMS:
+            raise ModelConfigError(
+                f"TransformerConfig.qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}."
+            )
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window < 1
+        ):
+            raise ModelConfigError(
+                "TransformerConfig.sliding_window must be a positive integer or None, got "
+                f"{self.sliding_window!r}."
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ModelConfigError(
+                "TransformerConfig.rope_scaling must be a namedaxes.nn.RopeScaling or None, got "
+                f"{self.rope_scaling!r}."
+            )
+        try:
+            activation(self.activation)
+        except Exception as e:
+            raise ModelConfigError(f"TransformerConfig.activation: {e}") from None
+
+    @property
+    def grouped(self) -> bool:
+        """Whether attention is grouped-query (fewer key/value heads than query heads)."""
+        return self.num_kv_heads != self.num_heads
+
+    def axis(self, name: str) -> Axis:
+        """The model's logical axis ``name`` with its size (``"heads"``, ``"mlp"``, ...)."""
+        sizes = {
+            "vocab": self.vocab_size,
+            "embed": self.hidden_size,
+            "mlp": self.intermediate_size,
+            "layer": self.num_layers,
+            "heads": self.num_heads,
+            "kv_heads": self.num_kv_heads,
+            "q_per_kv": self.num_heads // self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_position": self.max_position_embeddings,
+        }
+        if name not in sizes:
+            raise ModelConfigError(
+                f"TransformerConfig has no axis {name!r}. Axes: {', '.join(sizes)}."
+            )
+        return Axis(name, sizes[name])
+
+    def replace(self, **changes: Any) -> TransformerConfig:
+        """A copy with some fields changed (and checked again)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,427 @@
+"""The Hugging Face families as data: how each reads and writes ``config.json`` and names its tensors.
+
+A family is a :class:`Family`: a reader (``config.json`` dict -> :class:`TransformerConfig`
+fields, with the defaults of that family's ``transformers`` config class), a writer (the inverse),
+and a table saying which Hugging Face module each module of :class:`Transformer` is stored as, and
+in which layout (``"linear"``: ``torch.nn.Linear``, weight ``(out, in)``; ``"conv1d"``: GPT-2's
+``Conv1D``, weight ``(in, out)``; ``"norm"``; ``"embedding"``). Adding a family is adding one
+entry to ``FAMILIES``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ModelConfigError
+from ..nn import RopeScaling
+from ._config import TransformerConfig
+
+__all__ = ["FAMILIES", "Family", "Module", "family_of"]
+
+
+@dataclass(frozen=True)
+class Module:
+    """One module of the model and where its parameters live in a Hugging Face checkpoint.
+
+    ``ours``: the attribute path in :class:`Transformer` (``layers.`` prefixes a module inside the
+    stacked decoder layers); ``hf``: the Hugging Face module name (``{i}`` is the layer index);
+    ``layout``: ``"linear"``, ``"conv1d"``, ``"norm"`` or ``"embedding"``; ``part``: for fused
+    projections, ``(index, count)`` of this module's block along the output (GPT-2's ``c_attn``
+    holds q, k and v).
+    """
+
+    ours: str
+    hf: str
+    layout: str
+    part: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one ``model_type`` is read, written and named (see the module docstring)."""
+
+    model_type: str
+    architecture: str
+    read: Callable[[dict[str, Any]], dict[str, Any]]
+    write: Callable[[TransformerConfig], dict[str, Any]]
+    modules: Callable[[TransformerConfig], list[Module]]
+    base_prefix: str
+    # Tensors some checkpoints hold that are not parameters (buffers), as name suffixes.
+    ignored_suffixes: tuple[str, ...] = ()
+
+
+# -- reading helpers ------------------------------------------------------------------------
+
+
+def _int(raw: dict[str, Any], key: str, default: Any) -> Any:
+    v = raw.get(key, default)
+    return default if v is None else v
+
+
+def _rope(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` from either spelling (``rope_parameters``, or a top-level
+    ``rope_theta`` with ``rope_scaling``), as transformers reads them."""
+    params = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ModelConfigError(
+            "RoPE parameters per layer type (a nested rope_parameters) are not supported for "
+            f"{raw.get('model_type')!r}."
+        )
+    theta = float(params.get("rope_theta", raw.get("rope_theta")) or 10000.0)
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if factor is not None and float(factor) != 1.0:
+        raise ModelConfigError(
+            f"partial_rotary_factor={factor} (RoPE on part of each head) is not supported."
+        )
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return {"rope_theta": theta, "rope_scaling": None}
+    original = params.get("original_max_position_embeddings") or max_positions
+    try:
+        if kind == "linear":
+            scaling = RopeScaling("linear", factor=float(params["factor"]))
+        elif kind == "dynamic":
+            scaling = RopeScaling(
+                "dynamic",
+                factor=float(params["factor"]),
+                original_max_position_embeddings=max_positions,
+            )
+        elif kind == "llama3":
+            scaling = RopeScaling(
+                "llama3",
+                factor=float(params["factor"]),
+                low_freq_factor=float(params["low_freq_factor"]),
+                high_freq_factor=float(params["high_freq_factor"]),
+                original_max_position_embeddings=int(original),
+            )
+        elif kind == "yarn":
+            f = params.get("factor")
+            scaling = RopeScaling(
+                "yarn",
+                factor=float(f) if f is not None else max_positions / original,
+                original_max_position_embeddings=int(original),
+                beta_fast=float(params.get("beta_fast") or 32.0),
+                beta_slow=float(params.get("beta_slow") or 1.0),
+                attention_factor=params.get("attention_factor"),
+                mscale=params.get("mscale"),
+                mscale_all_dim=params.get("mscale_all_dim"),
+                truncate=bool(params.get("truncate", True)),
+            )
+        else:
+            raise ModelConfigError(
+                f"RoPE type {kind!r} is not supported. Supported: 'default', 'linear', 'dynamic', "
+                "'llama3', 'yarn'."
+            )
+    except KeyError as e:
+        raise ModelConfigError(f"RoPE type {kind!r} needs {e.args[0]!r} in its settings.") from None
+    return {"rope_theta": theta, "rope_scaling": scaling}
+
+
+def _rope_parameters(cfg: TransformerConfig) -> dict[str, Any]:
+    s = cfg.rope_scaling
+    out: dict[str, Any] = {"rope_type": "default" if s is None else s.kind}
+    out["rope_theta"] = cfg.rope_theta
+    if s is None:
+        return out
+    out["factor"] = s.factor
+    if s.kind == "llama3":
+        out.update(
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+            original_max_position_embeddings=s.original_max_position_embeddings,
+        )
+    if s.kind == "yarn":
+        out.update(
+            original_max_position_embeddings=s.original_max_position_embeddings,
+            beta_fast=s.beta_fast,
+            beta_slow=s.beta_slow,
+            truncate=s.truncate,
+        )
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if getattr(s, key) is not None:
+                out[key] = getattr(s, key)
+    return out
+
+
+def _layer_window(raw: dict[str, Any], layers: int) -> int | None:
+    """Qwen2/Qwen3: the sliding window if every layer slides, ``None`` if none does."""
+    window = raw.get("sliding_window", 4096) if raw.get("use_sliding_window", False) else None
+    types = raw.get("layer_types") or [
+        "sliding_attention"
+        if window is not None and i >= _int(raw, "max_window_layers", 28)
+        else "full_attention"
+        for i in range(layers)
+    ]
+    kinds = set(types)
+    if kinds == {"full_attention"}:
+        return None
+    if kinds == {"sliding_attention"} and window is not None:
+        return int(window)
+    raise ModelConfigError(
+        f"layer_types {types} mixes sliding-window and full attention layers (or names a sliding "
+        "layer without a window); one kind of attention for every layer is supported."
+    )
+
+
+def _llama_like(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    d = defaults
+    heads = _int(raw, "num_attention_heads", d["heads"])
+    hidden = _int(raw, "hidden_size", d["hidden"])
+    max_pos = _int(raw, "max_position_embeddings", d["max_pos"])
+    out = dict(
+        vocab_size=_int(raw, "vocab_size", d["vocab"]),
+        hidden_size=hidden,
+        intermediate_size=_int(raw, "intermediate_size", d["inter"]),
+        num_layers=_int(raw, "num_hidden_layers", d["layers"]),
+        num_heads=heads,
+        num_kv_heads=_int(raw, "num_key_value_heads", d.get("kv") or heads),
+        head_dim=_int(raw, "head_dim", d.get("head_dim") or hidden // heads),
+        max_position_embeddings=max_pos,
+        norm_eps=float(_int(raw, "rms_norm_eps", d.get("eps", 1e-6))),
+        activation=_int(raw, "hidden_act", d.get("act", "silu")),
+        tie_word_embeddings=bool(_int(raw, "tie_word_embeddings", d.get("tie", False))),
+    )
+    out.update(_rope(raw, max_pos))
+    return out
+
+
+def _bias(raw: dict[str, Any]) -> dict[str, Any]:
+    b = bool(_int(raw, "attention_bias", False))
+    return {"qkv_bias": b, "out_bias": b}
+
+
+def _read_llama(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=32000, hidden=4096, inter=11008, layers=32, heads=32, max_pos=2048)
+    return {**_llama_like(raw, d), **_bias(raw), "mlp_bias": bool(_int(raw, "mlp_bias", False))}
+
+
+def _read_mistral(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=32000, hidden=4096, inter=14336, layers=32, heads=32, kv=8, max_pos=131072)
+    window = raw.get("sliding_window", 4096)
+    return {**_llama_like(raw, d), "sliding_window": None if window is None else int(window)}
+
+
+def _read_qwen2(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, max_pos=32768)
+    out = _llama_like(raw, d)
+    window = _layer_window(raw, out["num_layers"])
+    return {**out, "qkv_bias": True, "sliding_window": window}
+
+
+def _read_qwen3(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, head_dim=128)
+    out = _llama_like(raw, {**d, "max_pos": 32768})
+    window = _layer_window(raw, out["num_layers"])
+    return {**out, **_bias(raw), "qk_norm": "head", "sliding_window": window}
+
+
+def _read_gemma(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=256000, hidden=3072, inter=24576, layers=28, heads=16, kv=16, head_dim=256)
+    out = _llama_like(raw, {**d, "max_pos": 8192, "act": "gelu_pytorch_tanh", "tie": True})
+    if raw.get("use_bidirectional_attention"):
+        raise ModelConfigError("gemma with use_bidirectional_attention=true is not supported.")
+    if out["activation"] == "gelu":  # what transformers does: Gemma meant the tanh approximation
+        out["activation"] = "gelu_pytorch_tanh"
+    return {
+        **out,
+        **_bias(raw),
+        "norm_weight_offset": 1.0,
+        "embed_scale": math.sqrt(out["hidden_size"]),
+    }
+
+
+def _read_olmo2(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=50304, hidden=4096, inter=11008, layers=32, heads=32, max_pos=2048, eps=1e-5)
+    return {**_llama_like(raw, d), **_bias(raw), "qk_norm": "projection", "norm_after": True}
+
+
+def _read_gpt2(raw: dict[str, Any]) -> dict[str, Any]:
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if raw.get(key):
+            raise ModelConfigError(f"gpt2 with {key}=true is not supported.")
+
+    def get(key: str, alias: str, default: Any) -> Any:
+        return _int(raw, key, _int(raw, alias, default))
+
+    hidden = get("n_embd", "hidden_size", 768)
+    heads = get("n_head", "num_attention_heads", 12)
+    if hidden % heads:
+        raise ModelConfigError(f"gpt2: n_embd={hidden} is not a multiple of n_head={heads}.")
+    return dict(
+        vocab_size=_int(raw, "vocab_size", 50257),
+        hidden_size=hidden,
+        intermediate_size=_int(raw, "n_inner", 4 * hidden),
+        num_layers=get("n_layer", "num_hidden_layers", 12),
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=get("n_positions", "max_position_embeddings", 1024),
+        norm="layer",
+        norm_eps=float(_int(raw, "layer_norm_epsilon", 1e-5)),
+        activation=_int(raw, "activation_function", "gelu_new"),
+        gated_mlp=False,
+        mlp_bias=True,
+        qkv_bias=True,
+        out_bias=True,
+        learned_positions=True,
+        attention_scale=None if _int(raw, "scale_attn_weights", True) else 1.0,
+        tie_word_embeddings=bool(_int(raw, "tie_word_embeddings", True)),
+    )
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _write_llama_like(cfg: TransformerConfig, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_act": cfg.activation,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "rope_parameters": _rope_parameters(cfg),
+        **extra,
+    }
+
+
+def _sliding(cfg: TransformerConfig) -> dict[str, Any]:
+    if cfg.sliding_window is None:
+        return {"use_sliding_window": False, "sliding_window": None}
+    return {
+        "use_sliding_window": True,
+        "sliding_window": cfg.sliding_window,
+        "max_window_layers": 0,
+    }
+
+
+WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
+    "llama": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias, "mlp_bias": c.mlp_bias}),
+    "mistral": lambda c: _write_llama_like(c, {"sliding_window": c.sliding_window}),
+    "qwen2": lambda c: _write_llama_like(c, _sliding(c)),
+    "qwen3": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias, **_sliding(c)}),
+    "gemma": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
+    "olmo2": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
+    "gpt2": lambda c: {
+        "vocab_size": c.vocab_size,
+        "n_embd": c.hidden_size,
+        "n_inner": c.intermediate_size,
+        "n_layer": c.num_layers,
+        "n_head": c.num_heads,
+        "n_positions": c.max_position_embeddings,
+        "layer_norm_epsilon": c.norm_eps,
+        "activation_function": c.activation,
+        "scale_attn_weights": c.attention_scale is None,
+        "tie_word_embeddings": c.tie_word_embeddings,
+    },
+}
+
+
+# -- tensor names ---------------------------------------------------------------------------
+
+
+def _llama_modules(cfg: TransformerConfig) -> list[Module]:
+    L = "model.layers.{i}."
+    rows = [Module("embed", "model.embed_tokens", "embedding")]
+    if cfg.norm_after:
+        rows += [
+            Module("layers.attn_out_norm", L + "post_attention_layernorm", "norm"),
+            Module("layers.mlp_out_norm", L + "post_feedforward_layernorm", "norm"),
+        ]
+    else:
+        rows += [
+            Module("layers.attn_norm", L + "input_layernorm", "norm"),
+            Module("layers.mlp_norm", L + "post_attention_layernorm", "norm"),
+        ]
+    rows += [Module(f"layers.attn.{p}_proj", L + f"self_attn.{p}_proj", "linear") for p in "qkvo"]
+    if cfg.qk_norm is not None:
+        rows += [Module(f"layers.attn.{p}_norm", L + f"self_attn.{p}_norm", "norm") for p in "qk"]
+    rows += [
+        Module(f"layers.mlp.{ours}", L + f"mlp.{hf}_proj", "linear")
+        for ours, hf in (("gate", "gate"), ("up", "up"), ("down", "down"))
+    ]
+    rows.append(Module("final_norm", "model.norm", "norm"))
+    if not cfg.tie_word_embeddings:
+        rows.append(Module("lm_head", "lm_head", "linear"))
+    return rows
+
+
+def _gpt2_modules(cfg: TransformerConfig) -> list[Module]:
+    L = "transformer.h.{i}."
+    rows = [
+        Module("embed", "transformer.wte", "embedding"),
+        Module("position_embed", "transformer.wpe", "embedding"),
+        Module("layers.attn_norm", L + "ln_1", "norm"),
+        Module("layers.mlp_norm", L + "ln_2", "norm"),
+    ]
+    rows += [
+        Module(f"layers.attn.{p}_proj", L + "attn.c_attn", "conv1d", part=(i, 3))
+        for i, p in enumerate("qkv")
+    ]
+    rows += [
+        Module("layers.attn.o_proj", L + "attn.c_proj", "conv1d"),
+        Module("layers.mlp.up", L + "mlp.c_fc", "conv1d"),
+        Module("layers.mlp.down", L + "mlp.c_proj", "conv1d"),
+        Module("final_norm", "transformer.ln_f", "norm"),
+    ]
+    if not cfg.tie_word_embeddings:
+        rows.append(Module("lm_head", "lm_head", "linear"))
+    return rows
+
+
+_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+_READERS = {
+    "llama": _read_llama,
+    "mistral": _read_mistral,
+    "qwen2": _read_qwen2,
+    "qwen3": _read_qwen3,
+    "gemma": _read_gemma,
+    "olmo2": _read_olmo2,
+    "gpt2": _read_gpt2,
+}
+
+FAMILIES: dict[str, Family] = {
+    name: Family(
+        model_type=name,
+        architecture=_ARCH[name],
+        read=_READERS[name],
+        write=WRITERS[name],
+        modules=_gpt2_modules if name == "gpt2" else _llama_modules,
+        base_prefix="transformer." if name == "gpt2" else "model.",
+        ignored_suffixes=(".attn.bias", ".attn.masked_bias")
+        if name == "gpt2"
+        else (".rotary_emb.inv_freq",),
+    )
+    for name in _ARCH
+}
+
+
+def family_of(model_type: Any) -> Family:
+    """The family of ``model_type``.
+
+    Raises:
+        ModelConfigError: if it is not supported (the message lists the supported ones).
+    """
+    try:
+        return FAMILIES[model_type]
+    except (KeyError, TypeError):
+        raise ModelConfigError(
+            f"model_type {model_type!r} is not supported. Supported model types: "
+            f"{', '.join(sorted(FAMILIES))}."
+        ) from None

@@ -1,0 +1,413 @@
+"""``from_hf``, ``save_hf`` and ``config_from_hf``: Hugging Face folders in and out, sharded on read."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+
+from .._array import NamedArray
+from .._errors import (
+    CheckpointAxisError,
+    CheckpointNotFoundError,
+    CheckpointStructureError,
+    MeshError,
+    MeshTypeError,
+    ModelConfigError,
+    NamedTypeError,
+    format_names,
+)
+from .._mesh import context_mesh
+from .._partitioning import current_axis_mapping, pspec_for
+from ..distributed import process_allgather
+from ._config import TransformerConfig
+from ._families import family_of
+from ._layout import LAYER, Tensor, read_block, tensors_of, to_stored
+from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
+from ._transformer import Transformer
+
+__all__ = ["config_from_hf", "from_hf", "hf_config", "save_hf"]
+
+CONFIG = "config.json"
+
+
+def _folder(path: str | os.PathLike[str]) -> Path:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(
+            f"{os.fspath(path)!r} is not a folder. Pass the folder that holds config.json and "
+            "model.safetensors (as written by save_pretrained or save_hf)."
+        )
+    return folder
+
+
+def _from_dict(raw: dict[str, Any], text: str = "") -> TransformerConfig:
+    family = family_of(raw.get("model_type"))
+    return TransformerConfig(family.model_type, **family.read(raw), hf_config=text)
+
+
+def config_from_hf(path: str | os.PathLike[str]) -> TransformerConfig:
+    """The :class:`TransformerConfig` of a Hugging Face folder, read from its ``config.json``.
+
+    Fields missing from the file take the defaults of that family's ``transformers`` config class;
+    RoPE settings are read from ``rope_parameters`` or from a top-level ``rope_theta`` and
+    ``rope_scaling`` (older files).
+
+    Args:
+        path: The folder.
+
+    Raises:
+        CheckpointNotFoundError: if the folder or its ``config.json`` is missing.
+        ModelConfigError: for an unsupported ``model_type`` (the message lists the supported
+            ones) or option.
+
+    Example:
+        >>> import json, tempfile, pathlib
+        >>> from namedaxes.models import config_from_hf
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (folder / "config.json").write_text(json.dumps({"model_type": "mistral",
+        ...     "hidden_size": 64, "num_attention_heads": 16, "rope_theta": 1e6}))
+        >>> cfg = config_from_hf(folder)  # the rest: MistralConfig's defaults
+        >>> cfg.head_dim, cfg.num_kv_heads, cfg.sliding_window, cfg.rope_theta
+        (4, 8, 4096, 1000000.0)
+    """
+    folder = _folder(path)
+    file = folder / CONFIG
+    if not file.exists():
+        raise CheckpointNotFoundError(f"{folder} has no {CONFIG}.")
+    text = file.read_text()
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise ModelConfigError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{file} holds {type(raw).__name__}, not a JSON object.")
+    return _from_dict(raw, text)
+
+
+def hf_config(config: TransformerConfig) -> dict[str, Any]:
+    """The ``config.json`` dict that ``transformers`` reads back as ``config``.
+
+    The file the config was read from, when it still describes it; else one written by the
+    family's writer.
+
+    Raises:
+        ModelConfigError: if the family's ``config.json`` cannot express ``config`` (e.g. a Llama
+            with a sliding window).
+    """
+    if config.hf_config:
+        raw = json.loads(config.hf_config)
+        if _from_dict(raw) == config:
+            return raw
+    family = family_of(config.model_type)
+    raw = {
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
+        **family.write(config),
+    }
+    back = _from_dict(raw)
+    if back != config:
+        diff = [
+            f.name
+            for f in dataclasses.fields(config)
+            if f.compare and getattr(back, f.name) != getattr(config, f.name)
+        ]
+        raise ModelConfigError(
+            f"A {family.model_type} config.json cannot express this config: "
+            f"{format_names(diff)} would read back differently. Use a model_type that has "
+            "these options."
+        )
+    return raw
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def _shardings(model: Any, tensors: list[Tensor], mapping: Any, mesh: Any) -> list[Sharding]:
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise MeshTypeError(
+            f"from_hf needs a concrete jax.sharding.Mesh to read arrays onto, got "
+            f"{type(mesh).__name__}. Pass mesh=jax.make_mesh(...)."
+        )
+    if mesh is None:
+        found = context_mesh()
+        mesh = found if isinstance(found, Mesh) else None
+    rules = mapping if mapping is not None else current_axis_mapping()
+    if rules is None:
+        if mesh is None:
+            return [SingleDeviceSharding(jax.local_devices()[0])] * len(tensors)
+        return [NamedSharding(mesh, PartitionSpec())] * len(tensors)
+    if mesh is None:
+        raise MeshError(
+            f"from_hf has a mapping ({rules!r}) but no mesh to place the parameters on. Pass "
+            "mesh=..., or call it inside `with jax.set_mesh(mesh):`."
+        )
+    specs = pspec_for(model, rules, mesh=mesh)
+    return [NamedSharding(mesh, _get(specs, t.path)) for t in tensors]
+
+
+def _get(tree: Any, path: tuple[str, ...]) -> Any:
+    for p in path:
+        tree = getattr(tree, p)
+    return tree
+
+
+def _match(checkpoint: Checkpoint, tensors: list[Tensor], config: TransformerConfig) -> None:
+    """Check names and shapes; make every expected name readable (a file may omit the base prefix)."""
+    family = family_of(config.model_type)
+    stored = checkpoint.tensors
+    original = set(stored)
+    used: set[str] = set()
+    missing: list[str] = []
+    for t in tensors:
+        for layer in range(config.num_layers) if t.stacked else [None]:
+            name = t.name(layer)
+            found = name
+            if found not in stored and name.startswith(family.base_prefix):
+                found = name[len(family.base_prefix) :]
+            if found not in stored:
+                missing.append(name)
+                continue
+            used.add(found)
+            stored[name] = stored[found]
+            info = stored[name]
+            if info.shape != t.shape:
+                axes = " x ".join("(" + ", ".join(a.name for a in g) + ")" for g in t.groups)
+                raise CheckpointAxisError(
+                    f"Tensor {name!r} has shape {info.shape}, but the config says {t.shape} "
+                    f"({axes}). Check config.json against the weights."
+                )
+    if missing:
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise CheckpointStructureError(
+            f"The checkpoint lacks tensor(s) {format_names(missing[:8])}{more}, which a "
+            f"{family.model_type} model with this config.json needs."
+        )
+    extra = sorted(
+        n
+        for n in original - used
+        if not n.endswith(family.ignored_suffixes)
+        and not (config.tie_word_embeddings and n == "lm_head.weight")
+    )
+    if extra:
+        more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""
+        raise CheckpointStructureError(
+            f"The checkpoint has tensor(s) {format_names(extra[:8])}{more} that a "
+            f"{family.model_type} model with this config.json does not use. Check model_type "
+            "and the options in config.json."
+        )
+
+
+def from_hf(
+    path: str | os.PathLike[str],
+    *,
+    mapping: Any = None,
+    mesh: Mesh | None = None,
+    dtype: Any = None,
+) -> Transformer:
+    """Load a Hugging Face checkpoint folder as a :class:`Transformer`, each parameter read into place.
+
+    The folder holds ``config.json`` and ``model.safetensors`` (or ``model.safetensors.index.json``
+    and its shards). With a mapping (given, else the one in force) and a mesh (given, else the one
+    set with ``jax.set_mesh``), every parameter is created directly with the sharding the mapping
+    gives it (``jax.make_array_from_callback``): each process reads, for each of its devices, only
+    the rows of the stored tensors that device holds, so no host ever holds the whole model.
+    Without a mapping the parameters are replicated on the mesh, or on one device without a mesh.
+
+    Args:
+        path: The folder.
+        mapping: Logical-to-mesh rules, e.g. ``{"embed": "data", "heads": "model", "mlp":
+            "model", "vocab": "model"}``.
+        mesh: A concrete ``jax.sharding.Mesh``.
+        dtype: Cast floating parameters to this dtype (e.g. ``jnp.bfloat16``); default: as
+            stored.
+
+    Raises:
+        CheckpointNotFoundError: if the folder, its ``config.json`` or its weights are missing.
+        ModelConfigError: for an unsupported ``model_type`` or option.
+        CheckpointStructureError: for a tensor the model needs that the files lack, or one they
+            hold that the model does not use (both named).
+        CheckpointAxisError: for a tensor whose shape disagrees with ``config.json`` (named, with
+            both shapes).
+        MeshError: for a mapping without a mesh.
+
+    Example:
+        >>> import jax, tempfile
+        >>> from namedaxes.models import Transformer, TransformerConfig, from_hf, save_hf
+        >>> cfg = TransformerConfig("qwen3", vocab_size=64, hidden_size=16, intermediate_size=32,
+        ...                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
+        ...                         qk_norm="head")
+        >>> folder = tempfile.mkdtemp()
+        >>> save_hf(Transformer(cfg, key=jax.random.key(0)), folder)
+        >>> with jax.set_mesh(mesh):  # (data=2, model=4)
+        ...     model = from_hf(folder, mapping={"embed": "data", "heads": "model"})
+        >>> model.layers.stacked.attn.q_proj.weight.array.sharding.spec
+        P(None, 'data', 'model', None)
+    """
+    folder = _folder(path)
+    config = config_from_hf(folder)
+    if dtype is not None:
+        dtype = jnp.dtype(dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise NamedTypeError(f"from_hf dtype must be a floating dtype, got {dtype}.")
+    abstract = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
+    tensors = tensors_of(abstract, family_of(config.model_type))
+    checkpoint = Checkpoint(folder)
+    try:
+        _match(checkpoint, tensors, config)
+        shardings = _shardings(abstract, tensors, mapping, mesh)
+        leaves = []
+        for t, sharding in zip(tensors, shardings):
+            like = _get(abstract, t.path)
+            stored = checkpoint.tensors[t.name(0 if t.stacked else None)].dtype
+            target = dtype if dtype is not None and np.issubdtype(stored, np.floating) else stored
+            shape = tuple(a.size for a in like.axes)
+
+            def block(index: Any, t: Tensor = t, like: Any = like, target: Any = target) -> Any:
+                return read_block(checkpoint, t, like.axes, index, target)
+
+            array = jax.make_array_from_callback(shape, sharding, block, dtype=target)
+            leaves.append(NamedArray(array, like.axes))
+    finally:
+        checkpoint.close()
+    return eqx.tree_at(lambda m: [_get(m, t.path) for t in tensors], abstract, leaves)
+
+
+# -- saving ---------------------------------------------------------------------------------
+
+
+def _size(s: int | str) -> int:
+    if isinstance(s, int) and not isinstance(s, bool) and s > 0:
+        return s
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    text = str(s).strip().upper()
+    for unit, factor in units.items():
+        if text.endswith(unit) and text[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return int(float(text[: -len(unit)]) * factor)
+    raise NamedTypeError(
+        f"save_hf max_shard_size must be a positive byte count or a string such as '5GB', got {s!r}."
+    )
+
+
+def _layer_value(x: NamedArray, layer: int | None) -> NamedArray:
+    part = x if layer is None else x[LAYER, layer]
+    return process_allgather(part)
+
+
+def save_hf(
+    model: Transformer, path: str | os.PathLike[str], *, max_shard_size: int | str = "5GB"
+) -> None:
+    """Write ``model`` as a Hugging Face folder: ``config.json`` and safetensors weights.
+
+    Tensor names and layouts are exactly those ``transformers`` uses for the family (stacked
+    layers written one tensor per layer, GPT-2's q/k/v fused back into ``c_attn``), so
+    ``AutoModelForCausalLM.from_pretrained(path)`` loads it, and ``from_hf(path)`` gives the same
+    values bit for bit. Past ``max_shard_size`` the weights are split into
+    ``model-0000k-of-0000n.safetensors`` files with a ``model.safetensors.index.json``. Tensors are
+    gathered and written one at a time (one layer's slice of a parameter on the host at once); with
+    several processes, every process takes part in the gathers and process ``k`` writes the files
+    ``k, k + n, ...``.
+
+    Args:
+        model: A :class:`Transformer` (e.g. from :func:`from_hf`, or trained).
+        path: The folder (created if needed).
+        max_shard_size: Bytes per file (an int, or ``"5GB"``, ``"500MB"``...).
+
+    Raises:
+        ModelConfigError: if the family's ``config.json`` cannot express ``model.config``.
+
+    Example:
+        >>> import jax, os, tempfile
+        >>> from namedaxes.models import Transformer, TransformerConfig, save_hf
+        >>> cfg = TransformerConfig("gpt2", vocab_size=64, hidden_size=16, intermediate_size=64,
+        ...                         num_layers=2, num_heads=4, num_kv_heads=4, head_dim=4,
+        ...                         max_position_embeddings=32, norm="layer", norm_eps=1e-5,
+        ...                         activation="gelu_new", gated_mlp=False, mlp_bias=True,
+        ...                         qkv_bias=True, out_bias=True, learned_positions=True,
+        ...                         tie_word_embeddings=True)
+        >>> folder = tempfile.mkdtemp()
+        >>> save_hf(Transformer(cfg, key=jax.random.key(0)), folder, max_shard_size="20KB")
+        >>> sorted(os.listdir(folder))
+        ['config.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'model.safetensors.index.json']
+    """
+    if not isinstance(model, Transformer):
+        raise NamedTypeError(f"save_hf needs a namedaxes.models.Transformer, got {type(model)}.")
+    folder = Path(path)
+    config = hf_config(model.config)
+    tensors = tensors_of(model, family_of(model.config.model_type))
+    limit = _size(max_shard_size)
+    # One stored tensor per (name): the parameter(s) it is made of and the layer it holds.
+    stored: dict[str, list[tuple[Tensor, int | None]]] = {}
+    for t in tensors:
+        for layer in range(model.config.num_layers) if t.stacked else [None]:
+            stored.setdefault(t.name(layer), []).append((t, layer))
+    order = _hf_order(stored)
+    entries = []
+    for name in order:
+        t, _ = stored[name][0]
+        entries.append((name, np.dtype(_get(model, t.path).dtype), t.shape))
+    files: list[list[int]] = [[]]
+    used = 0
+    for i, (_, dt, shape) in enumerate(entries):
+        size = int(np.prod(shape)) * dt.itemsize
+        if files[-1] and used + size > limit:
+            files.append([])
+            used = 0
+        files[-1].append(i)
+        used += size
+    n = len(files)
+    names = [SINGLE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+    me, count = jax.process_index(), jax.process_count()
+    if me == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    dtypes = {np.dtype(e[1]).name for e in entries}
+    config = {**config, "dtype": dtypes.pop() if len(dtypes) == 1 else config.get("dtype")}
+    for k, members in enumerate(files):
+
+        def arrays(members: list[int] = members) -> Any:
+            for i in members:
+                parts = stored[entries[i][0]]
+                yield to_stored(
+                    [(t, _layer_value(_get(model, t.path), layer)) for t, layer in parts]
+                )
+
+        if k % count == me:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_safetensors(
+                folder / names[k], [entries[i] for i in members], arrays(), {"format": "pt"}
+            )
+        else:  # take part in the gathers of the tensors another process writes
+            for _ in arrays():
+                pass
+    if me == 0:
+        if n > 1:
+            index = {
+                "metadata": {
+                    "total_size": sum(int(np.prod(s)) * d.itemsize for _, d, s in entries)
+                },
+                "weight_map": {entries[i][0]: names[k] for k, m in enumerate(files) for i in m},
+            }
+            (folder / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _hf_order(stored: dict[str, Any]) -> list[str]:
+    """Stored names in model order: embeddings, layer 0, layer 1, ..., final norm, head."""
+
+    def key(name: str) -> tuple[int, int, str]:
+        parts = name.split(".")
+        for i, p in enumerate(parts[:-1]):
+            if p.isdigit() and parts[i - 1] in ("layers", "h"):
+                return (1, int(p), name)
+        last = any(s in name for s in ("norm.", "ln_f", "lm_head"))
+        return (2 if last else 0, 0, name)
+
+    return sorted(stored, key=key)

@@ -1,0 +1,206 @@
+"""Where each parameter of a :class:`Transformer` is in a Hugging Face checkpoint, and how its blocks
+map to slices of the stored tensors.
+
+A stored tensor is described by its dimensions as groups of named axes, row-major: a q projection
+``(heads * head_dim, embed)`` is ``((heads, head_dim), (embed,))``, GPT-2's fused ``c_attn``
+``(embed, 3 * heads * head_dim)`` is ``((embed,), (fused, heads, head_dim))`` with the query at
+``fused = 0``. Our parameter is the same data with the axes in its own order (plus ``layer`` for
+the stacked decoder layers, one stored tensor per layer), so reading a block of it by name is
+reading a block of each stored tensor and transposing: no host ever needs a whole tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._array import NamedArray
+from .._axis import Axis
+from .._errors import ModelConfigError
+from ._families import Family
+from ._safetensors import Checkpoint
+
+__all__ = ["LAYER", "Tensor", "read_block", "tensors_of", "to_stored"]
+
+LAYER = "layer"
+FUSED = "fused"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter of the model and the stored tensor(s) it comes from.
+
+    ``hf``: the stored name (``{i}``: layer index); ``path``: attribute path of the NamedArray in
+    the model; ``groups``: the stored dimensions as groups of axes (per layer); ``part``: this
+    parameter's ``(index, count)`` along the ``fused`` axis of a fused tensor; ``stacked``: one
+    stored tensor per index of ``layer``.
+    """
+
+    hf: str
+    path: tuple[str, ...]
+    groups: tuple[tuple[Axis, ...], ...]
+    part: tuple[int, int] | None
+    stacked: bool
+
+    def name(self, layer: int | None) -> str:
+        return self.hf.format(i=layer)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The stored tensor's shape."""
+        return tuple(math.prod(a.size for a in g) for g in self.groups)
+
+    @property
+    def view(self) -> tuple[Axis, ...]:
+        """The stored dimensions split into their axes, in order."""
+        return tuple(a for g in self.groups for a in g)
+
+
+def _groups(
+    module: Any, layout: str, param: str, fused: Axis | None
+) -> tuple[tuple[Axis, ...], ...]:
+    if layout in ("linear", "conv1d"):
+        out = ((fused,) if fused is not None else ()) + tuple(module.Out)
+        if param == "bias":
+            return (out,)
+        return (out, tuple(module.In)) if layout == "linear" else (tuple(module.In), out)
+    if layout == "norm":
+        return (tuple(module.axis),)
+    if layout == "embedding":
+        return ((module.Vocab,), (module.Embed,))
+    raise ModelConfigError(f"Internal: unknown stored layout {layout!r}.")
+
+
+def _get(tree: Any, path: Sequence[str]) -> Any:
+    for p in path:
+        tree = getattr(tree, p)
+    return tree
+
+
+def _leaf_paths(model: Any) -> list[tuple[str, ...]]:
+    leaves = jax.tree_util.tree_flatten_with_path(
+        model, is_leaf=lambda x: isinstance(x, NamedArray)
+    )[0]
+    return [
+        tuple(str(getattr(k, "name", k)) for k in path)
+        for path, leaf in leaves
+        if isinstance(leaf, NamedArray)
+    ]
+
+
+def tensors_of(model: Any, family: Family) -> list[Tensor]:
+    """Every parameter of ``model`` with its stored name and layout, in the family's order.
+
+    Raises:
+        ModelConfigError: if the family's table and the model disagree (a parameter of the model
+            has no stored name, or the table names a module the model lacks).
+    """
+    out: list[Tensor] = []
+    for row in family.modules(model.config):
+        parts = row.ours.split(".")
+        path = ("layers", "stacked", *parts[1:]) if parts[0] == "layers" else tuple(parts)
+        module = _get(model, path)
+        if module is None:
+            raise ModelConfigError(
+                f"Internal: {family.model_type} names module {row.ours!r}, which this model lacks."
+            )
+        fused = Axis(FUSED, row.part[1]) if row.part is not None else None
+        for param in ("weight", "bias"):
+            leaf = getattr(module, param, None)
+            if leaf is None:
+                continue
+            groups = _groups(module, row.layout, param, fused)
+            stacked = leaf.has_axis(LAYER)
+            mine = {a.name for a in leaf.axes if a.name != LAYER}
+            stored = {a.name for g in groups for a in g if a.name != FUSED}
+            if mine != stored:
+                raise ModelConfigError(
+                    f"Internal: {'.'.join(path)}.{param} has axes {sorted(mine)} but its stored "
+                    f"layout has {sorted(stored)}."
+                )
+            out.append(Tensor(f"{row.hf}.{param}", (*path, param), groups, row.part, stacked))
+    named = {t.path for t in out}
+    missing = [".".join(p) for p in _leaf_paths(model) if p not in named]
+    if missing:
+        raise ModelConfigError(
+            f"{family.model_type} checkpoints have no tensor for parameter(s) "
+            f"{', '.join(missing)} of this model."
+        )
+    return out
+
+
+def _norm(s: slice, size: int) -> slice:
+    start, stop, step = s.indices(size)
+    if step != 1:
+        raise ValueError(f"Internal: a strided block {s}.")
+    return slice(start, stop)
+
+
+def _group_read(
+    sizes: Sequence[int], slices: Sequence[slice]
+) -> tuple[slice, tuple[int, ...], tuple[slice, ...]]:
+    """The contiguous range of a merged dimension that holds the block ``slices`` of its axes,
+    the shape to split that range into, and the slices that cut the block out of it."""
+    k = len(sizes)
+    p = next((i for i, s in enumerate(slices) if s.stop - s.start != 1), k - 1)
+    strides = [math.prod(sizes[i + 1 :]) for i in range(k)]
+    start = sum(slices[i].start * strides[i] for i in range(p + 1))
+    last = (
+        sum(slices[i].start * strides[i] for i in range(p))
+        + (slices[p].stop - 1) * strides[p]
+        + sum((sizes[i] - 1) * strides[i] for i in range(p + 1, k))
+    )
+    shape = (1,) * p + (slices[p].stop - slices[p].start,) + tuple(sizes[p + 1 :])
+    cut = (slice(None),) * (p + 1) + tuple(slices[p + 1 :])
+    return slice(start, last + 1), shape, cut
+
+
+def read_block(
+    checkpoint: Checkpoint, t: Tensor, axes: Sequence[Axis], index: Sequence[slice], dtype: Any
+) -> np.ndarray:
+    """The block ``index`` (over ``axes``, our parameter's axes in its order) read from storage."""
+    idx = {a.name: _norm(s, a.size) for a, s in zip(axes, index)}
+    if t.part is not None:
+        idx[FUSED] = slice(t.part[0], t.part[0] + 1)
+    per_layer = [a for a in axes if a.name != LAYER]
+    view = t.view
+    order = [next(i for i, v in enumerate(view) if v.name == a.name) for a in per_layer]
+    plans = [_group_read([a.size for a in g], [idx[a.name] for a in g]) for g in t.groups]
+    layers: Sequence[int | None] = [None]
+    if t.stacked:
+        layers = range(idx[LAYER].start, idx[LAYER].stop)
+    blocks = []
+    for layer in layers:
+        raw = checkpoint.read(t.name(layer), [r for r, _, _ in plans])
+        raw = raw.reshape(tuple(d for _, shape, _ in plans for d in shape))
+        raw = raw[tuple(s for _, _, cut in plans for s in cut)]
+        if t.part is not None:
+            raw = raw.take(0, axis=next(i for i, v in enumerate(view) if v.name == FUSED))
+            kept = [v for v in view if v.name != FUSED]
+            order = [next(i for i, v in enumerate(kept) if v.name == a.name) for a in per_layer]
+        blocks.append(np.transpose(raw, order).astype(dtype, copy=False))
+    if not t.stacked:
+        return np.ascontiguousarray(blocks[0])
+    at = [a.name for a in axes].index(LAYER)
+    return np.stack(blocks, axis=at)
+
+
+def to_stored(parts: Sequence[tuple[Tensor, NamedArray]]) -> np.ndarray:
+    """The stored tensor made of per-layer parameter values (several for a fused tensor)."""
+    t0 = parts[0][0]
+    view = [v for v in t0.view if v.name != FUSED]
+    arrays = []
+    for _, x in sorted(parts, key=lambda p: p[0].part[0] if p[0].part else 0):
+        order = [x.axis_names.index(v.name) for v in view]
+        arrays.append(np.transpose(np.asarray(x.array), order))
+    if t0.part is not None:
+        at = [v.name for v in t0.view].index(FUSED)
+        full = np.stack(arrays, axis=at)
+    else:
+        full = arrays[0]
+    return np.ascontiguousarray(full.reshape(t0.shape))

@@ -1,0 +1,227 @@
+"""``Transformer``: one decoder-only language model for every family, built from ``namedaxes.nn``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .. import nn
+from .._array import NamedArray
+from .._axis import Axis
+from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_axes
+from .._ops.creation import arange
+from .._ops.shape import rename
+from ._config import TransformerConfig
+
+__all__ = ["DecoderLayer", "Transformer"]
+
+
+def _norm(cfg: TransformerConfig, axis: Axis, dtype: Any) -> nn.RmsNorm | nn.LayerNorm:
+    if cfg.norm == "layer":
+        return nn.LayerNorm(axis, eps=cfg.norm_eps, dtype=dtype)
+    return nn.RmsNorm(axis, eps=cfg.norm_eps, weight_offset=cfg.norm_weight_offset, dtype=dtype)
+
+
+class DecoderLayer(eqx.Module):
+    """One decoder layer: attention then MLP, each with a residual connection.
+
+    Pre-norm (``attn_norm``, ``mlp_norm`` on the inputs of the sublayers) or, with
+    ``config.norm_after``, post-norm (``attn_out_norm``, ``mlp_out_norm`` on their outputs, before
+    the residual add). ``x`` is ``(..., position, embed)``.
+
+    Args:
+        config: The model's configuration.
+        key: PRNG key.
+        dtype: The parameters' float dtype.
+    """
+
+    attn_norm: nn.RmsNorm | nn.LayerNorm | None
+    attn: nn.Attention
+    attn_out_norm: nn.RmsNorm | nn.LayerNorm | None
+    mlp_norm: nn.RmsNorm | nn.LayerNorm | None
+    mlp: nn.MLP
+    mlp_out_norm: nn.RmsNorm | nn.LayerNorm | None
+
+    def __init__(self, config: TransformerConfig, *, key: jax.Array, dtype: Any = None):
+        cfg = config
+        Embed, HeadDim = cfg.axis("embed"), cfg.axis("head_dim")
+        k_attn, k_mlp = jax.random.split(key)
+        rotary = None
+        if not cfg.learned_positions:
+            rotary = nn.RotaryEmbedding(HeadDim, theta=cfg.rope_theta, scaling=cfg.rope_scaling)
+        self.attn = nn.Attention(
+            Embed,
+            cfg.axis("heads"),
+            HeadDim,
+            key=k_attn,
+            KVHeads=cfg.axis("kv_heads") if cfg.grouped else None,
+            qk_norm=cfg.qk_norm or False,
+            norm_eps=cfg.norm_eps,
+            use_bias=cfg.qkv_bias,
+            out_bias=cfg.out_bias,
+            sliding_window=cfg.sliding_window,
+            rotary=rotary,
+            scale=cfg.attention_scale,
+            dtype=dtype,
+        )
+        self.mlp = nn.MLP(
+            Embed,
+            cfg.axis("mlp"),
+            key=k_mlp,
+            activation=cfg.activation,
+            gated=cfg.gated_mlp,
+            use_bias=cfg.mlp_bias,
+            dtype=dtype,
+        )
+        before = None if cfg.norm_after else (_norm(cfg, Embed, dtype), _norm(cfg, Embed, dtype))
+        after = (_norm(cfg, Embed, dtype), _norm(cfg, Embed, dtype)) if cfg.norm_after else None
+        self.attn_norm, self.mlp_norm = before or (None, None)
+        self.attn_out_norm, self.mlp_out_norm = after or (None, None)
+
+    def __call__(
+        self, x: NamedArray, *, mask: NamedArray | None, positions: NamedArray
+    ) -> NamedArray:
+        h = self.attn(
+            x if self.attn_norm is None else self.attn_norm(x), mask=mask, positions=positions
+        )
+        x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
+        h = self.mlp(x if self.mlp_norm is None else self.mlp_norm(x))
+        return x + (h if self.mlp_out_norm is None else self.mlp_out_norm(h))
+
+
+class Transformer(eqx.Module):
+    """A decoder-only language model: ids ``(batch, position)`` -> logits ``(batch, position, vocab)``.
+
+    Token embeddings (scaled by ``config.embed_scale``; plus a learned position table with
+    ``config.learned_positions``), ``config.num_layers`` :class:`DecoderLayer`\\s stacked on the
+    ``layer`` axis (``nn.Stacked``, one scan), a final norm, and the output head (the embedding
+    table when ``config.tie_word_embeddings``). Every family of ``namedaxes.models`` is this class
+    with another :class:`TransformerConfig`; load one with :func:`from_hf`.
+
+    Parameters have the logical axes ``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
+    ``mlp``, ``layer`` (and ``max_position``), so one mapping such as
+    ``{"embed": "data", "heads": "model", "mlp": "model", "vocab": "model"}`` places all of them.
+
+    Args:
+        config: The model's configuration.
+        key: PRNG key.
+        dtype: The parameters' float dtype (JAX's default float when ``None``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> from namedaxes.models import Transformer, TransformerConfig
+        >>> cfg = TransformerConfig("llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+        ...                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
+        >>> model = Transformer(cfg, key=jax.random.key(0))
+        >>> ids = na.named(jnp.zeros((2, 5), jnp.int32), ("batch", "position"))
+        >>> model(ids)
+        NamedArray(float32, batch=2, position=5, vocab=64)
+        >>> model.layers.stacked.attn.q_proj.weight
+        NamedArray(float32, layer=2, embed=16, heads=4, head_dim=4)
+    """
+
+    embed: nn.Embedding
+    position_embed: nn.Embedding | None
+    layers: nn.Stacked[DecoderLayer]
+    final_norm: nn.RmsNorm | nn.LayerNorm
+    lm_head: nn.Linear | None
+    config: TransformerConfig = eqx.field(static=True)
+
+    def __init__(self, config: TransformerConfig, *, key: jax.Array, dtype: Any = None):
+        if not isinstance(config, TransformerConfig):
+            raise NamedTypeError(f"Transformer needs a TransformerConfig, got {config!r}.")
+        cfg = config
+        Embed, Vocab = cfg.axis("embed"), cfg.axis("vocab")
+        k_emb, k_pos, k_layers, k_head = jax.random.split(key, 4)
+        self.embed = nn.Embedding(Vocab, Embed, key=k_emb, dtype=dtype)
+        self.position_embed = (
+            nn.Embedding(cfg.axis("max_position"), Embed, key=k_pos, dtype=dtype)
+            if cfg.learned_positions
+            else None
+        )
+        self.layers = nn.Stacked(
+            cfg.axis("layer"), lambda k: DecoderLayer(cfg, key=k, dtype=dtype), key=k_layers
+        )
+        self.final_norm = _norm(cfg, Embed, dtype)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Linear(Embed, Vocab, key=k_head, use_bias=False, dtype=dtype)
+        )
+        self.config = cfg
+
+    def __call__(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+    ) -> NamedArray:
+        """Logits for every position: the ids' axes plus ``vocab``.
+
+        Args:
+            ids: Integer token ids with a ``position`` axis, e.g. ``(batch, position)``.
+            attention_mask: Boolean ``(batch, position)`` (or ``(position,)``), ``True`` at real
+                tokens: keys at ``False`` are never attended to (left padding, packing).
+            positions: Integer position ids with the ``position`` axis (e.g. ``(batch,
+                position)``, counted from each row's first real token); default ``0 .. n-1``.
+
+        Raises:
+            NamedTypeError: if ``ids``/``positions`` are not integer NamedArrays or the mask is
+                not boolean.
+            AxisNotFoundError: if an input lacks ``position``, or the mask has an axis the ids
+                lack.
+            AxisSizeError: if an input's ``position`` axis has another size than the ids'.
+        """
+        pos = _position_axis(ids, "ids", integer=True)
+        if positions is None:
+            positions = arange(pos)
+        elif _position_axis(positions, "positions", integer=True) != pos:
+            raise AxisSizeError(
+                f"Transformer: positions NamedArray({format_axes(positions.axes)}) and ids "
+                f"NamedArray({format_axes(ids.axes)}) differ in the size of 'position'."
+            )
+        mask = None
+        if attention_mask is not None:
+            if _position_axis(attention_mask, "attention_mask", integer=False) != pos:
+                raise AxisSizeError(
+                    f"Transformer: attention_mask NamedArray({format_axes(attention_mask.axes)}) "
+                    f"and ids NamedArray({format_axes(ids.axes)}) differ in the size of "
+                    "'position'."
+                )
+            extra = [a.name for a in attention_mask.axes if not ids.has_axis(a.name)]
+            if extra:
+                raise AxisNotFoundError(
+                    f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
+                    f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
+                )
+            mask = rename(attention_mask, {pos.name: "key_position"})
+        x = self.embed(ids)
+        if self.config.embed_scale != 1.0:
+            x = x * jnp.asarray(self.config.embed_scale, x.dtype)
+        if self.position_embed is not None:
+            x = x + self.position_embed(positions)
+        x = self.layers(x, mask=mask, positions=positions)
+        x = self.final_norm(x)
+        return self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
+
+
+def _position_axis(x: Any, what: str, *, integer: bool) -> Axis:
+    kind = "an integer" if integer else "a boolean"
+    ok = isinstance(x, NamedArray) and (
+        jnp.issubdtype(x.dtype, jnp.integer) if integer else x.dtype == jnp.bool_
+    )
+    if not ok:
+        raise NamedTypeError(
+            f"Transformer: {what} must be {kind} NamedArray with a 'position' axis, e.g. "
+            f"named(array, ('batch', 'position')), got {x!r}."
+        )
+    if not x.has_axis("position"):
+        raise AxisNotFoundError(
+            f"Transformer: {what} NamedArray({format_axes(x.axes)}) has no 'position' axis. "
+            "Rename its sequence axis to 'position'."
+        )
+    return x.resolve_axis("position")

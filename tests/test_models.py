@@ -1,0 +1,289 @@
+"""namedaxes.models against transformers' own logits (tests/fixtures/hf, see its README), on one
+device and loaded sharded on (data=2, model=4) meshes; save_hf round trips; config reading; errors."""
+
+import json
+import shutil
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import spec_of, xfail_explicit_reshape
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import load_file, save_file
+
+import namedaxes as na
+from namedaxes import models
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+FAMILIES = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"]
+ROPE = ["llama_linear", "llama_dynamic", "llama_llama3", "llama_yarn"]
+ALL = FAMILIES + ROPE
+MAPPING = {"embed": "data", "mlp": "model", "vocab": "model", "heads": "model"}
+TOL = 1e-4
+
+
+def reference(name):
+    r = np.load(FIXTURES / name / "reference.npz")
+    ids = na.named(jnp.asarray(r["input_ids"], jnp.int32), ("batch", "position"))
+    mask = na.named(jnp.asarray(r["attention_mask"] == 1), ("batch", "position"))
+    return r, ids, mask
+
+
+@eqx.filter_jit
+def logits(model, ids, mask):
+    return model(ids), model(ids, attention_mask=mask)
+
+
+def assert_matches(r, plain, padded):
+    assert plain.axis_names == ("batch", "position", "vocab")
+    real = r["attention_mask"] == 1
+    assert np.abs(np.asarray(plain.array) - r["logits"]).max() < TOL
+    assert np.abs(np.asarray(padded.array) - r["logits_padded"])[real].max() < TOL
+
+
+def assert_same_tensors(folder, original):
+    """The tensors save_hf wrote (one file or an index of shards) are the original file's, bit for
+    bit, under the same names (read with the safetensors package)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    saved = {k: v for f in files for k, v in load_file(f).items()}
+    want = load_file(Path(original) / "model.safetensors")
+    assert sorted(saved) == sorted(want)
+    for k, v in want.items():
+        assert saved[k].dtype == v.dtype and saved[k].shape == v.shape, k
+        np.testing.assert_array_equal(saved[k].view(np.uint8), v.view(np.uint8), err_msg=k)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_logits_match_transformers_and_save_round_trips(name, tmp_path):
+    r, ids, mask = reference(name)
+    model = models.from_hf(FIXTURES / name)
+    assert (
+        model.config.model_type
+        == json.loads((FIXTURES / name / "config.json").read_text())["model_type"]
+    )
+    plain, padded = logits(model, ids, mask)
+    assert_matches(r, plain, padded)
+    models.save_hf(model, tmp_path)
+    assert_same_tensors(tmp_path, FIXTURES / name)
+    again = models.from_hf(tmp_path)
+    assert again.config == model.config
+    plain2, padded2 = logits(again, ids, mask)  # same structure: no new compile
+    np.testing.assert_array_equal(plain2.array, plain.array)
+    np.testing.assert_array_equal(padded2.array, padded.array)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_logits_match_loaded_sharded(name, mesh_2x4, request, tmp_path):
+    config = models.config_from_hf(FIXTURES / name)
+    if config.grouped and config.num_kv_heads > 1:  # heads splits into two axes of size > 1
+        xfail_explicit_reshape(request, mesh_2x4)
+    r, ids, mask = reference(name)
+    with jax.set_mesh(mesh_2x4):
+        model = models.from_hf(FIXTURES / name, mapping=MAPPING)
+        layer = model.layers.stacked
+        assert spec_of(model.embed.weight) == P("model", "data")
+        assert spec_of(layer.attn.q_proj.weight) == P(None, "data", "model")
+        assert spec_of(layer.attn.o_proj.weight) == P(None, "model", None, "data")
+        kv = P(None, "data") if config.grouped else P(None, "data", "model")
+        assert spec_of(layer.attn.k_proj.weight) == kv
+        assert spec_of(layer.mlp.up.weight) == P(None, "data", "model")
+        assert spec_of(layer.mlp.down.weight) == P(None, "model", "data")
+        assert spec_of(model.final_norm.weight) == P("data")
+        if model.lm_head is not None:
+            assert spec_of(model.lm_head.weight) == P("data", "model")
+        shard = layer.attn.q_proj.weight.array.addressable_shards[0].data
+        assert shard.shape == (config.num_layers, config.hidden_size // 2, 1, config.head_dim)
+        models.save_hf(model, tmp_path)  # gathers each tensor
+        assert_same_tensors(tmp_path, FIXTURES / name)
+        with na.axis_mapping(MAPPING):
+            plain, padded = na.named_jit(lambda m, i, k: (m(i), m(i, attention_mask=k)))(
+                model, ids, mask
+            )
+    assert_matches(r, plain, padded)
+
+
+def test_rope_variant_loads_sharded(mesh_2x4):
+    """One RoPE-scaling fixture (dynamic: its frequencies depend on the positions) sharded too; its
+    2 heads do not divide model=4, so this mapping leaves them whole."""
+    mapping = {"embed": "data", "mlp": "model", "vocab": "model"}
+    r, ids, mask = reference("llama_dynamic")
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
+        model = models.from_hf(FIXTURES / "llama_dynamic")  # the mapping in force
+        assert spec_of(model.layers.stacked.mlp.gate.weight) == P(None, "data", "model")
+        plain, padded = na.named_jit(lambda m, i, k: (m(i), m(i, attention_mask=k)))(
+            model, ids, mask
+        )
+    assert spec_of(plain) == P(None, None, "model")
+    assert_matches(r, plain, padded)
+
+
+def test_sharded_index_and_dtype(tmp_path):
+    model = models.from_hf(FIXTURES / "llama")
+    models.save_hf(model, tmp_path, max_shard_size="200KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert files == [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    assert sorted(set(index["weight_map"].values())) == files
+    assert index["weight_map"]["model.layers.1.mlp.up_proj.weight"] in files
+    assert_same_tensors(tmp_path, FIXTURES / "llama")
+    again = models.from_hf(tmp_path)
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(a, b)
+    half = models.from_hf(tmp_path, dtype=jnp.bfloat16)
+    w, w16 = model.layers.stacked.attn.q_proj.weight, half.layers.stacked.attn.q_proj.weight
+    assert w16.dtype == jnp.bfloat16 and w16.axis_names == w.axis_names
+    np.testing.assert_array_equal(w16.array, w.array.astype(jnp.bfloat16))
+    models.save_hf(half, tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+# -- configs --------------------------------------------------------------------------------
+
+
+def test_config_reads_both_rope_spellings(tmp_path):
+    legacy = models.config_from_hf(FIXTURES / "llama_linear")
+    assert legacy.rope_scaling == na.nn.RopeScaling("linear", factor=2.0)
+    raw = json.loads((FIXTURES / "llama_linear" / "config.json").read_text())
+    raw.pop("rope_theta"), raw.pop("rope_scaling")
+    raw["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert models.config_from_hf(tmp_path) == legacy
+    mistral = models.config_from_hf(FIXTURES / "mistral")
+    assert (mistral.rope_theta, mistral.sliding_window, mistral.rope_scaling) == (1e6, 8, None)
+    dynamic = models.config_from_hf(FIXTURES / "llama_dynamic").rope_scaling
+    assert (dynamic.kind, dynamic.factor, dynamic.original_max_position_embeddings) == (
+        "dynamic",
+        2.0,
+        16,
+    )
+    yarn = models.config_from_hf(FIXTURES / "llama_yarn").rope_scaling
+    assert (yarn.kind, yarn.factor, yarn.original_max_position_embeddings) == ("yarn", 4.0, 32)
+
+
+def test_family_options_read_from_config():
+    c = {n: models.config_from_hf(FIXTURES / n) for n in FAMILIES}
+    assert (c["qwen2"].qkv_bias, c["qwen2"].out_bias) == (True, False)
+    assert c["qwen3"].qk_norm == "head" and c["olmo2"].qk_norm == "projection"
+    assert c["olmo2"].norm_after and c["olmo2"].norm_eps == 1e-5
+    assert c["gemma"].norm_weight_offset == 1.0 and c["gemma"].embed_scale == 8.0
+    assert c["gemma"].activation == "gelu_pytorch_tanh"
+    g = c["gpt2"]
+    assert (g.norm, g.learned_positions, g.gated_mlp, g.activation) == (
+        "layer",
+        True,
+        False,
+        "gelu_new",
+    )
+    assert (g.intermediate_size, g.num_kv_heads, g.tie_word_embeddings) == (256, 4, True)
+    assert not c["llama"].tie_word_embeddings and c["llama"].num_kv_heads == 2
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_generated_config_reads_back(name, tmp_path):
+    """A config not read from a file is written by the family's writer so that it reads back equal."""
+    config = models.config_from_hf(FIXTURES / name).replace(hf_config="")
+    raw = models.hf_config(config)
+    assert raw["model_type"] == config.model_type and len(raw["architectures"]) == 1
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert models.config_from_hf(tmp_path) == config
+
+
+def test_config_that_a_family_cannot_express():
+    config = models.config_from_hf(FIXTURES / "llama").replace(sliding_window=4, hf_config="")
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"A llama config.json cannot express this config: 'sliding_window'",
+    ):
+        models.hf_config(config)
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def copy_fixture(tmp_path, name="llama"):
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / name, folder)
+    return folder
+
+
+def edit_config(folder, **changes):
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw.update(changes)
+    path.write_text(json.dumps(raw))
+
+
+def test_missing_folder_config_and_weights(tmp_path):
+    with pytest.raises(na.CheckpointNotFoundError, match=r"'.*nowhere' is not a folder"):
+        models.from_hf(tmp_path / "nowhere")
+    with pytest.raises(na.CheckpointNotFoundError, match=r"has no config.json"):
+        models.from_hf(tmp_path)
+    folder = copy_fixture(tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(
+        na.CheckpointNotFoundError,
+        match=r"has neither model.safetensors nor model.safetensors.index.json",
+    ):
+        models.from_hf(folder)
+
+
+def test_unsupported_model_type_lists_the_supported(tmp_path):
+    folder = copy_fixture(tmp_path)
+    edit_config(folder, model_type="mixtral")
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"model_type 'mixtral' is not supported. Supported model types: gemma, gpt2, "
+        r"llama, mistral, olmo2, qwen2, qwen3\.",
+    ):
+        models.config_from_hf(folder)
+    edit_config(folder, model_type="llama", rope_scaling={"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(na.ModelConfigError, match=r"RoPE type 'longrope' is not supported"):
+        models.from_hf(folder)
+
+
+def test_missing_extra_and_misshaped_tensors_are_named(tmp_path):
+    folder = copy_fixture(tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)  # ignored
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        na.CheckpointStructureError, match=r"lacks tensor\(s\) 'model.layers.1.mlp.up_proj.weight'"
+    ):
+        models.from_hf(folder)
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.ones((160, 64), np.float32)
+    tensors["model.layers.2.mlp.up_proj.weight"] = np.ones((160, 64), np.float32)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(
+        na.CheckpointStructureError,
+        match=r"has tensor\(s\) 'model.layers.2.mlp.up_proj.weight' that a llama model",
+    ):
+        models.from_hf(folder)
+    edit_config(folder, intermediate_size=128)
+    with pytest.raises(
+        na.CheckpointAxisError,
+        match=r"'model.layers.0.mlp.gate_proj.weight' has shape \(160, 64\), but the config says "
+        r"\(128, 64\) \(\(mlp\) x \(embed\)\)",
+    ):
+        models.from_hf(folder)
+
+
+def test_mapping_without_mesh_and_bad_inputs():
+    with pytest.raises(na.MeshError, match=r"from_hf has a mapping .* but no mesh"):
+        models.from_hf(FIXTURES / "qwen3", mapping=MAPPING)
+    config = models.config_from_hf(FIXTURES / "qwen3")
+    model = eqx.filter_eval_shape(models.Transformer, config, key=jax.random.key(0))
+    ids = na.named(jnp.zeros((2, 4), jnp.int32), ("batch", "position"))
+    with pytest.raises(na.NamedTypeError, match=r"ids must be an integer NamedArray"):
+        model(ids.astype(jnp.float32))
+    with pytest.raises(na.AxisNotFoundError, match=r"has no 'position' axis"):
+        model(ids.rename({"position": "seq"}))
+    with pytest.raises(na.NamedTypeError, match=r"attention_mask must be a boolean NamedArray"):
+        model(ids, attention_mask=ids)
+    with pytest.raises(na.AxisSizeError, match=r"positions NamedArray\(position=3\)"):
+        model(ids, positions=na.arange(na.Axis("position", 3)))
+    with pytest.raises(na.ModelConfigError, match=r"num_kv_heads=3 must divide num_heads=4"):
+        config.replace(num_kv_heads=3)
