@@ -17,7 +17,7 @@ from typing import Any
 
 log = logging.getLogger("mkdocs.hooks.api_coverage")
 
-SUBPACKAGES = ("nn", "random", "mesh", "rules", "analysis", "checkpoint", "distributed")
+SUBPACKAGES = ("nn", "models", "random", "mesh", "rules", "analysis", "checkpoint", "distributed")
 
 
 def _public(module: types.ModuleType) -> list[str]:
