@@ -160,6 +160,21 @@ def _get(tree: Any, path: tuple[str, ...]) -> Any:
     return tree
 
 
+def _make_array(shape: tuple[int, ...], sharding: Sharding, block: Any) -> jax.Array:
+    """``jax.make_array_from_callback``, one device at a time: each block read from storage goes to
+    its device before the next is read (so the host holds one block, not one per device), and a
+    block that several devices hold is read once and copied between devices."""
+    arrays, placed = [], {}
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        key = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+        if key in placed:
+            arrays.append(jax.device_put(placed[key], device))
+        else:
+            placed[key] = jax.device_put(block(index), device)
+            arrays.append(placed[key])
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
 def _match(checkpoint: Checkpoint, tensors: list[Tensor], config: TransformerConfig) -> None:
     """Check names and shapes; make every expected name readable (a file may omit the base prefix)."""
     family = family_of(config.model_type)
@@ -274,8 +289,7 @@ def from_hf(
             def block(index: Any, t: Tensor = t, like: Any = like, target: Any = target) -> Any:
                 return read_block(checkpoint, t, like.axes, index, target)
 
-            array = jax.make_array_from_callback(shape, sharding, block, dtype=target)
-            leaves.append(NamedArray(array, like.axes))
+            leaves.append(NamedArray(_make_array(shape, sharding, block), like.axes))
     finally:
         checkpoint.close()
     return eqx.tree_at(lambda m: [_get(m, t.path) for t in tensors], abstract, leaves)

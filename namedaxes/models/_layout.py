@@ -169,25 +169,29 @@ def read_block(
         idx[FUSED] = slice(t.part[0], t.part[0] + 1)
     per_layer = [a for a in axes if a.name != LAYER]
     view = t.view
-    order = [next(i for i, v in enumerate(view) if v.name == a.name) for a in per_layer]
     plans = [_group_read([a.size for a in g], [idx[a.name] for a in g]) for g in t.groups]
-    layers: Sequence[int | None] = [None]
-    if t.stacked:
-        layers = range(idx[LAYER].start, idx[LAYER].stop)
-    blocks = []
-    for layer in layers:
+    kept = [v for v in view if v.name != FUSED]
+    order = [next(i for i, v in enumerate(kept) if v.name == a.name) for a in per_layer]
+    fused_at = next((i for i, v in enumerate(view) if v.name == FUSED), None)
+
+    def one(layer: int | None) -> np.ndarray:
         raw = checkpoint.read(t.name(layer), [r for r, _, _ in plans])
         raw = raw.reshape(tuple(d for _, shape, _ in plans for d in shape))
         raw = raw[tuple(s for _, _, cut in plans for s in cut)]
-        if t.part is not None:
-            raw = raw.take(0, axis=next(i for i, v in enumerate(view) if v.name == FUSED))
-            kept = [v for v in view if v.name != FUSED]
-            order = [next(i for i, v in enumerate(kept) if v.name == a.name) for a in per_layer]
-        blocks.append(np.transpose(raw, order).astype(dtype, copy=False))
+        if fused_at is not None:
+            raw = raw.take(0, axis=fused_at)
+        return np.transpose(raw, order)
+
     if not t.stacked:
-        return np.ascontiguousarray(blocks[0])
+        return np.ascontiguousarray(one(None), dtype=dtype)
+    # One layer at a time into the block (the host holds the block and one layer's rows).
     at = [a.name for a in axes].index(LAYER)
-    return np.stack(blocks, axis=at)
+    span = idx[LAYER]
+    shape = [idx[a.name].stop - idx[a.name].start for a in axes]
+    out = np.empty(shape, dtype)
+    for j, layer in enumerate(range(span.start, span.stop)):
+        out[(slice(None),) * at + (j,)] = one(layer)
+    return out
 
 
 def to_stored(parts: Sequence[tuple[Tensor, NamedArray]]) -> np.ndarray:
