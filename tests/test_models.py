@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import spec_of, xfail_explicit_reshape
+from _helpers import run_two_processes, spec_of, xfail_explicit_reshape
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
@@ -287,3 +287,21 @@ def test_mapping_without_mesh_and_bad_inputs():
         model(ids, positions=na.arange(na.Axis("position", 3)))
     with pytest.raises(na.ModelConfigError, match=r"num_kv_heads=3 must divide num_heads=4"):
         config.replace(num_kv_heads=3)
+
+
+def test_two_processes_read_only_their_blocks_and_write_their_files(tmp_path):
+    """Each process of a 2-process run (4 devices each, process p holding data=p) reads only the
+    `embed` columns its devices hold, the model gives transformers' logits, and save_hf's files,
+    written by both processes, hold the original tensors bit for bit."""
+    worker = Path(__file__).with_name("models_worker.py")
+    results = run_two_processes(worker, tmp_path / "saved", timeout=120)
+    for p, r in enumerate(results):
+        assert r["up_spec"] == [None, "data", "model"] and r["fully_addressable"] is False
+        assert r["up_shards"] == [[2, 32, 40]]
+        assert r["up_columns_read"] == [[32 * p, 32 * (p + 1)]]
+        assert r["max_diff"] < TOL and r["max_diff_padded"] < TOL
+        assert r["same_names"] and r["bit_exact"]
+    written = [set(r["wrote"]) for r in results]
+    files = {f"model-0000{k}-of-00007.safetensors" for k in range(1, 8)}
+    assert not written[0] & written[1] and written[0] | written[1] == files
+    assert "model-00001-of-00007.safetensors" in written[0]  # process k writes files k, k + 2, ...

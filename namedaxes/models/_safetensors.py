@@ -1,9 +1,9 @@
 """The safetensors format, read by slices and written tensor by tensor.
 
 A file is an 8-byte little-endian header length, a JSON header (``{name: {"dtype", "shape",
-"data_offsets"}}`` plus ``"__metadata__"``) and the tensors' bytes, row-major. Reading a slice
-reads only the rows of its first dimension (one ``readinto`` of contiguous bytes); writing streams
-one tensor at a time, so neither ever holds more than one tensor's bytes. Only data is read: no
+"data_offsets"}}`` plus ``"__metadata__"``) and the tensors' bytes, row-major. Reading a block maps
+the rows it spans and copies the block out, so only the pages that hold it are read; writing
+streams one tensor at a time, so neither ever holds more than one tensor's bytes. Only data is read: no
 pickle, no code. ``ml_dtypes`` (a JAX dependency) gives NumPy its bfloat16 and float8 types.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterable, Sequence
@@ -75,6 +76,7 @@ class SafetensorsFile:
                 ) from None
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         self.tensors: dict[str, TensorInfo] = {}
+        size = path.stat().st_size
         for name, entry in header.items():
             code = entry.get("dtype")
             if code not in DTYPES:
@@ -82,31 +84,47 @@ class SafetensorsFile:
                     f"{path}: tensor {name!r} has dtype {code!r}, which is not supported "
                     f"(supported: {', '.join(DTYPES)})."
                 )
-            begin, _ = entry["data_offsets"]
+            begin, end = entry["data_offsets"]
             shape = tuple(int(d) for d in entry["shape"])
+            if (
+                8 + n + int(end) > size
+                or int(end) - int(begin) != math.prod(shape) * DTYPES[code].itemsize
+            ):
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} ({code}{list(shape)}) does not fit its byte range "
+                    f"{[begin, end]} in a file of {size} bytes; the file is truncated or damaged."
+                )
             self.tensors[name] = TensorInfo(self, DTYPES[code], shape, 8 + n + int(begin))
 
     def read(self, info: TensorInfo, index: Sequence[slice]) -> np.ndarray:
-        """The block ``index`` (one slice per dimension, steps of 1) of a tensor of this file."""
+        """A copy of the block ``index`` (one slice per dimension, steps of 1) of a tensor here.
+
+        The rows of the first dimension are mapped (``mmap``) and only the block is copied out, so
+        only the pages that hold the block are read; the mapping is closed before returning, so
+        nothing stays resident but the copy.
+        """
         if self._fh is None:
             self._fh = open(self.path, "rb")
         shape = info.shape
         if not shape:
-            rows, first = 1, slice(0, 1)
+            first, index = slice(0, 1), ()
         else:
             first = slice(*index[0].indices(shape[0])[:2])
-            rows = first.stop - first.start
+        rows = first.stop - first.start
         row_bytes = math.prod(shape[1:]) * info.dtype.itemsize
-        out = np.empty((rows,) + shape[1:], info.dtype)
-        self._fh.seek(info.offset + first.start * row_bytes)
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        got = self._fh.readinto(view)
-        if got != rows * row_bytes:
-            raise CheckpointError(f"{self.path} is truncated (reading {info!r}).")
-        if not shape:
-            return out.reshape(())
-        rest = tuple(index[1:])
-        return out[(slice(None),) + rest] if any(s != slice(None) for s in rest) else out
+        begin = info.offset + first.start * row_bytes
+        length = rows * row_bytes
+        if length == 0:
+            return np.empty((0,) + shape[1:], info.dtype)[(slice(None),) + tuple(index[1:])]
+        aligned = begin - begin % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(
+            self._fh.fileno(), begin - aligned + length, offset=aligned, access=mmap.ACCESS_READ
+        ) as m:
+            view = np.frombuffer(m, np.uint8, length, begin - aligned).view(info.dtype)
+            view = view.reshape((rows,) + shape[1:])
+            out = np.array(view[(slice(None),) + tuple(index[1:])])
+            del view  # no buffer of the mapping may outlive it
+        return out.reshape(()) if not shape else out
 
     def close(self) -> None:
         if self._fh is not None:
