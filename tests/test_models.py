@@ -305,3 +305,20 @@ def test_two_processes_read_only_their_blocks_and_write_their_files(tmp_path):
     files = {f"model-0000{k}-of-00007.safetensors" for k in range(1, 8)}
     assert not written[0] & written[1] and written[0] | written[1] == files
     assert "model-00001-of-00007.safetensors" in written[0]  # process k writes files k, k + 2, ...
+
+
+def test_gpt2_file_without_prefix_and_with_mask_buffers(tmp_path):
+    """Older GPT-2 files name tensors without 'transformer.' and hold the attention-mask buffers
+    (attn.bias, attn.masked_bias): they load as the prefixed file does."""
+    folder = copy_fixture(tmp_path, "gpt2")
+    tensors = {
+        k.removeprefix("transformer."): v
+        for k, v in load_file(folder / "model.safetensors").items()
+    }
+    for i in range(2):
+        tensors[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 256, 256), np.float32))
+        tensors[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    old, new = models.from_hf(folder), models.from_hf(FIXTURES / "gpt2")
+    for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
+        np.testing.assert_array_equal(a, b)

@@ -164,8 +164,10 @@ def _make_array(shape: tuple[int, ...], sharding: Sharding, block: Any) -> jax.A
     """``jax.make_array_from_callback``, one device at a time: each block read from storage goes to
     its device before the next is read (so the host holds one block, not one per device), and a
     block that several devices hold is read once and copied between devices."""
-    arrays, placed = [], {}
+    arrays: list[jax.Array] = []
+    placed: dict[tuple[tuple[int, int], ...], jax.Array] = {}
     for device, index in sharding.addressable_devices_indices_map(shape).items():
+        index = index if index is not None else (slice(None),) * len(shape)
         key = tuple(s.indices(n)[:2] for s, n in zip(index, shape))
         if key in placed:
             arrays.append(jax.device_put(placed[key], device))

@@ -216,5 +216,5 @@ def write_safetensors(
                     f"Internal: tensor {name!r} came as {a.dtype}{a.shape}, header says "
                     f"{dtype}{shape}."
                 )
-            f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+            f.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
     os.replace(tmp, path)

@@ -99,6 +99,13 @@ class RopeScaling:
             )
 
 
+def _original(s: RopeScaling) -> float:
+    """``original_max_position_embeddings`` of a kind that needs it (checked by RopeScaling)."""
+    if s.original_max_position_embeddings is None:
+        raise LayerError(f"RopeScaling {s.kind!r} needs original_max_position_embeddings.")
+    return float(s.original_max_position_embeddings)
+
+
 def _yarn_attention_factor(s: RopeScaling) -> float:
     if s.attention_factor is not None:
         return float(s.attention_factor)
@@ -113,10 +120,10 @@ def _yarn_attention_factor(s: RopeScaling) -> float:
 
 def _yarn_ramp(s: RopeScaling, theta: float, dim: int) -> Any:
     """The share of the original (extrapolated) frequency in each of the ``dim / 2`` pairs."""
-    assert s.original_max_position_embeddings is not None  # checked by RopeScaling
+    original = _original(s)
 
     def correction_dim(rotations: float) -> float:
-        ratio = s.original_max_position_embeddings / (rotations * 2 * math.pi)
+        ratio = original / (rotations * 2 * math.pi)
         return dim * math.log(ratio) / (2 * math.log(theta))
 
     low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
@@ -194,11 +201,11 @@ class RotaryEmbedding(eqx.Module):
         s, dim = self.scaling, self.HeadDim.size
         exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
         if s.kind == "dynamic":
-            original = s.original_max_position_embeddings
+            original = _original(s)
             length = (
-                float(original)
+                original
                 if max_position is None
-                else jnp.maximum(jnp.asarray(max_position, jnp.float32) + 1.0, float(original))
+                else jnp.maximum(jnp.asarray(max_position, jnp.float32) + 1.0, original)
             )
             base = self.theta * ((s.factor * length / original) - (s.factor - 1)) ** (
                 dim / (dim - 2)
@@ -208,7 +215,7 @@ class RotaryEmbedding(eqx.Module):
         if s.kind == "linear":
             return inv / s.factor
         if s.kind == "llama3":
-            original = float(s.original_max_position_embeddings)  # type: ignore[arg-type]
+            original = _original(s)
             low_wavelen, high_wavelen = original / s.low_freq_factor, original / s.high_freq_factor
             wavelen = 2 * math.pi / inv
             scaled = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
