@@ -2,8 +2,6 @@
 
 import jax
 import numpy as np
-import pytest
-from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -85,18 +83,3 @@ def run_two_processes(worker, *args, timeout):
         assert "error" not in result, f"worker {i} raised:\n{result['error']}"
         results.append(result)
     return results
-
-
-def xfail_explicit_reshape(request, mesh):
-    """Mark the running test as an expected failure on Explicit meshes: grouped-query attention
-    splits the sharded `heads` axis (unflatten_axis), a reshape that JAX refuses on Explicit meshes
-    with ShardingTypeError until the reshape defect of Explicit meshes is fixed. Strict: once fixed,
-    the test passes and the marker must go."""
-    if AxisType.Explicit in tuple(mesh.axis_types):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="reshape defect on Explicit meshes: unflatten_axis of the sharded `heads` "
-                "axis (grouped-query attention) raises JAX's ShardingTypeError",
-            )
-        )

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import run_two_processes, spec_of, xfail_explicit_reshape
+from _helpers import run_two_processes, spec_of
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file, save_file
 
@@ -76,10 +76,8 @@ def test_logits_match_transformers_and_save_round_trips(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_logits_match_loaded_sharded(name, mesh_2x4, request, tmp_path):
+def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path):
     config = models.config_from_hf(FIXTURES / name)
-    if config.grouped and config.num_kv_heads > 1:  # heads splits into two axes of size > 1
-        xfail_explicit_reshape(request, mesh_2x4)
     r, ids, mask = reference(name)
     with jax.set_mesh(mesh_2x4):
         model = models.from_hf(FIXTURES / name, mapping=MAPPING)

@@ -5,7 +5,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _helpers import shard_shapes, spec_of, xfail_explicit_reshape
+from _helpers import shard_shapes, spec_of
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -130,10 +130,9 @@ def test_stacked_training_step_under_fsdp(mesh_2x4):
     assert spec_of(w) == P(None, "data", "model") and shard_shapes(w) == [(3, 4, 4)]
 
 
-def test_grouped_query_attention_shards_by_heads(mesh_2x4, request):
+def test_grouped_query_attention_shards_by_heads(mesh_2x4):
     """{"heads": "model"} shards the query and output projections of grouped-query attention as it
     does for multi-head attention; keys/values (kv_heads, not mapped) stay whole on `model`."""
-    xfail_explicit_reshape(request, mesh_2x4)
     KV = Axis("kv_heads", 2)
     attn = na.nn.Attention(
         E, H, D, KVHeads=KV, key=KEY, qk_norm=True, rotary=na.nn.RotaryEmbedding(D)
