@@ -4,7 +4,7 @@ A file is an 8-byte little-endian header length, a JSON header (``{name: {"dtype
 "data_offsets"}}`` plus ``"__metadata__"``) and the tensors' bytes, row-major. Reading a block maps
 the rows it spans and copies the block out, so only the pages that hold it are read; writing
 streams one tensor at a time, so neither ever holds more than one tensor's bytes. Only data is read: no
-pickle, no code. ``ml_dtypes`` (a JAX dependency) gives NumPy its bfloat16 and float8 types.
+pickle, no code. NumPy's bfloat16 and float8 types are JAX's (``jnp.bfloat16``...).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import ml_dtypes
+import jax.numpy as jnp
 import numpy as np
 
 from .._errors import CheckpointError, CheckpointNotFoundError, CheckpointStructureError
@@ -29,9 +29,9 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "BF16": np.dtype(jnp.bfloat16),
+    "F8_E4M3": np.dtype(jnp.float8_e4m3fn),
+    "F8_E5M2": np.dtype(jnp.float8_e5m2),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
