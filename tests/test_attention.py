@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import spec_of
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import named
@@ -201,12 +203,16 @@ def test_no_repeated_key_value_heads_in_the_xla_program():
 
 
 @pytest.mark.parametrize("impl", ["xla", "cudnn"])
-def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["kv_split", "kv_whole"])
+def test_sharded_batch_and_heads(mesh_2x4, impl, kv_heads, emulate, monkeypatch):
     """Under a mapping the kernel runs per shard: values, gradients and output specs.
 
     One case holds all the options: grouped-query heads, left padding, a sliding window (causal).
+    With 4 key/value heads they are split over `model` as the query heads are; with 2 (fewer than
+    the 4 devices of `model`, and not mapped) each device keeps the key/value head its 2 query
+    heads use, and the query heads stay split.
     """
-    q, k, v = qkv(4, 8, 8, 8, 4, 4)
+    q, k, v = qkv(4, 8, 8, 8, kv_heads, 4)
     i = jnp.arange(8)
     real = i[None, :] >= jnp.array([0, 3, 1, 5])[:, None]
     window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 3)
@@ -223,7 +229,12 @@ def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
         out = reference(q, k, v, allowed, 0.5)
         return jnp.sum(jnp.where(seen, out, 0.0) ** 2)
 
-    mapping = {"batch": "data", "heads": "model", "kv_heads": "model"}
+    mapping = {"batch": "data", "heads": "model"}
+    if kv_heads == 4:
+        mapping["kv_heads"] = "model"
+    calls = []
+    run = kernels.run
+    monkeypatch.setattr(kernels, "run", lambda impl, c: calls.append(c) or run(impl, c))
     step = na.named_jit(
         jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True), axis_resources=mapping
     )
@@ -233,8 +244,10 @@ def test_sharded_batch_and_heads(mesh_2x4, impl, emulate):
         with na.axis_mapping(mapping):  # the kernel runs inside one shard_map
             assert str(jax.make_jaxpr(loss)(q, k, v, key_mask)).count("shard_map[") == 1
     want, want_grads = jax.value_and_grad(ref_loss, argnums=(0, 1, 2))(q.array, k.array, v.array)
+    # per device: 2 of 4 batch rows, 2 of 8 query heads, and 1 key/value head
+    assert calls and {(c.q.shape, c.k.shape) for c in calls} == {((2, 8, 2, 4), (2, 8, 1, 4))}
     assert out.array.sharding.spec[:3] == ("data", None, "model")
-    assert grads[1].array.sharding.spec[:3] == ("data", None, "model")
+    assert spec_of(grads[1]) == (P("data", None, "model") if kv_heads == 4 else P("data"))
     np.testing.assert_allclose(value, want, rtol=1e-5)
     for g, w in zip(grads, want_grads):
         np.testing.assert_allclose(g.array, w, rtol=1e-4, atol=1e-5)

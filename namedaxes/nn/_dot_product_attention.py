@@ -126,10 +126,24 @@ def _offset_value(query_offset: Any) -> int | jax.Array | None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _KVSelect:
+    """Per shard, the one key/value head its query heads use.
+
+    When the query heads are split over ``mesh_axes`` into more blocks than there are key/value
+    heads (2 key/value heads, ``heads`` on ``model=4``), every shard gets all key/value heads and
+    keeps the one of its query heads: block ``i`` uses key/value head ``i // per_kv``.
+    """
+
+    mesh_axes: tuple[str, ...]
+    per_kv: int
+
+
 def _local_attention(
     impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
-    q: NamedArray, k: NamedArray, v: NamedArray, mask: NamedArray | None,
-    key_mask: NamedArray | None, key_lengths: NamedArray | None, offset: Any,
+    select: _KVSelect | None, q: NamedArray, k: NamedArray, v: NamedArray,
+    mask: NamedArray | None, key_mask: NamedArray | None, key_lengths: NamedArray | None,
+    offset: Any,
 ) -> NamedArray:  # fmt: skip
     """The attention of (per-shard) NamedArrays by kernel ``impl``; the query's axes back."""
     sizes = {a.name: a.size for a in q.axes + k.axes}
@@ -141,6 +155,11 @@ def _local_attention(
     qa = _to_layout(q, groups_q, sizes, (True,) * 4)
     ka = _to_layout(k, groups_k, sizes, (True,) * 4)
     va = _to_layout(v, groups_k, sizes, (True,) * 4)
+    if select is not None:
+        names = select.mesh_axes
+        i = jax.lax.axis_index(names if len(names) > 1 else names[0]) // select.per_kv
+        ka = jax.lax.dynamic_slice_in_dim(ka, i, 1, axis=2)
+        va = jax.lax.dynamic_slice_in_dim(va, i, 1, axis=2)
     padding = None
     if key_mask is not None:
         m = _to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
@@ -166,9 +185,15 @@ def _local_attention(
 
 def _kernel_specs(
     layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any], _KVSelect | None] | None:
     """``{axis name: mesh axes}`` for the axes the kernel may run sharded over (batch axes and the
-    leading query/key-value heads axes), or ``None`` when no mesh is involved."""
+    leading query/key-value heads axes), and the key/value head selection per shard when the
+    key/value heads are fewer than the query heads' blocks; ``None`` when no mesh is involved.
+
+    The query heads keep their placement whenever each block of them uses whole key/value heads
+    (the key/value heads split the same way) or one key/value head (the key/value heads stay whole
+    and each shard keeps its one: ``_KVSelect``); otherwise every head stays on each shard.
+    """
     mesh = context_mesh()
     if mesh is None or math.prod(mesh.shape.values()) == 1:
         return None
@@ -186,15 +211,22 @@ def _kernel_specs(
         return None
     sizes = dict(mesh.shape)
     out: dict[str, Any] = {n: per_name[0][n] for n in layout.batch}
+    select = None
     if layout.q_heads:
-        entry = per_name[0][layout.q_heads[0]]
+        entry = kv_entry = per_name[0][layout.q_heads[0]]
         split = math.prod(sizes[a] for a in entry_axes(entry))
-        if layout.kv_heads and k.axis_size(layout.kv_heads[0]) % split:
-            entry = None  # the key/value heads cannot follow: keep every head on each shard
+        kv = k.axis_size(layout.kv_heads[0]) if layout.kv_heads else 1
+        if split > 1 and kv % split:
+            kv_entry = None  # the key/value heads stay whole on each shard
+            one_each = len(layout.q_heads) == 1 and len(layout.kv_heads) == 1 and split % kv == 0
+            if not one_each:
+                entry = None  # blocks of query heads would straddle key/value heads
+            elif kv > 1:
+                select = _KVSelect(entry_axes(entry), split // kv)
         out[layout.q_heads[0]] = entry
         if layout.kv_heads:
-            out[layout.kv_heads[0]] = entry
-    return out
+            out[layout.kv_heads[0]] = kv_entry
+    return out, select
 
 
 def _spec(x: Any, entries: dict[str, Any]) -> PartitionSpec:
@@ -209,12 +241,14 @@ def _run_kernel(
 ) -> NamedArray:  # fmt: skip
     q, k, v = arrays[:3]
 
-    def local(*a: Any) -> NamedArray:
-        return _local_attention(impl, layout, scale, causal, window, *a)
+    placed = _kernel_specs(layout, q, k, v)
+    if placed is None:
+        return _local_attention(impl, layout, scale, causal, window, None, *arrays)
+    entries, select = placed
 
-    entries = _kernel_specs(layout, q, k, v)
-    if entries is None:
-        return local(*arrays)
+    def local(*a: Any) -> NamedArray:
+        return _local_attention(impl, layout, scale, causal, window, select, *a)
+
     specs = tuple(_spec(x, entries) for x in arrays)
     return shard_map(local, in_specs=specs, out_specs=specs[0], check_vma=False)(*arrays)
 
@@ -337,7 +371,9 @@ def dot_product_attention(
     elsewhere) and falls back to XLA with a one-time logged note when that kernel cannot take the
     inputs; a kernel named explicitly that cannot run raises. Under an ``axis_mapping`` (or an
     Explicit mesh) that shards batch or heads axes, the kernel runs once per shard
-    (``shard_map``); positions and ``head_axis`` are gathered first. Under a mixed-precision
+    (``shard_map``); positions and ``head_axis`` are gathered first. Query heads split into more
+    blocks than there are key/value heads (2 ``kv_heads``, ``heads`` on ``model=4``) stay split:
+    each shard takes the one key/value head its query heads use. Under a mixed-precision
     policy the query, key and value are cast to its compute dtype; the softmax is in float32.
 
     Args:
