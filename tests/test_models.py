@@ -16,6 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 import namedaxes as na
 from namedaxes import models
+from namedaxes.nn import _attention_kernels as kernels
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"]
@@ -76,8 +77,14 @@ def test_logits_match_transformers_and_save_round_trips(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path):
+def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path, monkeypatch):
+    """Loaded sharded by MAPPING: parameters where it says, logits as transformers'; attention is
+    tensor-parallel too (each device attends 1 of the 4 query heads, with its key/value head, also
+    where the 1 or 2 key/value heads do not divide model=4)."""
     config = models.config_from_hf(FIXTURES / name)
+    calls = []
+    run = kernels.run
+    monkeypatch.setattr(kernels, "run", lambda impl, c: calls.append(c) or run(impl, c))
     r, ids, mask = reference(name)
     with jax.set_mesh(mesh_2x4):
         model = models.from_hf(FIXTURES / name, mapping=MAPPING)
@@ -101,6 +108,7 @@ def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path):
                 model, ids, mask
             )
     assert_matches(r, plain, padded)
+    assert calls and {(c.q.shape[2], c.k.shape[2]) for c in calls} == {(1, 1)}
 
 
 def test_rope_variant_loads_sharded(mesh_2x4):

@@ -355,8 +355,13 @@ ATTENTION_KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(ATTENTION_KINDS))
-def test_attention_layer_matches_plain(kind):
+@pytest.mark.parametrize(
+    "kind, padding",
+    [*((k, "key_mask") for k in ATTENTION_KINDS), ("gqa_projection_norm_rope_window", "mask")],
+)
+def test_attention_layer_matches_plain(kind, padding):
+    """Every option against the plain oracle, left padding as key_mask= (or as a general mask=),
+    compared at the real query positions (a query that sees no key is unspecified)."""
     kw = ATTENTION_KINDS[kind]
     attn = na.nn.Attention(E, H4, D4, key=KEY, **kw)
     kv = kw.get("KVHeads", H4).name
@@ -380,11 +385,18 @@ def test_attention_layer_matches_plain(kind):
         is_leaf=lambda a: isinstance(a, na.NamedArray),
     )
     x = data(B, T, E)
-    pad = jnp.arange(5)[None, :] < jnp.array([[5], [2]])
-    run = eqx.filter_jit(lambda attn, x, pad: attn(x, mask=named(pad, ("batch", "key_position"))))
+    pad = jnp.arange(5)[None, :] >= jnp.array([[0], [2]])
+    run = eqx.filter_jit(
+        lambda attn, x, pad: attn(x, **{padding: named(pad, (B.name, "key_position"))})
+    )
     y = run(attn, x, pad)
     assert y.axis_names == ("batch", "position", "embed")
-    close(y.array, attention_oracle(attn, x.array, pad), tol=1e-4)
+    real = pad[:, :, None]
+    close(
+        jnp.where(real, y.array, 0.0),
+        jnp.where(real, attention_oracle(attn, x.array, pad), 0.0),
+        tol=1e-4,
+    )
 
 
 def test_attention_positions_per_row():
@@ -421,19 +433,6 @@ def test_grouped_query_heads_use_kv_head_h_over_group():
     close(y.array, ref.array, tol=1e-5)
 
 
-def test_sliding_window_mask():
-    P, K = Axis("position", 3), Axis("key_position", 5)
-    m = na.nn.sliding_window_mask(P, K, 2)
-    assert m.axis_names == ("position", "key_position")
-    # queries are the last 3 of 5 keys: query i sits at key i + 2
-    np.testing.assert_array_equal(
-        m.array & na.nn.causal_mask(P, K).array,
-        [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]],
-    )
-    with pytest.raises(na.LayerError, match=r"window of at least 1 key, got 0"):
-        na.nn.sliding_window_mask(P, K, 0)
-
-
 def test_attention_errors():
     with pytest.raises(na.AxisSizeError, match=r"KVHeads kv_heads=3 must divide Heads heads=4"):
         na.nn.Attention(
@@ -445,6 +444,8 @@ def test_attention_errors():
         na.nn.Attention(E, H4, D4, qk_norm="rms", key=KEY)
     with pytest.raises(na.LayerError, match=r"sliding_window must be a positive number"):
         na.nn.Attention(E, H4, D4, sliding_window=0, key=KEY)
+    with pytest.raises(na.LayerError, match=r"sliding_window=2 is a causal window .* causal=True"):
+        na.nn.Attention(E, H4, D4, sliding_window=2, causal=False, key=KEY)
     with pytest.raises(na.LayerError, match=r"rotary must be a RotaryEmbedding over Axis"):
         na.nn.Attention(E, H4, D4, rotary=na.nn.RotaryEmbedding(Axis("head_dim", 2)), key=KEY)
     with pytest.raises(na.NamedTypeError, match=r"Attention Heads must be an Axis, got 4"):

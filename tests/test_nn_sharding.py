@@ -130,22 +130,40 @@ def test_stacked_training_step_under_fsdp(mesh_2x4):
     assert spec_of(w) == P(None, "data", "model") and shard_shapes(w) == [(3, 4, 4)]
 
 
-def test_grouped_query_attention_shards_by_heads(mesh_2x4):
-    """{"heads": "model"} shards the query and output projections of grouped-query attention as it
-    does for multi-head attention; keys/values (kv_heads, not mapped) stay whole on `model`."""
+def test_grouped_query_attention_shards_by_heads(mesh_2x4, monkeypatch):
+    """{"heads": "model"} shards grouped-query attention as it shards multi-head attention, with 2
+    key/value heads on model=4: the query and output projections by `heads`, and the attention
+    itself (each device attends its one query head with the one key/value head it uses); keys and
+    values (kv_heads, not mapped) stay whole on `model`. Values and gradients as unsharded."""
     KV = Axis("kv_heads", 2)
     attn = na.nn.Attention(
         E, H, D, KVHeads=KV, key=KEY, qk_norm=True, rotary=na.nn.RotaryEmbedding(D)
     )
     x = na.random.normal(jax.random.key(2), (B, T, E))
+    real = named(jnp.arange(T.size)[None, :] >= jnp.array([[0], [2], [0], [5]]), (B, T))
 
-    def fn(attn, x):
-        return attn(x)
+    def fn(attn, x, real):
+        def loss(attn):
+            y = attn(x, key_mask=real.rename({"position": "key_position"}))
+            return na.sum(na.where(real, y, 0.0) ** 2).scalar(), y
 
-    expected = eqx.filter_jit(fn)(attn, x)
-    attn_s, y = run_sharded(mesh_2x4, fn, attn, x)
+        return eqx.filter_value_and_grad(loss, has_aux=True)(attn)
+
+    (want_loss, expected), want_grads = eqx.filter_jit(fn)(attn, x, real)
+    calls = []
+    run = na.nn._attention_kernels.run
+    monkeypatch.setattr(
+        na.nn._attention_kernels, "run", lambda impl, c: calls.append(c) or run(impl, c)
+    )
+    attn_s, ((loss, y), grads) = run_sharded(mesh_2x4, fn, attn, x, real)
+    (call,) = calls  # one kernel, traced once inside one shard_map
+    assert call.q.shape == (2, 6, 1, 2) and call.k.shape == (2, 6, 1, 2)  # per device
     assert spec_of(attn_s.q_proj.weight) == P("data", "model")
     assert spec_of(attn_s.o_proj.weight) == P("model", None, "data")
     assert spec_of(attn_s.k_proj.weight) == P("data")
+    close(loss, want_loss)
     close(y.array, expected.array)
     assert spec_of(y) == P("data") and shard_shapes(y) == [(2, 6, 8)]
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        close(getattr(grads, name).weight.array, getattr(want_grads, name).weight.array)
+    close(grads.k_norm.weight.array, want_grads.k_norm.weight.array)

@@ -82,10 +82,12 @@ class DecoderLayer(eqx.Module):
         self.attn_out_norm, self.mlp_out_norm = after or (None, None)
 
     def __call__(
-        self, x: NamedArray, *, mask: NamedArray | None, positions: NamedArray
+        self, x: NamedArray, *, key_mask: NamedArray | None, positions: NamedArray
     ) -> NamedArray:
         h = self.attn(
-            x if self.attn_norm is None else self.attn_norm(x), mask=mask, positions=positions
+            x if self.attn_norm is None else self.attn_norm(x),
+            key_mask=key_mask,
+            positions=positions,
         )
         x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
         h = self.mlp(x if self.mlp_norm is None else self.mlp_norm(x))
@@ -165,7 +167,9 @@ class Transformer(eqx.Module):
         Args:
             ids: Integer token ids with a ``position`` axis, e.g. ``(batch, position)``.
             attention_mask: Boolean ``(batch, position)`` (or ``(position,)``), ``True`` at real
-                tokens: keys at ``False`` are never attended to (left padding, packing).
+                tokens, one contiguous run of them per row (left or right padding): keys at
+                ``False`` are never attended to. It goes to the attention kernel as its
+                ``key_mask``.
             positions: Integer position ids with the ``position`` axis (e.g. ``(batch,
                 position)``, counted from each row's first real token); default ``0 .. n-1``.
 
@@ -184,7 +188,7 @@ class Transformer(eqx.Module):
                 f"Transformer: positions NamedArray({format_axes(positions.axes)}) and ids "
                 f"NamedArray({format_axes(ids.axes)}) differ in the size of 'position'."
             )
-        mask = None
+        key_mask = None
         if attention_mask is not None:
             if _position_axis(attention_mask, "attention_mask", integer=False) != pos:
                 raise AxisSizeError(
@@ -198,13 +202,13 @@ class Transformer(eqx.Module):
                     f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
                     f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
                 )
-            mask = rename(attention_mask, {pos.name: "key_position"})
+            key_mask = rename(attention_mask, {pos.name: "key_position"})
         x = self.embed(ids)
         if self.config.embed_scale != 1.0:
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.position_embed is not None:
             x = x + self.position_embed(positions)
-        x = self.layers(x, mask=mask, positions=positions)
+        x = self.layers(x, key_mask=key_mask, positions=positions)
         x = self.final_norm(x)
         return self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
 

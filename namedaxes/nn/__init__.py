@@ -16,7 +16,6 @@ Example:
 # layers
 from ._attention import Attention as Attention
 from ._attention import causal_mask as causal_mask
-from ._attention import sliding_window_mask as sliding_window_mask
 from ._dot_product_attention import dot_product_attention as dot_product_attention
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding

@@ -1,4 +1,4 @@
-"""The ``Attention`` layer and the masks; the function is ``dot_product_attention``.
+"""The ``Attention`` layer and ``causal_mask``; the function is ``dot_product_attention``.
 
 Query positions and key positions are two different axes (``position`` and ``key_position`` by
 default), so every other axis the query and the key share (``batch``, ``heads``, ``kv_heads``) is
@@ -17,14 +17,14 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisSizeError, LayerError, NamedTypeError
 from .._ops.creation import arange
-from .._ops.shape import flatten_axes, rename, unflatten_axis
+from .._ops.shape import rename
 from ._common import expect_axes, place
 from ._dot_product_attention import dot_product_attention
 from ._linear import Linear
 from ._norm import RmsNorm
 from ._rotary import RotaryEmbedding
 
-__all__ = ["Attention", "causal_mask", "sliding_window_mask"]
+__all__ = ["Attention", "causal_mask"]
 
 
 def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
@@ -50,38 +50,6 @@ def causal_mask(position: Axis, key_position: Axis) -> NamedArray:
     return arange(position) + offset >= arange(key_position)
 
 
-def sliding_window_mask(position: Axis, key_position: Axis, window: int) -> NamedArray:
-    """Boolean ``(position, key_position)`` mask: a query sees only the last ``window`` keys.
-
-    Combine it with :func:`causal_mask` (``&``) for causal sliding-window attention, as Mistral
-    does. Positions are counted as in ``causal_mask`` (a longer key axis ends at the queries).
-
-    Args:
-        position: The query position axis.
-        key_position: The key position axis.
-        window: How many keys (the query's own included) a query may see; at least 1.
-
-    Returns:
-        ``mask[q, k] = (q + key_position.size - position.size) - k < window``.
-
-    Raises:
-        LayerError: if ``window`` is not a positive integer.
-
-    Example:
-        >>> import namedaxes as na
-        >>> P, K = na.Axis("position", 4), na.Axis("key_position", 4)
-        >>> (sliding_window_mask(P, K, 2) & causal_mask(P, K)).array.astype(int)
-        Array([[1, 0, 0, 0],
-               [1, 1, 0, 0],
-               [0, 1, 1, 0],
-               [0, 0, 1, 1]], dtype=int32)
-    """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise LayerError(f"sliding_window_mask needs a window of at least 1 key, got {window!r}.")
-    offset = key_position.size - position.size
-    return arange(position) + offset - arange(key_position) < window
-
-
 QK_NORMS = (False, True, "head", "projection")
 
 
@@ -94,18 +62,21 @@ class Attention(eqx.Module):
     and values have ``heads`` too. With ``KVHeads`` (grouped-query attention; ``KVHeads.size == 1``
     is multi-query) they are ``(..., position, kv_heads, head_dim)`` and query head ``h`` uses key
     /value head ``h // (Heads.size // KVHeads.size)`` (the convention of Hugging Face checkpoints and
-    of ``jax.nn.dot_product_attention``): the queries' ``heads`` axis is split into
-    ``(kv_heads, q_per_kv)`` for the attention and merged back after, so no key is repeated. Map
-    ``heads`` to a mesh axis for tensor parallelism: the query and output projections shard the same
-    way for multi-head and grouped-query attention (map ``kv_heads`` too where its size divides).
-    The key/value positions are renamed to ``key_position``.
+    of ``jax.nn.dot_product_attention``, which :func:`dot_product_attention` takes as is: no key is
+    repeated). Map ``heads`` to a mesh axis for tensor parallelism: the query and output
+    projections and the attention itself shard the same way for multi-head and grouped-query
+    attention, also when the mesh axis has more devices than there are key/value heads (each
+    device then uses the key/value heads of its query heads; map ``kv_heads`` too where its size
+    divides). The key/value positions are renamed to ``key_position``.
 
     Options: ``qk_norm`` applies an ``RmsNorm`` to queries and keys after the projections, over
     ``head_dim`` (``True`` or ``"head"``, one weight shared by the heads, as Qwen3) or over
     ``(heads, head_dim)`` / ``(kv_heads, head_dim)`` (``"projection"``, as OLMo 2). ``rotary``
-    rotates queries and keys by position (after the norms). ``sliding_window`` lets each query see
-    only the last ``sliding_window`` keys (with the causal mask). ``use_bias`` puts biases on all
-    four projections; ``out_bias`` overrides it for ``o_proj`` (Qwen2: biases on q, k, v only).
+    rotates queries and keys by position (after the norms). ``causal`` and ``sliding_window``
+    (each query sees only the last ``sliding_window`` keys, itself included) go to the attention
+    kernel as options, as do padding (``key_mask=`` per call) and ``scale``; no mask of positions x
+    positions is built for them. ``use_bias`` puts biases on all four projections; ``out_bias``
+    overrides it for ``o_proj`` (Qwen2: biases on q, k, v only).
 
     Args:
         Embed: The model axis (input and output).
@@ -119,17 +90,18 @@ class Attention(eqx.Module):
         norm_eps: The q/k norms' epsilon.
         use_bias: Biases in the projections.
         out_bias: Bias in ``o_proj`` (default: ``use_bias``).
-        sliding_window: The number of keys a query sees (itself included), or ``None`` for all.
+        sliding_window: The number of keys a query sees (itself included), or ``None`` for all;
+            needs ``causal``.
         rotary: A :class:`RotaryEmbedding` over ``HeadDim``, or ``None``.
-        scale: Multiplies the query before the scores (default ``HeadDim.size ** -0.5``).
+        scale: Multiplies the scores (default ``HeadDim.size ** -0.5``).
         position: The name of the input's sequence axis.
         init_scale: Passed to every ``Linear``.
         dtype: The parameters' float dtype.
 
     Raises:
         AxisSizeError: if ``KVHeads.size`` does not divide ``Heads.size``.
-        LayerError: for an unknown ``qk_norm``, a ``sliding_window`` below 1, a ``rotary`` over
-            another axis, or ``KVHeads`` named like ``Heads``.
+        LayerError: for an unknown ``qk_norm``, a ``sliding_window`` below 1 or without
+            ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named like ``Heads``.
 
     Example:
         >>> import jax
@@ -209,6 +181,11 @@ class Attention(eqx.Module):
                 f"Attention sliding_window must be a positive number of keys or None, got "
                 f"{sliding_window!r}."
             )
+        if sliding_window is not None and not causal:
+            raise LayerError(
+                f"Attention sliding_window={sliding_window} is a causal window (a query sees the "
+                "keys at and before it); pass causal=True, or sliding_window=None."
+            )
         if rotary is not None and (
             not isinstance(rotary, RotaryEmbedding) or rotary.HeadDim != HeadDim
         ):
@@ -238,38 +215,29 @@ class Attention(eqx.Module):
         self.scale = scale
         self.position = position
 
-    def mask(
-        self, position: Axis, key_position: Axis, mask: NamedArray | None
-    ) -> NamedArray | None:
-        """The layer's mask: ``mask`` (if any) & causal (if ``causal``) & its sliding window."""
-        if self.causal:
-            causal = causal_mask(position, key_position)
-            mask = causal if mask is None else mask & causal
-        if self.sliding_window is not None:
-            window = sliding_window_mask(position, key_position, self.sliding_window)
-            mask = window if mask is None else mask & window
-        return mask
-
     def __call__(
         self,
         x: NamedArray,
         *,
         mask: NamedArray | None = None,
+        key_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
     ) -> NamedArray:
         """Attend over the ``position`` axis of ``x``; the output has ``x``'s axes.
 
         Args:
             x: ``(..., position, Embed)``.
-            mask: An extra boolean mask over the scores' axes, combined with the causal and
-                sliding-window masks; e.g. a padding mask ``(batch, key_position)`` that is
-                ``True`` at real tokens.
+            mask: A general boolean mask over the scores' axes (``True`` attends), combined with
+                the causal and sliding-window options. Only the XLA kernel takes it without
+                building it out; prefer ``key_mask`` for padding.
+            key_mask: Padding: boolean ``(batch..., key_position)``, ``True`` at real tokens, one
+                contiguous run of them per row (left or right padding); passed to the kernel.
             positions: Integer position ids for ``rotary``, with the ``position`` axis (e.g.
                 ``(batch, position)``); default ``0 .. n-1``.
 
         Raises:
-            AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``, or ``positions`` lacks
-                ``position``.
+            AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``, ``positions`` lacks
+                ``position``, or a mask has an axis it may not have.
             AxisSizeError: if ``positions``' ``position`` axis has another size than ``x``'s.
         """
         x = expect_axes(x, (self.Embed,), "Attention")
@@ -284,19 +252,18 @@ class Attention(eqx.Module):
             positions = expect_axes(positions, (pos,), "Attention", "positions")
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         k, v = rename(k, {pos.name: kpos.name}), rename(v, {pos.name: kpos.name})
-        kv_heads, groups = self.KVHeads, None
-        if kv_heads is not None:
-            groups = Axis("q_per_kv", self.Heads.size // kv_heads.size)
-            q = unflatten_axis(q, self.Heads.name, (kv_heads, groups))
         out = dot_product_attention(
             q,
             k,
             v,
             head_axis=self.HeadDim.name,
             key_position=kpos.name,
-            mask=self.mask(pos, kpos, mask),
+            position=pos.name,
+            heads=self.Heads.name,
+            mask=mask,
             scale=self.scale,
+            causal=self.causal,
+            sliding_window=self.sliding_window,
+            key_mask=key_mask,
         )
-        if kv_heads is not None and groups is not None:
-            out = flatten_axes(out, (kv_heads.name, groups.name), self.Heads.name)
         return place(self.o_proj(out))
