@@ -111,6 +111,28 @@ def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path, monkeypatch):
     assert calls and {(c.q.shape[2], c.k.shape[2]) for c in calls} == {(1, 1)}
 
 
+def test_mixed_precision_llama_matches_float32_reference():
+    """Parameters float32, compute bfloat16 (norms, softmax and RoPE tables in float32): logits
+    within 1e-2 of transformers' float32 ones; so are those of the model loaded in bfloat16."""
+    r, ids, mask = reference("llama")
+    model = models.from_hf(FIXTURES / "llama")
+
+    @eqx.filter_jit
+    def mixed(model, ids, mask):
+        with na.nn.precision("params=float32,compute=bfloat16"):
+            return model(ids), model(ids, attention_mask=mask)
+
+    plain, padded = mixed(model, ids, mask)
+    assert plain.dtype == jnp.bfloat16 and model.embed.weight.dtype == jnp.float32
+    real = r["attention_mask"] == 1
+    assert np.abs(np.asarray(plain.array, np.float32) - r["logits"]).max() < 1e-2
+    assert np.abs(np.asarray(padded.array, np.float32) - r["logits_padded"])[real].max() < 1e-2
+    plain, padded = logits(models.from_hf(FIXTURES / "llama", dtype=jnp.bfloat16), ids, mask)
+    assert plain.dtype == jnp.bfloat16
+    assert np.abs(np.asarray(plain.array, np.float32) - r["logits"]).max() < 1e-2
+    assert np.abs(np.asarray(padded.array, np.float32) - r["logits_padded"])[real].max() < 1e-2
+
+
 def test_rope_variant_loads_sharded(mesh_2x4):
     """One RoPE-scaling fixture (dynamic: its frequencies depend on the positions) sharded too; its
     2 heads do not divide model=4, so this mapping leaves them whole."""
