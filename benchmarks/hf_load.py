@@ -71,7 +71,7 @@ def load(folder: str, how: str) -> dict:
     import namedaxes as na
     from namedaxes import models
 
-    mesh = na.create_mesh((2, 4), ("data", "model"))
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"))
     jax.block_until_ready(jax.device_put(0.0))  # runtime up
     before = _rss_mb()
     start = time.perf_counter()

@@ -188,7 +188,7 @@ def main() -> None:
 
     for name, rules in LAYOUTS.items():
         t0 = time.perf_counter()
-        p = na.plan(state, mesh, na.AxisRules(rules, unsatisfied="replicate"))
+        p = na.analysis.plan(state, mesh, na.AxisRules(rules, unsatisfied="replicate"))
         ms = (time.perf_counter() - t0) * 1e3
         line = (
             f"{name:<14} params {p.param_count:,d}  state/device {p.state_bytes_per_device:,d} B "
@@ -196,7 +196,7 @@ def main() -> None:
         )
         if not opts.no_compile:
             t0 = time.perf_counter()
-            c = na.plan(
+            c = na.analysis.plan(
                 state, target, na.AxisRules(rules, unsatisfied="replicate"), step="plan:take_state"
             )
             arg = c.compiled["argument_bytes"] if c.compiled else None
@@ -205,7 +205,7 @@ def main() -> None:
         print(line, flush=True)
 
     t0 = time.perf_counter()
-    found = na.plan_search(state, mesh, budget=budget, top=3)
+    found = na.analysis.plan_search(state, mesh, budget=budget, top=3)
     elapsed = time.perf_counter() - t0
     best = found[0]
     print(
@@ -236,7 +236,9 @@ def train_step_check(small: bool) -> None:
         unsatisfied="replicate",
     )
     t0 = time.perf_counter()
-    p = na.plan(state, target, rules, step="plan:train_step", args=(state, tokens), budget="16GiB")
+    p = na.analysis.plan(
+        state, target, rules, step="plan:train_step", args=(state, tokens), budget="16GiB"
+    )
     print(p)
     print(f"train-step plan on {target} in {time.perf_counter() - t0:.1f} s")
 

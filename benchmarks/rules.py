@@ -72,22 +72,23 @@ def main() -> None:
     tree = build_tree(args.leaves)
     mapping = {"embed": "data", "mlp": "model", "heads": "model"}
     rules = {
-        "LogicalAxisRule": na.LogicalAxisRule(mapping, mesh, unsatisfied="replicate"),
-        "AutoShardingRule": na.AutoShardingRule(mesh),
-        "ShapeBasedShardingRule": na.ShapeBasedShardingRule(
+        "LogicalAxisRule": na.rules.LogicalAxisRule(mapping, mesh, unsatisfied="replicate"),
+        "AutoShardingRule": na.rules.AutoShardingRule(mesh),
+        "ShapeBasedShardingRule": na.rules.ShapeBasedShardingRule(
             [((None, 4096), P(None, "model")), ((4096, None), P("model"))], mesh=mesh
         ),
-        "PathRegexRule": na.PathRegexRule(
+        "PathRegexRule": na.rules.PathRegexRule(
             [(r"p[02468]$", P()), (r"p[13579]$", na.AxisRules({"embed": "data"}, "replicate"))],
             mesh=mesh,
         ),
-        "CompositeShardingRule": na.CompositeShardingRule(
-            na.LogicalAxisRule(mapping, mesh, unsatisfied="replicate"), na.AutoShardingRule(mesh)
+        "CompositeShardingRule": na.rules.CompositeShardingRule(
+            na.rules.LogicalAxisRule(mapping, mesh, unsatisfied="replicate"),
+            na.rules.AutoShardingRule(mesh),
         ),
-        "MemoryConstrainedShardingRule": na.MemoryConstrainedShardingRule(
+        "MemoryConstrainedShardingRule": na.rules.MemoryConstrainedShardingRule(
             64 * 1024, mesh, on_unfit="warn"
         ),
-        "MeshPartitionHelper": na.MeshPartitionHelper(mesh),
+        "MeshPartitionHelper": na.rules.MeshPartitionHelper(mesh),
     }
     print(
         f"{args.leaves} leaves, AbstractMesh(data={side}, model={args.devices // side}), "
@@ -98,12 +99,12 @@ def main() -> None:
     specs = None
     for name, rule in rules.items():
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", na.MemoryBudgetWarning)
+            warnings.simplefilter("ignore", na.rules.MemoryBudgetWarning)
             report(name, lambda: rule.apply(tree), args.repeat)
         if name == "AutoShardingRule":
             specs = rule.apply(tree)
 
-    analyzer = na.ShardingAnalyzer(mesh)
+    analyzer = na.analysis.ShardingAnalyzer(mesh)
     # A layout with uneven shards too (100 and 7 over 16 ways): the exact per-device path.
     uneven = jax.tree.map(
         lambda x: P(*(["model"] + [None] * (x.ndim - 1))), tree, is_leaf=na.is_named_array
@@ -119,7 +120,7 @@ def main() -> None:
         args.repeat,
     )
     relaxed = na.AxisRules(mapping, unsatisfied="replicate")
-    report("memory_report", lambda: na.memory_report(tree, relaxed, mesh), args.repeat)
+    report("memory_report", lambda: na.analysis.memory_report(tree, relaxed, mesh), args.repeat)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ so processes that share a disk may build it at the same time.
 ``position[:-1]``, targets ``position[1:]``). Row ``i`` of training step ``s`` starts at a
 position drawn from NumPy's generator seeded with ``(seed, 0, s, i)``, so a batch depends only on
 ``(seed, step)``: resuming at a step resumes the data. Every process draws only the rows its devices
-hold (``namedaxes.process_local_indices``) and the global array is assembled by name with
-``namedaxes.from_process_local``; one process or several see the same global batch. Held-out batch
+hold (``namedaxes.distributed.process_local_indices``) and the global array is assembled by name with
+``namedaxes.distributed.from_process_local``; one process or several see the same global batch. Held-out batch
 ``k`` of ``n`` takes windows spread evenly over the held-out tokens (no randomness): window
 ``r = k * batch + i`` of ``R = n * batch`` starts at ``r * (N - length) // (R - 1)``.
 """
@@ -568,7 +568,7 @@ def _windows(
     Only the rows (and positions) that this process's devices hold are read.
     """
     axes = {"batch": batch, "position": length}
-    local = na.process_local_indices(axes, mapping, mesh)
+    local = na.distributed.process_local_indices(axes, mapping, mesh)
     offsets = starts(local["batch"])[:, None] + local["position"][None, :]
     ids = np.asarray(tokens[offsets], dtype=np.int32)
-    return na.from_process_local(na.named(ids, ("batch", "position")), mapping, mesh)
+    return na.distributed.from_process_local(na.named(ids, ("batch", "position")), mapping, mesh)

@@ -63,13 +63,13 @@ def train_step(model: Mlp2, x: na.NamedArray, y: na.NamedArray, lr: float = 0.1)
 
 
 def main() -> None:
-    mesh = na.create_mesh((2, 4), ("data", "model"))
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"))
     print(f"mesh: {dict(mesh.shape)} on {mesh.devices.size} devices")
 
     with jax.set_mesh(mesh):
         # Plan before allocating: the same analysis works on eval_shape trees of any size.
         abstract = eqx.filter_eval_shape(Mlp2, jax.random.key(0))
-        print(na.memory_report(abstract, PARAMS, mesh))
+        print(na.analysis.memory_report(abstract, PARAMS, mesh))
 
         model = na.shard(Mlp2(jax.random.key(0)), PARAMS)
         kx, ky = jax.random.split(jax.random.key(1))

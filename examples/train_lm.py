@@ -170,7 +170,9 @@ def main() -> None:
     with jax.set_mesh(mesh):
         # Plan before allocating: the report works on the abstract model.
         abstract = eqx.filter_eval_shape(GPT, cfg, key=jax.random.key(0))
-        console.print(str(na.memory_report(abstract, PARAMS, mesh, top=6)), highlight=False)
+        console.print(
+            str(na.analysis.memory_report(abstract, PARAMS, mesh, top=6)), highlight=False
+        )
 
         # Initialise directly in the parameter layout (no device ever holds the whole model).
         init = na.named_jit(lambda key: GPT(cfg, key=key), out_axis_resources=PARAMS)

@@ -2,55 +2,74 @@
 
 Write models with named axes, say once how logical axes map to mesh axes, and let the library turn
 names into ``PartitionSpec``s.
+
+The core lives here (named arrays, axes, errors, the named ops, rules, ``resolve``, the mapping
+context, placement and ``named_jit``/``fsdp``, ``shard_map``); the rest lives in its subpackage and
+only there: ``namedaxes.nn``, ``namedaxes.random``, ``namedaxes.mesh``, ``namedaxes.distributed``,
+``namedaxes.rules``, ``namedaxes.analysis``, ``namedaxes.models``, ``namedaxes.checkpoint``.
+
+Layers, lowest first. A module imports only from its own layer or lower ones, at module top (a
+function-level import counts as an import); no module imports ``namedaxes`` itself, and the
+layers' own modules import one another without cycles (tests/test_layers.py checks all of it):
+
+1. ``_errors``: exception types and formatters; ``_caches``: the cache registry
+2. ``_axis``: ``Axis`` and pure axis algebra
+3. ``_mesh``, ``_spec``: mesh sizes, ``PartitionSpec`` entry arithmetic
+4. ``_logical``: the logical core: rules, ``resolve``, the mapping context (no arrays)
+5. ``_typing``: ``NamedArray["..."]`` annotations, ``check_axes``
+6. ``_array``: ``NamedArray`` (its methods reach the ops through ``_array.bind_ops``)
+7. ``_ops``, ``_samplers``, ``random``: the named ops and samplers
+8. ``_partitioning``: placement: the tree walk and the one plan, ``shard``, ``pspec_for``,
+   ``named_jit``/``fsdp``, ``shard_map``
+9. ``mesh``, ``rules``, ``distributed``
+10. ``analysis``
+11. ``nn``
+12. ``models``, ``checkpoint``
+13. ``__init__``, ``_cli``, ``__main__``, ``mypy_plugin``
 """
 
 __version__ = "0.1.0"
 
-# sharding rules and memory analysis
 from . import analysis as analysis
-
-# meshes and multiple hosts
 from . import distributed as distributed
 from . import mesh as mesh
-
-# neural-network layers
 from . import nn as nn
 from . import random as random
 from . import rules as rules
 from ._array import NamedArray as NamedArray
+
+# named arrays
 from ._array import is_named_array as is_named_array
 from ._array import named as named
+
+# axes
 from ._axis import Axis as Axis
 from ._axis import AxisSelector as AxisSelector
 from ._axis import AxisSpec as AxisSpec
-
-# axis-tuple helpers
 from ._axis import eliminate_axes as eliminate_axes
 from ._axis import replace_axis as replace_axis
 from ._axis import without_axes as without_axes
+
+# caches
 from ._caches import clear_caches as clear_caches
+
+# errors (every exception and warning type; checkpoint errors too, importable without the extra)
 from ._errors import AttentionKernelError as AttentionKernelError
 from ._errors import AxisError as AxisError
 from ._errors import AxisIndexError as AxisIndexError
 from ._errors import AxisNotFoundError as AxisNotFoundError
 from ._errors import AxisSizeError as AxisSizeError
 from ._errors import BarrierTimeoutError as BarrierTimeoutError
-
-# checkpoints (errors only: namedaxes.checkpoint itself needs the [checkpoint] extra)
 from ._errors import CheckpointAxisError as CheckpointAxisError
 from ._errors import CheckpointDtypeError as CheckpointDtypeError
 from ._errors import CheckpointError as CheckpointError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointStructureError as CheckpointStructureError
-
-# planning: plan, plan_search
 from ._errors import CompileTargetError as CompileTargetError
 from ._errors import DeviceOutOfMemoryError as DeviceOutOfMemoryError
 from ._errors import DistributedError as DistributedError
 from ._errors import DuplicateAxisError as DuplicateAxisError
 from ._errors import LayerError as LayerError
-
-# partitioning
 from ._errors import MappingTypeError as MappingTypeError
 from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError
 from ._errors import MeshError as MeshError
@@ -64,10 +83,17 @@ from ._errors import ShardingError as ShardingError
 from ._errors import ShardingWarning as ShardingWarning
 from ._errors import SpecMismatchError as SpecMismatchError
 from ._errors import UnmatchedMappingError as UnmatchedMappingError
+from ._logical._context import axis_mapping as axis_mapping
+from ._logical._context import current_axis_mapping as current_axis_mapping
+from ._logical._resolve import resolve as resolve
+
+# the logical core: rules, resolve, the mapping in force
+from ._logical._rules import AxisRules as AxisRules
+from ._logical._rules import ResourceMapping as ResourceMapping
 from ._ops.contract import dot as dot
 from ._ops.contract import einsum as einsum
 
-# named ops: creation, elementwise, reductions, contractions, random, typing
+# named ops
 from ._ops.creation import arange as arange
 from ._ops.creation import full as full
 from ._ops.creation import full_like as full_like
@@ -76,8 +102,6 @@ from ._ops.creation import ones as ones
 from ._ops.creation import ones_like as ones_like
 from ._ops.creation import zeros as zeros
 from ._ops.creation import zeros_like as zeros_like
-
-# named ops: dynamic slices
 from ._ops.dynamic import ds as ds
 from ._ops.dynamic import updated_slice as updated_slice
 from ._ops.elementwise import abs as abs
@@ -184,23 +208,17 @@ from ._ops.elementwise import tan as tan
 from ._ops.elementwise import tanh as tanh
 from ._ops.elementwise import true_divide as true_divide
 from ._ops.elementwise import trunc as trunc
-
-# named ops: shape, indexing, higher-order
 from ._ops.hof import fold as fold
 from ._ops.hof import scan as scan
 from ._ops.hof import vmap as vmap
-from ._ops.indexing import slice_axis as slice  # noqa: F401  (to be removed: shadows a builtin)
+from ._ops.indexing import slice_axis as slice_axis
 from ._ops.indexing import take as take
 from ._ops.join import concatenate as concatenate
 from ._ops.join import stack as stack
-
-# named ops: two-axis (matrix-shaped) ops
 from ._ops.linalg_like import diagonal as diagonal
 from ._ops.linalg_like import trace as trace
 from ._ops.linalg_like import tril as tril
 from ._ops.linalg_like import triu as triu
-
-# named ops: NaN-ignoring reductions
 from ._ops.nan_reductions import nanargmax as nanargmax
 from ._ops.nan_reductions import nanargmin as nanargmin
 from ._ops.nan_reductions import nancumprod as nancumprod
@@ -228,8 +246,6 @@ from ._ops.reductions import softmax as softmax
 from ._ops.reductions import std as std
 from ._ops.reductions import sum as sum
 from ._ops.reductions import var as var
-
-# named ops: sets, counts and static-size data-dependent ops
 from ._ops.sets import allclose as allclose
 from ._ops.sets import array_equal as array_equal
 from ._ops.sets import bincount as bincount
@@ -239,7 +255,7 @@ from ._ops.sets import unique_all as unique_all
 from ._ops.sets import unique_counts as unique_counts
 from ._ops.sets import unique_inverse as unique_inverse
 from ._ops.sets import unique_values as unique_values
-from ._ops.sets import where as where  # (condition, x, y) elementwise; (condition, size=) nonzero
+from ._ops.sets import where as where
 from ._ops.shape import broadcast_axis as broadcast_axis
 from ._ops.shape import broadcast_to as broadcast_to
 from ._ops.shape import flatten_axes as flatten_axes
@@ -248,37 +264,24 @@ from ._ops.shape import rename as rename
 from ._ops.shape import split as split
 from ._ops.shape import unbind as unbind
 from ._ops.shape import unflatten_axis as unflatten_axis
-
-# named ops: sorting
 from ._ops.sorting import argsort as argsort
 from ._ops.sorting import searchsorted as searchsorted
 from ._ops.sorting import sort as sort
 from ._ops.sorting import top_k as top_k
-
-# named ops: tiling (repeat, tile, roll, pad, ravel)
 from ._ops.tiling import pad as pad
 from ._ops.tiling import ravel as ravel
 from ._ops.tiling import repeat as repeat
 from ._ops.tiling import roll as roll
 from ._ops.tiling import tile as tile
-from ._partitioning import AxisRules as AxisRules
-from ._partitioning import ResourceMapping as ResourceMapping
-from ._partitioning import auto_sharded as auto_sharded
-from ._partitioning import axis_mapping as axis_mapping
-from ._partitioning import current_axis_mapping as current_axis_mapping
-from ._partitioning import field as field
-from ._partitioning import fsdp as fsdp
-from ._partitioning import infer_resource_partitions as infer_resource_partitions
-from ._partitioning import named_jit as named_jit
-from ._partitioning import physical_axis_name as physical_axis_name
-from ._partitioning import physical_axis_size as physical_axis_size
-from ._partitioning import pspec_for as pspec_for
-from ._partitioning import resolve as resolve
-from ._partitioning import round_axis_for_partitioning as round_axis_for_partitioning
-from ._partitioning import shard as shard
-from ._partitioning import sharding_for_axis as sharding_for_axis
 
-# shard_map by name and collectives by logical axis name
+# placement: field names, named_jit / fsdp, shard
+from ._partitioning._field import field as field
+from ._partitioning._jit import fsdp as fsdp
+from ._partitioning._jit import named_jit as named_jit
+from ._partitioning._shard import auto_sharded as auto_sharded
+from ._partitioning._shard import shard as shard
+
+# shard_map by name, collectives by logical axis name
 from ._partitioning._shard_map import all_gather as all_gather
 from ._partitioning._shard_map import axis_index as axis_index
 from ._partitioning._shard_map import pmax as pmax
@@ -289,42 +292,16 @@ from ._partitioning._shard_map import psum as psum
 from ._partitioning._shard_map import psum_scatter as psum_scatter
 from ._partitioning._shard_map import shard_count as shard_count
 from ._partitioning._shard_map import shard_map as shard_map
-from ._typing import check_axes as check_axes
-from .analysis import LeafUsage as LeafUsage
-from .analysis import MemoryReport as MemoryReport
-from .analysis import Plan as Plan
-from .analysis import PlanSearch as PlanSearch
-from .analysis import ShardingAnalyzer as ShardingAnalyzer
-from .analysis import SpecValidationWarning as SpecValidationWarning
-from .analysis import compiled_memory as compiled_memory
-from .analysis import create_monitored_function as create_monitored_function
-from .analysis import memory_report as memory_report
-from .analysis import plan as plan
-from .analysis import plan_search as plan_search
 
-# seeing placement: a table per tree, a device grid per array
-from .analysis import visualize_array as visualize_array
-from .analysis import visualize_sharding as visualize_sharding
-from .distributed import barrier_sync as barrier_sync
-from .distributed import from_process_local as from_process_local
-from .distributed import is_multiprocess as is_multiprocess
-from .distributed import process_allgather as process_allgather
-from .distributed import process_local_indices as process_local_indices
-from .mesh import HybridMeshShape as HybridMeshShape
-from .mesh import MeshConfig as MeshConfig
-from .mesh import calculate_host_mesh_shape as calculate_host_mesh_shape
-from .mesh import cpu_context as cpu_context
-from .mesh import create_cpu_mesh as create_cpu_mesh
-from .mesh import create_mesh as create_mesh
-from .mesh import force_cpu as force_cpu
-from .mesh import parse_mesh_from_string as parse_mesh_from_string
-from .mesh import parse_mesh_shape as parse_mesh_shape
-from .rules import AutoShardingRule as AutoShardingRule
-from .rules import CompositeShardingRule as CompositeShardingRule
-from .rules import LogicalAxisRule as LogicalAxisRule
-from .rules import MemoryBudgetWarning as MemoryBudgetWarning
-from .rules import MemoryConstrainedShardingRule as MemoryConstrainedShardingRule
-from .rules import MeshPartitionHelper as MeshPartitionHelper
-from .rules import PathRegexRule as PathRegexRule
-from .rules import ShapeBasedShardingRule as ShapeBasedShardingRule
-from .rules import ShardingRule as ShardingRule
+# specs without placing
+from ._partitioning._specs import infer_resource_partitions as infer_resource_partitions
+from ._partitioning._specs import physical_axis_name as physical_axis_name
+from ._partitioning._specs import physical_axis_size as physical_axis_size
+from ._partitioning._specs import pspec_for as pspec_for
+from ._partitioning._specs import round_axis_for_partitioning as round_axis_for_partitioning
+from ._partitioning._specs import sharding_for_axis as sharding_for_axis
+
+# annotations
+from ._typing import check_axes as check_axes
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -2,18 +2,17 @@
 
 Its operators and methods (``x + y``, ``x.sum("embed")``, ``x["batch", 0]``, ``x.rename(...)``) are
 declared here, so static type checkers see them, and delegate to the named ops in ``_ops``. The op
-modules import this one, so at run time the methods reach them through :class:`_OpModule`
-stand-ins that import the module on first use and keep each function they hand out: a delegation
-then costs one global and one attribute read. Type checkers see the real modules.
+modules sit above this one (they import it), so this module never imports them: ``namedaxes._ops``
+hands its op modules over with :func:`bind_ops` when it is imported (``import namedaxes`` imports
+it), and a delegation then costs one global and one attribute read.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
+from typing import Any, NoReturn, Protocol, TypeAlias, cast
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +22,9 @@ from jax.typing import DTypeLike
 
 from ._axis import Axis, AxisSelector, AxisSpec, axis_name, check_unique, find_axis, index_of
 from ._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
+from ._typing import annotation_class
 
-__all__ = ["AxisSelection", "NamedArray", "Scalar", "is_named_array", "named"]
+__all__ = ["AxisSelection", "NamedArray", "Scalar", "bind_ops", "is_named_array", "named"]
 
 _ARRAY_KEY = GetAttrKey("array")
 
@@ -36,30 +36,52 @@ Scalar: TypeAlias = bool | int | float | complex | np.generic | np.ndarray | jax
 _SCALAR_TYPES = (bool, int, float, complex, np.generic)
 
 
-class _OpModule:
-    """Stands in for an op module that imports this one: imports it on first use and keeps each
-    attribute it hands out, so later reads are plain instance-dict hits."""
+class _Unbound:
+    """Stands for an op module until ``bind_ops`` has run."""
 
-    def __init__(self, module_name: str) -> None:
-        self._module_name = module_name
+    def __init__(self, module: str) -> None:
+        self._module = module
 
-    def __getattr__(self, name: str) -> Any:  # only called for names not kept yet
-        value = getattr(importlib.import_module(self._module_name), name)
-        setattr(self, name, value)
-        return value
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(
+            f"NamedArray's methods need namedaxes._ops.{self._module}, which has not been imported "
+            "yet. Import namedaxes (it imports the named ops) before using NamedArray."
+        )
 
 
-if TYPE_CHECKING:
-    from ._ops import elementwise as _elementwise
-    from ._ops import indexing as _indexing
-    from ._ops import reductions as _reductions
-    from ._ops import shape as _shape
-    from ._ops.indexing import AtIndexer
-else:
-    _elementwise = _OpModule("namedaxes._ops.elementwise")
-    _indexing = _OpModule("namedaxes._ops.indexing")
-    _reductions = _OpModule("namedaxes._ops.reductions")
-    _shape = _OpModule("namedaxes._ops.shape")
+# The op modules behind the operators and methods, handed over by namedaxes._ops (bind_ops).
+_elementwise: Any = _Unbound("elementwise")
+_indexing: Any = _Unbound("indexing")
+_reductions: Any = _Unbound("reductions")
+_shape: Any = _Unbound("shape")
+
+
+def bind_ops(*, elementwise: Any, indexing: Any, reductions: Any, shape: Any) -> None:
+    """Give NamedArray's operators and methods the named op modules (``namedaxes._ops`` calls
+    this once, when it is imported)."""
+    global _elementwise, _indexing, _reductions, _shape
+    _elementwise, _indexing, _reductions, _shape = elementwise, indexing, reductions, shape
+
+
+class AtUpdates(Protocol):
+    """What ``x.at[key]`` gives: functional updates of the selected region (implemented by the
+    named indexing ops)."""
+
+    def get(self, **kwargs: Any) -> NamedArray: ...
+    def set(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def add(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def multiply(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def mul(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def divide(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def power(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def min(self, values: Any, **kwargs: Any) -> NamedArray: ...
+    def max(self, values: Any, **kwargs: Any) -> NamedArray: ...
+
+
+class AtIndexer(Protocol):
+    """``x.at``: index it by name (``x.at["seq", 0]``) for :class:`AtUpdates`."""
+
+    def __getitem__(self, key: Any) -> AtUpdates: ...
 
 
 def _is_operand(x: Any) -> bool:
@@ -318,8 +340,6 @@ class NamedArray:
     @classmethod
     def __class_getitem__(cls, item: str | tuple[str, DTypeLike]) -> type[NamedArray]:
         """``NamedArray["batch embed"]`` (or ``["batch embed", dtype]``): an annotation class."""
-        from ._typing import annotation_class
-
         return cast("type[NamedArray]", annotation_class(cls, item))
 
     # -- operators: named elementwise ops, broadcasting by name ----------------------------

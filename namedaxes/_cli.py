@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._errors import NamedAxesError, PlanError
-from ._partitioning import AxisRules
+from ._logical._rules import AxisRules
 from .analysis import plan, plan_search
 from .analysis._compile_target import import_object, parse_axis_sizes
 

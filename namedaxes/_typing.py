@@ -9,6 +9,9 @@ categories work: ``NamedArray["batch embed", jnp.floating]``. Because the check 
 
 Static checkers see ``NamedArray["..."]`` as ``NamedArray``: pyright accepts the subscript because
 ``NamedArray`` declares ``__class_getitem__``; mypy needs the ``namedaxes.mypy_plugin`` plugin.
+
+This module sits below ``_array``: ``NamedArray.__class_getitem__`` passes the class in, and the
+annotation classes keep it as their base.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any, TypeVar
 import jax.numpy as jnp
 import numpy as np
 
-from ._array import NamedArray
 from ._errors import AxisSizeError, NamedTypeError, format_axes, format_names
 
 __all__ = ["annotation_class", "check_axes", "parse_axes"]
@@ -34,6 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _AxesMeta(type):
     """Metaclass of the annotation classes: ``isinstance`` checks axis names (and dtype)."""
 
+    _base: type  # NamedArray
     _names: frozenset[str]
     _extra_ok: bool
     _dtype: Any
@@ -53,7 +56,7 @@ def _dtype_name(dtype: Any) -> str:
 
 def _mismatch(ann: _AxesMeta, x: Any) -> str | None:
     """Why ``x`` does not match ``ann``, or ``None`` when it does."""
-    if not isinstance(x, NamedArray):
+    if not isinstance(x, ann._base):
         return "not a NamedArray (name its axes with named(x, (...)))"
     have = set(x.axis_names)
     problems = []
@@ -97,7 +100,7 @@ def parse_axes(spec: str) -> tuple[tuple[str, ...], bool]:
 
 
 @functools.cache
-def _annotation(spec: str, dtype: Any) -> _AxesMeta:
+def _annotation(base: type, spec: str, dtype: Any) -> _AxesMeta:
     names, extra_ok = parse_axes(spec)
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -109,12 +112,13 @@ def _annotation(spec: str, dtype: Any) -> _AxesMeta:
         "__slots__": (),
         "__new__": __new__,
         "__module__": "namedaxes",
+        "_base": base,
         "_names": frozenset(names),
         "_extra_ok": extra_ok,
         "_dtype": dtype,
         "_spec": spec,
     }
-    return _AxesMeta(f"NamedArray[{spec!r}]", (NamedArray,), namespace)
+    return _AxesMeta(f"NamedArray[{spec!r}]", (base,), namespace)
 
 
 def annotation_class(cls: type, item: Any) -> _AxesMeta:
@@ -127,7 +131,7 @@ def annotation_class(cls: type, item: Any) -> _AxesMeta:
         >>> ann, isinstance(na.named(jnp.ones((2, 3)), ("embed", "batch")), ann)
         (NamedArray['batch embed', floating], True)
     """
-    if cls is not NamedArray:
+    if isinstance(cls, _AxesMeta):
         raise NamedTypeError(f"{cls!r} already names its axes; subscript NamedArray itself.")
     spec, dtype = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
     if not isinstance(spec, str):
@@ -143,7 +147,7 @@ def annotation_class(cls: type, item: Any) -> _AxesMeta:
                 f"NamedArray[{spec!r}, {dtype!r}]: {dtype!r} is not a dtype or dtype category "
                 "(e.g. jnp.float32, jnp.floating, jnp.integer)."
             ) from None
-    return _annotation(" ".join(spec.replace(",", " ").split()), dtype)
+    return _annotation(cls, " ".join(spec.replace(",", " ").split()), dtype)
 
 
 def _ours(ann: Any) -> list[_AxesMeta]:
@@ -164,8 +168,8 @@ def _matches(member: Any, value: Any) -> bool:
         return True
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, NamedArray):
+def _describe(value: Any, base: type) -> str:
+    if isinstance(value, base):
         return f"NamedArray({format_axes(value.axes)})"
     shape = getattr(value, "shape", None)
     return type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")
@@ -180,7 +184,7 @@ def _verify(
     members = typing.get_args(ann) if not isinstance(ann, _AxesMeta) else (ann,)
     matched = next((m for m in members if _matches(m, value)), None)
     if matched is None:
-        got = _describe(value)
+        got = _describe(value, ours[0]._base)
         reasons = "; or ".join(f"{a!r}: {_mismatch(a, value)}" for a in ours)
         raise NamedTypeError(f"{fn_name}() {what} is {got}, which does not match {reasons}.")
     if isinstance(matched, _AxesMeta):

@@ -28,9 +28,10 @@ from ._errors import (
     ShardingError,
     format_mesh,
 )
+from ._logical._context import rules_in_force
+from ._logical._resolve import resolve
+from ._logical._rules import AxisRules, ResourceMapping
 from ._mesh import require_mesh
-from ._partitioning import AxisRules, ResourceMapping, resolve
-from ._partitioning._context import rules_in_force
 
 __all__ = [
     "barrier_sync",

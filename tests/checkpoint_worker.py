@@ -42,16 +42,16 @@ def check(out: dict, directory: str, mode: str) -> None:
     from namedaxes.checkpoint import restore, save
 
     pid = jax.process_index()
-    saved_on = na.create_mesh((2, 4), ("data", "model"), axis_types=mode)
+    saved_on = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=mode)
     rows = slice(pid * 4, (pid + 1) * 4)
     local = na.named(global_data()[rows], ("batch", "embed"))
-    x = na.from_process_local(local, {"batch": "data", "embed": "model"}, saved_on)
+    x = na.distributed.from_process_local(local, {"batch": "data", "embed": "model"}, saved_on)
     opt_state = optax.adam(0.1).init({"w": x})
     opt_state = (opt_state[0]._replace(count=opt_state[0].count + 1),) + tuple(opt_state[1:])
     tree = {"params": {"w": x}, "opt": opt_state}
     save(os.path.join(directory, mode), tree)
 
-    mesh = na.create_mesh((4, 2), ("data", "model"), axis_types=mode)
+    mesh = na.mesh.create_mesh((4, 2), ("data", "model"), axis_types=mode)
     like = eqx.filter_eval_shape(lambda: tree)
     with jax.set_mesh(mesh), na.axis_mapping({"embed": "data"}):
         out_tree = restore(os.path.join(directory, mode), like)
@@ -73,10 +73,10 @@ def check_manager(out: dict, directory: str) -> None:
     import namedaxes as na
     from namedaxes.checkpoint import CheckpointManager
 
-    mesh = na.create_mesh((2, 4), ("data", "model"))
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"))
     pid = jax.process_index()
     local = na.named(global_data()[pid * 4 : (pid + 1) * 4], ("batch", "embed"))
-    x = na.from_process_local(local, {"batch": "data"}, mesh)
+    x = na.distributed.from_process_local(local, {"batch": "data"}, mesh)
     with CheckpointManager(os.path.join(directory, "run"), max_to_keep=1) as mgr:
         mgr.save(0, {"x": x})
         mgr.save(1, {"x": x * 2})

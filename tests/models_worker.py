@@ -67,7 +67,10 @@ def check(out: dict, directory: str) -> None:
         plain, padded = na.named_jit(lambda m, i, k: (m(i), m(i, attention_mask=k)))(
             model, ids, mask
         )
-        plain, padded = na.process_allgather(plain), na.process_allgather(padded)
+        plain, padded = (
+            na.distributed.process_allgather(plain),
+            na.distributed.process_allgather(padded),
+        )
     real = r["attention_mask"] == 1
     out["max_diff"] = float(np.abs(np.asarray(plain.array) - r["logits"]).max())
     out["max_diff_padded"] = float(
@@ -86,7 +89,7 @@ def check(out: dict, directory: str) -> None:
     models.save_hf(model, directory, max_shard_size="100KB")
     _hf.write_safetensors = write
     out["wrote"] = wrote
-    na.barrier_sync(60, name="saved")
+    na.distributed.barrier_sync(60, name="saved")
     from safetensors.numpy import load_file
 
     saved = {k: v for f in Path(directory).glob("*.safetensors") for k, v in load_file(f).items()}

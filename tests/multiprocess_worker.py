@@ -43,20 +43,20 @@ def grid(mesh: jax.sharding.Mesh, attr: str) -> list:
 def check_meshes(out: dict) -> None:
     import namedaxes as na
 
-    mesh = na.create_mesh((2, 4), ("data", "model"))
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"))
     out["mesh_2x4_processes"] = grid(mesh, "process_index")
-    default = na.create_mesh()  # all 8 devices on fsdp, split across the 2 processes
+    default = na.mesh.create_mesh()  # all 8 devices on fsdp, split across the 2 processes
     out["mesh_default_shape"] = dict(default.shape)
     out["mesh_default_processes"] = np.asarray(grid(default, "process_index")).ravel().tolist()
-    out["host_mesh_shape"] = list(na.calculate_host_mesh_shape((2, 4)))
+    out["host_mesh_shape"] = list(na.mesh.calculate_host_mesh_shape((2, 4)))
 
 
 def check_arrays(out: dict, axis_type: str) -> None:
     import namedaxes as na
 
-    mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
     mapping = {"batch": "data", "embed": "model"}
-    indices = na.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)
+    indices = na.distributed.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)
     local = na.named(np.asarray(global_data()[indices["batch"]]), ("batch", "embed"))
 
     @na.named_jit
@@ -66,11 +66,11 @@ def check_arrays(out: dict, axis_type: str) -> None:
         return na.sum(x, "batch"), na.sum(na.square(x))
 
     with jax.set_mesh(mesh), na.axis_mapping(mapping):
-        x = na.from_process_local(local)
+        x = na.distributed.from_process_local(local)
         col_sum, sq_sum = reduce(x)
-    gathered = na.process_allgather(x)
+    gathered = na.distributed.process_allgather(x)
     try:
-        na.from_process_local(x, {"batch": "data"}, mesh)
+        na.distributed.from_process_local(x, {"batch": "data"}, mesh)
         global_input_error = None
     except na.ShardingError as e:
         global_input_error = str(e)
@@ -82,8 +82,8 @@ def check_arrays(out: dict, axis_type: str) -> None:
         "fully_addressable": x.array.is_fully_addressable,
         "col_sum_axes": list(col_sum.axis_names),
         "col_sum_spec": [str(e) for e in col_sum.sharding.spec],
-        "col_sum": np.asarray(na.process_allgather(col_sum).array).tolist(),
-        "sq_sum": float(np.asarray(na.process_allgather(sq_sum).array)),
+        "col_sum": np.asarray(na.distributed.process_allgather(col_sum).array).tolist(),
+        "sq_sum": float(np.asarray(na.distributed.process_allgather(sq_sum).array)),
         "gathered": np.asarray(gathered.array).tolist(),
         "gathered_fully_addressable": gathered.array.is_fully_addressable,
         "global_input_error": global_input_error,
@@ -97,12 +97,14 @@ def check_interleaved_rows(out: dict) -> None:
     devices = sorted(jax.devices(), key=lambda d: (d.id % 4, d.process_index))
     mesh = jax.sharding.Mesh(np.array(devices), ("data",))
     mapping = {"batch": "data"}
-    rows = na.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)["batch"]
-    x = na.from_process_local(na.named(global_data()[rows], ("batch", "embed")), mapping, mesh)
+    rows = na.distributed.process_local_indices({"batch": 8, "embed": 8}, mapping, mesh)["batch"]
+    x = na.distributed.from_process_local(
+        na.named(global_data()[rows], ("batch", "embed")), mapping, mesh
+    )
     out["interleaved"] = {
         "mesh_processes": grid(mesh, "process_index"),
         "rows": rows.tolist(),
-        "gathered": np.asarray(na.process_allgather(x).array).tolist(),
+        "gathered": np.asarray(na.distributed.process_allgather(x).array).tolist(),
     }
 
 
@@ -110,12 +112,12 @@ def check_barriers(out: dict) -> None:
     import namedaxes as na
 
     t = time.monotonic()
-    na.barrier_sync(timeout=30)
+    na.distributed.barrier_sync(timeout=30)
     out["barrier_ok_seconds"] = time.monotonic() - t
     if jax.process_index() == 0:
         t = time.monotonic()
         try:
-            na.barrier_sync(timeout=BARRIER_TIMEOUT)
+            na.distributed.barrier_sync(timeout=BARRIER_TIMEOUT)
             out["timeout_error"] = None
         except na.BarrierTimeoutError as e:
             out["timeout_error"] = {
@@ -125,7 +127,7 @@ def check_barriers(out: dict) -> None:
             }
         out["timeout_seconds"] = time.monotonic() - t
     # process 1 never calls that barrier; both meet again here before exiting
-    na.barrier_sync(timeout=30, name="worker-done")
+    na.distributed.barrier_sync(timeout=30, name="worker-done")
     out["rejoined"] = True
 
 
@@ -143,7 +145,7 @@ def main() -> None:
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
         "device_count": jax.device_count(),
-        "is_multiprocess": na.is_multiprocess(),
+        "is_multiprocess": na.distributed.is_multiprocess(),
     }
     try:
         check_meshes(out)

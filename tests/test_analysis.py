@@ -13,12 +13,9 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-from namedaxes import (
-    MemoryAnalysisUnavailableError,
-    MeshError,
+from namedaxes import MemoryAnalysisUnavailableError, MeshError, ShardingError, SpecMismatchError
+from namedaxes.analysis import (
     ShardingAnalyzer,
-    ShardingError,
-    SpecMismatchError,
     SpecValidationWarning,
     compiled_memory,
     create_monitored_function,
@@ -257,7 +254,7 @@ def test_estimate_equals_xla_argument_size(mesh):
         "scalar": sds(),
     }
 
-    class Fixed(na.ShardingRule):
+    class Fixed(na.rules.ShardingRule):
         def apply(self, tree):
             return specs
 
@@ -413,7 +410,7 @@ def test_monitored_function_warns_and_still_runs():
 
 def test_named_shardings_are_accepted_as_specs(mesh_2x4):
     tree = {"w": sds(16, 8), "b": sds(8)}
-    rule = na.AutoShardingRule(mesh_2x4)
+    rule = na.rules.AutoShardingRule(mesh_2x4)
     by_sharding = ShardingAnalyzer(mesh_2x4).estimate_memory_usage(tree, rule.to_shardings(tree))
     by_spec = ShardingAnalyzer(mesh_2x4).estimate_memory_usage(tree, rule.apply(tree))
     assert by_sharding == by_spec

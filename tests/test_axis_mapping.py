@@ -234,7 +234,7 @@ def test_decorator_on_generator_and_async_functions():
 def test_no_cpython_private_internals():
     import inspect as _inspect
 
-    import namedaxes._partitioning._context as ctx
+    import namedaxes._logical._context as ctx
 
     source = _inspect.getsource(ctx)
     assert "sys._getframe" not in source and "contextlib._" not in source

@@ -66,7 +66,7 @@ def test_indexing_errors(x):
         x["seq", 3]
     with pytest.raises(
         NamedTypeError,
-        match=r"Slice slice\(.*\) for axis 'seq' must have static integer bounds.*namedaxes.slice\(x, 'seq', start, length\)",
+        match=r"Slice slice\(.*\) for axis 'seq' must have static integer bounds.*namedaxes.slice_axis\(x, 'seq', start, length\)",
     ):
         jax.jit(lambda x, i: x["seq", i : i + 2])(x, 0)
     with pytest.raises(
@@ -319,11 +319,11 @@ def test_take_errors(x):
 
 def test_slice_matches_dynamic_slice(x):
     same(
-        na.slice(x, "embed", 1, 2),
+        na.slice_axis(x, "embed", 1, 2),
         jax.lax.dynamic_slice_in_dim(A, 1, 2, axis=2),
         ("batch", "seq", "embed"),
     )
-    f = jax.jit(lambda x, s: na.slice(x, "seq", s, 2))
+    f = jax.jit(lambda x, s: na.slice_axis(x, "seq", s, 2))
     for s in (0, 1):
         out = f(x, s)
         same(out, jax.lax.dynamic_slice(A, (0, s, 0), (2, 2, 4)), ("batch", "seq", "embed"))
@@ -333,7 +333,7 @@ def test_slice_matches_dynamic_slice(x):
 
 
 def test_slice_grad(x):
-    g = jax.grad(lambda a, s: na.slice(named(a, x.axes), "seq", s, 2).array.sum())(A, 1)
+    g = jax.grad(lambda a, s: na.slice_axis(named(a, x.axes), "seq", s, 2).array.sum())(A, 1)
     np.testing.assert_array_equal(g, jnp.zeros_like(A).at[:, 1:3].set(1.0))
 
 
@@ -342,15 +342,15 @@ def test_slice_errors(x):
         AxisSizeError,
         match=r"slice\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1",
     ):
-        na.slice(x, "seq", 2, 2)
+        na.slice_axis(x, "seq", 2, 2)
     with pytest.raises(AxisSizeError, match=r"length 5 does not fit axis 'embed' of size 4"):
-        jax.jit(lambda s: na.slice(x, "embed", s, 5))(0)
+        jax.jit(lambda s: na.slice_axis(x, "embed", s, 5))(0)
     with pytest.raises(AxisSizeError, match="start -1 with length 1 runs outside"):
-        na.slice(x, "seq", -1, 1)
+        na.slice_axis(x, "seq", -1, 1)
     with pytest.raises(NamedTypeError, match="length must be a static int"):
-        jax.jit(lambda n: na.slice(x, "seq", 0, n))(2)
+        jax.jit(lambda n: na.slice_axis(x, "seq", 0, n))(2)
     with pytest.raises(AxisNotFoundError, match="Axis 'time' not found"):
-        na.slice(x, "time", 0, 1)
+        na.slice_axis(x, "time", 0, 1)
 
 
 # -- .at[...] ---------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def test_indexing_on_sharded_arrays(mesh_2x4):
             "slice_sharded": x["embed", 0:2],
             "pointwise": x["seq", ids],
             "lookup": na.take(x, "batch", tok),
-            "dyn": na.slice(x, "embed", start, 2),
+            "dyn": na.slice_axis(x, "embed", start, 2),
             "set": x.at["batch", 1].set(named(jnp.ones(4), ("seq",))),
             "add_gather": x.at["seq", ids].add(1.0),
         }

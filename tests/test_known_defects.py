@@ -51,19 +51,19 @@ def test_rules_and_analyzer_work_with_the_context_mesh(axis_type):
     specs = {"w": P("data", "model"), "b": P(), "x": P("data")}
     with jax.set_mesh(mesh):
         # 8 takes model=4, then 6 takes data=2; the named leaf is treated by its shape too.
-        assert na.AutoShardingRule().apply(tree) == {
+        assert na.rules.AutoShardingRule().apply(tree) == {
             "w": P("data", "model"),
             "b": P("model"),
             "x": P("model", "data"),
         }
-        assert na.MemoryConstrainedShardingRule(64).apply(tree) == {
+        assert na.rules.MemoryConstrainedShardingRule(64).apply(tree) == {
             "w": P(None, "model"),  # 192 B -> 48 B: model=4 on the 8 is enough
             "b": P(None),  # 32 B already fits
             "x": P("model", None),  # 128 B -> 32 B
         }
-        usage = na.ShardingAnalyzer().estimate_memory_usage(tree, specs)
-        report = na.memory_report(tree, {"batch": "data"})
-        placed = na.AutoShardingRule().shard({"w": jnp.ones((6, 8))})
+        usage = na.analysis.ShardingAnalyzer().estimate_memory_usage(tree, specs)
+        report = na.analysis.memory_report(tree, {"batch": "data"})
+        placed = na.rules.AutoShardingRule().shard({"w": jnp.ones((6, 8))})
     assert usage["size_per_device"] == 6 * 8 * 4 // 8 + 8 * 4 + 8 * 4 * 4 // 2 == 120
     assert usage["per_device"] == [120] * 8
     assert report.bytes_per_device == 120 - 6 * 8 * 4 // 8 + 6 * 8 * 4  # plain "w" replicated
@@ -88,7 +88,7 @@ def test_estimate_memory_counts_replicated_in_full_and_divides_once(axis_type):
         "part": P("model"),
         "x": P("data"),
     }
-    usage = na.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)
+    usage = na.analysis.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)
     hand = 512 + 2048 // 8 + 512 // 8 + 128 // 4 + 64 // 2
     assert usage["size_per_device"] == hand == 896
     assert usage["per_device"] == [hand] * 8
@@ -277,16 +277,16 @@ def test_memory_rule_axis_names_restricts_and_checks_mesh_axes():
     mesh = {"data": 2, "model": 4}
     tree = {"w": sds(8, 6)}  # 192 B
     # Only 'data' may be used: 96 B per device is the best, so a 100 B budget fits with data alone.
-    rule = na.MemoryConstrainedShardingRule(100, mesh, axis_names=["data"])
+    rule = na.rules.MemoryConstrainedShardingRule(100, mesh, axis_names=["data"])
     assert rule.apply(tree) == {"w": P("data", None)}
     with pytest.raises(na.ShardingError, match=r"still leaves 96 bytes .* over the budget of 50"):
-        na.MemoryConstrainedShardingRule(50, mesh, axis_names=["data"]).apply(tree)
+        na.rules.MemoryConstrainedShardingRule(50, mesh, axis_names=["data"]).apply(tree)
     with pytest.raises(
         na.ShardingError,
         match=r"MemoryConstrainedShardingRule was given axis_names 'dta', which the mesh "
         r"Mesh\(data=2, model=4\) lacks\. Available mesh axes: 'data', 'model'",
     ):
-        na.MemoryConstrainedShardingRule(100, mesh, axis_names=["dta"]).apply(tree)
+        na.rules.MemoryConstrainedShardingRule(100, mesh, axis_names=["dta"]).apply(tree)
 
 
 def test_pspec_for_plain_array_without_a_spec_is_none():
@@ -312,6 +312,6 @@ def test_named_jit_out_axis_resources_without_a_mesh_is_an_error():
 def test_logical_rule_typo_in_mapping_is_an_error_without_named_leaves():
     """Issue 3/5: "Every mesh axis named anywhere in the rules must exist in the mesh, else a
     `ShardingError`" / bad input: "rules that name mesh axes the mesh lacks"."""
-    rule = na.LogicalAxisRule({"batch": "dta"}, {"data": 2, "model": 4})
+    rule = na.rules.LogicalAxisRule({"batch": "dta"}, {"data": 2, "model": 4})
     with pytest.raises(na.ShardingError, match=r"mesh axis 'dta'"):
         rule.apply({"w": sds(8)})

@@ -110,10 +110,10 @@ def test_create_mesh_is_usable_for_sharding(axis_type):
 
 
 def test_top_level_exports():
-    assert na.create_mesh is create_mesh
     assert na.mesh.create_mesh is create_mesh
-    assert na.parse_mesh_from_string is parse_mesh_from_string
-    assert na.MeshConfig is na.mesh.MeshConfig
+    assert na.mesh.create_mesh is create_mesh
+    assert na.mesh.parse_mesh_from_string is parse_mesh_from_string
+    assert na.mesh.MeshConfig is na.mesh.MeshConfig
 
 
 # -- stand-in multi-host layouts, through create_mesh -------------------------------------------
@@ -154,10 +154,10 @@ def test_a_256_device_two_slice_mesh_of_stand_ins_plans_like_a_real_one():
     assert g[:, 0].tolist() == [0] * 8 + [1] * 8  # only 'data' crosses the slow network
     assert mesh.abstract_mesh.abstract_device.device_kind == "TPU v5 lite"
     tree = {"w": jax.ShapeDtypeStruct((1024, 1024), "float32")}
-    specs = na.AutoShardingRule(mesh).apply(tree)
+    specs = na.rules.AutoShardingRule(mesh).apply(tree)
     assert specs == {"w": P("data", "model")}
     assert (
-        na.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)["size_per_device"]
+        na.analysis.ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)["size_per_device"]
         == 1024 * 1024 * 4 // 256
     )
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from namedaxes import HybridMeshShape, MeshConfig, MeshError, NamedTypeError
+from namedaxes import MeshError, NamedTypeError
+from namedaxes.mesh import HybridMeshShape, MeshConfig
 
 
 @dataclass(frozen=True)

@@ -81,11 +81,11 @@ def test_entry_points_agree_leaf_by_leaf(mesh_2x4, kind):
     # which are not arrays; pspec_for gives them P() so the result is a jit sharding prefix).
     nodes = jax.tree_util.tree_leaves(tree, is_leaf=lambda n: isinstance(n, na.NamedArray))
     array_specs = [s for n, s in zip(nodes, spec_leaves) if not isinstance(n, (int, float))]
-    rule_specs = na.LogicalAxisRule(RULES, mesh).apply(tree)
+    rule_specs = na.rules.LogicalAxisRule(RULES, mesh).apply(tree)
     assert jax.tree_util.tree_leaves(rule_specs) == array_specs
 
     # memory_report: every leaf listed with the same spec.
-    report = na.memory_report(tree, RULES, mesh, top=100)
+    report = na.analysis.memory_report(tree, RULES, mesh, top=100)
     listed = {row["path"]: row["spec"] for row in report.largest}
     flat_rule = jax.tree_util.tree_flatten_with_path(
         rule_specs, is_leaf=lambda s: isinstance(s, P)
@@ -132,7 +132,7 @@ def test_transpose_does_not_change_placement(mesh_2x4):
 def test_field_declared_leaf_counts_as_sharded_in_memory_report():
     """Issue 8: memory_report listed a field-declared (embed, mlp) array as replicated."""
     block = Block(jnp.ones((8, 16)), na.named(jnp.zeros(16), "mlp"))
-    report = na.memory_report(block, {"mlp": "model"}, {"data": 2, "model": 4}, top=5)
+    report = na.analysis.memory_report(block, {"mlp": "model"}, {"data": 2, "model": 4}, top=5)
     row = next(r for r in report.largest if r["path"] == "w")
     assert row["spec"] == str(P(None, "model")) and row["bytes_per_device"] == 8 * 16 * 4 // 4
     assert "w" not in report.replicated_leaves
@@ -143,8 +143,8 @@ def test_no_mapping_is_an_error_for_every_planner():
     mesh = {"data": 2}
     for call, name in [
         (lambda: na.pspec_for(tree, mesh=mesh), "pspec_for"),
-        (lambda: na.memory_report(tree, None, mesh), "memory_report"),
-        (lambda: na.LogicalAxisRule(None, mesh).apply(tree), r"LogicalAxisRule\.apply"),
+        (lambda: na.analysis.memory_report(tree, None, mesh), "memory_report"),
+        (lambda: na.rules.LogicalAxisRule(None, mesh).apply(tree), r"LogicalAxisRule\.apply"),
     ]:
         with pytest.raises(
             na.ShardingError, match=rf"{name}\(\) got no mapping and no axis_mapping is in force"
@@ -156,9 +156,9 @@ def test_rule_objects_validate_on_construction():
     with pytest.raises(
         na.ShardingError, match=r"unsatisfied must be one of 'error', 'replicate', got 'bogus'"
     ):
-        na.LogicalAxisRule({"batch": "data"}, unsatisfied="bogus")
+        na.rules.LogicalAxisRule({"batch": "data"}, unsatisfied="bogus")
     with pytest.raises(na.MappingTypeError, match=r"Logical axis 'batch' is mapped to 3"):
-        na.LogicalAxisRule({"batch": 3})
+        na.rules.LogicalAxisRule({"batch": 3})
 
 
 def test_rules_as_pairs_everywhere(mesh_2x4):
@@ -170,7 +170,10 @@ def test_rules_as_pairs_everywhere(mesh_2x4):
             assert spec_of(na.shard(x)) == P("data", "model")
             assert spec_of(na.named_jit(lambda t: t)(x)) == P("data", "model")
         assert na.pspec_for(x, tuple(pairs)) == P("data", "model")
-    assert na.memory_report(x, pairs, {"data": 2, "model": 4}).bytes_per_device == 8 * 16 * 4 // 8
+    assert (
+        na.analysis.memory_report(x, pairs, {"data": 2, "model": 4}).bytes_per_device
+        == 8 * 16 * 4 // 8
+    )
 
 
 def test_every_permutation_shards_by_name(mesh_2x4):
@@ -213,10 +216,10 @@ def test_unmatched_mapping_entries_are_listed_by_every_planner(mesh_2x4):
     import io
 
     tree = _gqa_tree()
-    planned = na.plan(tree, mesh_2x4, GQA_MAPPING)
-    report = na.memory_report(tree, GQA_MAPPING, mesh_2x4)
+    planned = na.analysis.plan(tree, mesh_2x4, GQA_MAPPING)
+    report = na.analysis.memory_report(tree, GQA_MAPPING, mesh_2x4)
     shown = io.StringIO()
-    na.visualize_sharding(tree, GQA_MAPPING, mesh_2x4, file=shown)
+    na.analysis.visualize_sharding(tree, GQA_MAPPING, mesh_2x4, file=shown)
     assert planned.unmatched == report.unmatched == (("heads", "model"),)
     assert planned.to_dict()["unmatched"] == [["heads", "model"]]
     for text in (str(planned), str(report), shown.getvalue()):
@@ -226,10 +229,10 @@ def test_unmatched_mapping_entries_are_listed_by_every_planner(mesh_2x4):
     # with the entry renamed to an axis the tree has, nothing is listed
     matched = {**GQA_MAPPING, "kv_heads": "model"}
     del matched["heads"]
-    assert na.plan(tree, mesh_2x4, matched).unmatched == ()
-    assert "match no axis" not in str(na.memory_report(tree, matched, mesh_2x4))
+    assert na.analysis.plan(tree, mesh_2x4, matched).unmatched == ()
+    assert "match no axis" not in str(na.analysis.memory_report(tree, matched, mesh_2x4))
     shown = io.StringIO()
-    na.visualize_sharding(tree, matched, mesh_2x4, file=shown)
+    na.analysis.visualize_sharding(tree, matched, mesh_2x4, file=shown)
     assert "match no axis" not in shown.getvalue()
 
 

@@ -96,7 +96,7 @@ LAYOUTS = [FSDP_TP, {"embed": ("data", "model")}, {"mlp": "model", "layers": "da
 
 def test_plan_param_count_subtotals_and_field_leaves():
     state = abstract_state()
-    p = na.plan(state, {"data": 2, "model": 4}, FSDP_TP)
+    p = na.analysis.plan(state, {"data": 2, "model": 4}, FSDP_TP)
     assert p.param_count == PARAM_COUNT
     assert sum(p.subtotals.values()) == p.state_bytes_per_device
     assert set(p.subtotals) == {"params", "opt_state"}
@@ -123,7 +123,7 @@ def test_plan_param_count_subtotals_and_field_leaves():
 def test_plan_largest_dedupes_identical_leaves():
     w = na.named(jax.ShapeDtypeStruct((64, 16), "float32"), ("embed", "mlp"))
     tree = {"params": {f"w{i}": w for i in range(5)}, "b": jax.ShapeDtypeStruct((8,), "float32")}
-    p = na.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"})
+    p = na.analysis.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"})
     assert p.largest[0]["count"] == 5 and p.largest[0]["path"] == "params/w0"
     assert p.largest[0]["bytes_per_device"] == 64 * 16 * 4 // 4
     assert len(p.largest) == 2
@@ -134,7 +134,7 @@ def test_plan_largest_dedupes_identical_leaves():
 def test_plan_state_bytes_equal_xla_arguments(mesh_2x4, layout):
     """The analytic per-device bytes equal XLA's argument bytes on 8 CPU devices."""
     state = abstract_state()
-    p = na.plan(
+    p = na.analysis.plan(
         state, mesh_2x4, na.AxisRules(LAYOUTS[layout], unsatisfied="replicate"), step=take_state
     )
     assert p.compiled is not None
@@ -146,8 +146,11 @@ def test_plan_keeps_a_placed_plain_leaf_spec(mesh_2x4):
     """A placed plain array keeps its spec; an uneven split is counted in padded blocks."""
     even = jax.ShapeDtypeStruct((8, 3), "float32", sharding=NamedSharding(mesh_2x4, P("model")))
     odd = jax.ShapeDtypeStruct((10, 3), "float32", sharding=NamedSharding(mesh_2x4, P("model")))
-    assert na.plan({"x": even}, mesh_2x4, {}).state_bytes_per_device == 2 * 3 * 4
-    assert na.plan({"x": odd}, mesh_2x4, {}).state_bytes_per_device == math.ceil(10 / 4) * 3 * 4
+    assert na.analysis.plan({"x": even}, mesh_2x4, {}).state_bytes_per_device == 2 * 3 * 4
+    assert (
+        na.analysis.plan({"x": odd}, mesh_2x4, {}).state_bytes_per_device
+        == math.ceil(10 / 4) * 3 * 4
+    )
 
 
 # -- plan: budget and errors ------------------------------------------------------------------------
@@ -156,13 +159,13 @@ def test_plan_keeps_a_placed_plain_leaf_spec(mesh_2x4):
 def test_plan_budget_verdict():
     w = na.named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))
     tree = {"params": {"w": w}, "opt": {"m": w, "v": w}}  # 512 KiB per device each
-    fits = na.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}, budget="1.5MiB")
+    fits = na.analysis.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}, budget="1.5MiB")
     assert (fits.fits, fits.headroom_bytes, fits.budget_bytes) == (True, 0, 3 * 2**19)
-    over = na.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}, budget=3 * 2**19 - 1)
+    over = na.analysis.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}, budget=3 * 2**19 - 1)
     assert over.fits is False and over.headroom_bytes == -1
     assert over.dominant == "state: opt"
     assert "does NOT fit: over 1.50 MiB by 1 B (largest part: state: opt)" in str(over)
-    assert na.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}).fits is None
+    assert na.analysis.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"}).fits is None
 
 
 def test_parse_bytes():
@@ -187,15 +190,15 @@ def test_plan_errors():
     with pytest.raises(
         na.ShardingError, match=r"plan\(\) got no rules and no axis_mapping is in force"
     ):
-        na.plan(tree, {"data": 8})
+        na.analysis.plan(tree, {"data": 8})
     with pytest.raises(
         na.PlanError, match=r"mesh must be a Mesh, AbstractMesh, \{axis: size\} dict"
     ):
-        na.plan(tree, 8, {"embed": "data"})
+        na.analysis.plan(tree, 8, {"embed": "data"})
     with pytest.raises(na.CompileTargetError, match=r"needs 16 devices but this process has 8"):
-        na.plan(tree, {"data": 16}, {"embed": None}, step=take_state)
+        na.analysis.plan(tree, {"data": 16}, {"embed": None}, step=take_state)
     with na.axis_mapping({"embed": "data"}):
-        assert na.plan(tree, {"data": 8}).state_bytes_per_device == 4
+        assert na.analysis.plan(tree, {"data": 8}).state_bytes_per_device == 4
 
 
 # -- compiled steps ---------------------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_plan_train_step_on_cpu_target():
     """A real train step (forward, loss, grad, AdamW) compiled on 8 simulated devices in a subprocess."""
     state = abstract_state()
     tokens = jax.ShapeDtypeStruct((16,), "int32")
-    p = na.plan(
+    p = na.analysis.plan(
         state, "cpu:data=4,model=2", FSDP_TP, step=train_step, args=(state, tokens), budget="64KiB"
     )
     c = p.compiled
@@ -229,7 +232,7 @@ def test_cpu_target_refuses_unimportable_step():
     with pytest.raises(
         na.CompileTargetError, match=r"Cannot send the step to the compiling subprocess"
     ):
-        na.plan(tree, "cpu:data=8", {"embed": "data"}, step=lambda s: None)
+        na.analysis.plan(tree, "cpu:data=8", {"embed": "data"}, step=lambda s: None)
 
 
 def test_parse_target():
@@ -259,7 +262,7 @@ _HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 def test_tpu_target_without_libtpu_says_how_to_install():
     tree = {"w": na.named(jax.ShapeDtypeStruct((8,), "float32"), ("embed",))}
     with pytest.raises(na.CompileTargetError, match=r"pip install 'namedaxes\[tpu\]'"):
-        na.plan(tree, "tpu-v5e-8:data=8", {"embed": "data"}, step=take_state)
+        na.analysis.plan(tree, "tpu-v5e-8:data=8", {"embed": "data"}, step=take_state)
 
 
 @pytest.mark.skipif(
@@ -267,7 +270,7 @@ def test_tpu_target_without_libtpu_says_how_to_install():
 )
 def test_tpu_target_compiles_for_the_slice():
     state = abstract_state()
-    p = na.plan(state, "tpu-v5e-8:data=4,model=2", FSDP_TP, step=take_state)
+    p = na.analysis.plan(state, "tpu-v5e-8:data=4,model=2", FSDP_TP, step=take_state)
     # TPU pads small arrays to tiles: XLA reports at least the analytic bytes.
     assert p.compiled["argument_bytes"] >= p.state_bytes_per_device
 
@@ -288,7 +291,7 @@ def test_parse_collectives():
 
 def test_compiled_memory_counts_unused_arguments():
     x = jax.ShapeDtypeStruct((256,), "float32")
-    figures = na.compiled_memory(lambda x, y: x * 2, x, x)
+    figures = na.analysis.compiled_memory(lambda x, y: x * 2, x, x)
     assert figures["argument_bytes"] == 2 * 256 * 4
 
 
@@ -312,7 +315,7 @@ def test_compiled_memory_wraps_out_of_memory():
     with pytest.raises(
         na.DeviceOutOfMemoryError, match=r"needs 22,022,444,810 B \(20.51 GiB\) per device"
     ) as info:
-        na.compiled_memory(_OomFn(), jax.ShapeDtypeStruct((4,), "float32"))
+        na.analysis.compiled_memory(_OomFn(), jax.ShapeDtypeStruct((4,), "float32"))
     assert info.value.used_bytes == int(20.51 * 2**30) and info.value.capacity_bytes == int(
         15.48 * 2**30
     )
@@ -326,14 +329,17 @@ def test_plan_search_best_fits_and_matches_plan():
     state = abstract_state()
     mesh = {"data": 2, "model": 4}
     budget = 40 * 1024
-    found = na.plan_search(state, mesh, budget=budget, top=3)
+    found = na.analysis.plan_search(state, mesh, budget=budget, top=3)
     assert 1 <= len(found) <= 3
     states = [p.state_bytes_per_device for p in found]
     assert states == sorted(states) and all(s <= budget for s in states)
     for p in found:
         assert isinstance(p.rules, na.AxisRules) and p.fits and p.notes
         # The arithmetic in the search agrees with plan() under the same rules.
-        assert na.plan(state, mesh, p.rules).state_bytes_per_device == p.state_bytes_per_device
+        assert (
+            na.analysis.plan(state, mesh, p.rules).state_bytes_per_device
+            == p.state_bytes_per_device
+        )
     assert found.counts["over_budget"] > 0 and found.rejected
     assert found.candidates == sum(found.counts.values()) + len(found)
     json.dumps(found.to_dict())
@@ -351,9 +357,11 @@ def test_plan_search_finds_the_smallest_state():
         rules = na.AxisRules(
             [(n, t) for n, t in (("embed", a), ("mlp", b)) if t], unsatisfied="replicate"
         )
-        best = min(best, na.plan({"w": w}, mesh, rules).state_bytes_per_device)
+        best = min(best, na.analysis.plan({"w": w}, mesh, rules).state_bytes_per_device)
     assert (
-        na.plan_search({"w": w}, mesh, top=1)[0].state_bytes_per_device == best == 8 * 12 * 4 // 8
+        na.analysis.plan_search({"w": w}, mesh, top=1)[0].state_bytes_per_device
+        == best
+        == 8 * 12 * 4 // 8
     )
 
 
@@ -362,13 +370,13 @@ def test_plan_search_errors():
     with pytest.raises(
         na.PlanError, match=r"No mapping of \['embed', 'mlp'\] on Mesh\(data=2, model=4\) fits"
     ):
-        na.plan_search({"w": w}, {"data": 2, "model": 4}, budget=10)
+        na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, budget=10)
     with pytest.raises(na.PlanError, match=r"logical_axes names \['heads'\], which no leaf has"):
-        na.plan_search({"w": w}, {"data": 2, "model": 4}, logical_axes=["heads"])
+        na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, logical_axes=["heads"])
     with pytest.raises(
         na.PlanError, match=r"would enumerate 12 mappings .* \(more than max_candidates=4\)"
     ):
-        na.plan_search({"w": w}, {"data": 2, "model": 4}, max_candidates=4)
+        na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, max_candidates=4)
 
 
 def scale_params(state):
@@ -379,7 +387,7 @@ def scale_params(state):
 def test_plan_search_ranks_compiled_steps():
     state = abstract_state()
     # Both layouts compile in one subprocess on 8 simulated devices.
-    found = na.plan_search(
+    found = na.analysis.plan_search(
         state,
         "cpu:data=4,model=2",
         logical_axes=["embed", "mlp"],
@@ -404,10 +412,10 @@ def _leaves(n):
 def test_memory_rule_device_scope_budgets_the_sum():
     tree = _leaves(8)  # 8 leaves of 4 KiB
     mesh = {"data": 2, "model": 4}
-    per_leaf = na.MemoryConstrainedShardingRule(4096, mesh).apply(tree)
-    analyzer = na.ShardingAnalyzer(mesh)
+    per_leaf = na.rules.MemoryConstrainedShardingRule(4096, mesh).apply(tree)
+    analyzer = na.analysis.ShardingAnalyzer(mesh)
     assert analyzer.estimate_memory_usage(tree, per_leaf)["size_per_device"] == 8 * 4096  # 8x over
-    whole = na.MemoryConstrainedShardingRule(4096, mesh, scope="device").apply(tree)
+    whole = na.rules.MemoryConstrainedShardingRule(4096, mesh, scope="device").apply(tree)
     assert analyzer.estimate_memory_usage(tree, whole)["size_per_device"] <= 4096
     assert set(whole.values()) == {P(("model", "data"), None)}
 
@@ -417,21 +425,21 @@ def test_memory_rule_device_scope_keeps_small_leaves_replicated():
         "big": jax.ShapeDtypeStruct((64, 64), "float32"),
         "small": jax.ShapeDtypeStruct((4,), "float32"),
     }
-    specs = na.MemoryConstrainedShardingRule(8192, {"data": 2, "model": 4}, scope="device").apply(
-        tree
-    )
+    specs = na.rules.MemoryConstrainedShardingRule(
+        8192, {"data": 2, "model": 4}, scope="device"
+    ).apply(tree)
     assert specs == {"big": P("model", None), "small": P(None)}
 
 
 def test_memory_rule_device_scope_unfit():
     tree = {"odd": jax.ShapeDtypeStruct((7, 3), "float32")}
-    rule = na.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device")
+    rule = na.rules.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device")
     with pytest.raises(
         na.ShardingError, match=r"one device still holds 84 bytes .* over the budget of 8 bytes"
     ):
         rule.apply(tree)
-    warn = na.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device", on_unfit="warn")
-    with pytest.warns(na.MemoryBudgetWarning, match=r"still holds 84 bytes"):
+    warn = na.rules.MemoryConstrainedShardingRule(8, {"data": 2}, scope="device", on_unfit="warn")
+    with pytest.warns(na.rules.MemoryBudgetWarning, match=r"still holds 84 bytes"):
         assert warn.apply(tree) == {"odd": P(None, None)}
 
 
@@ -439,23 +447,23 @@ def test_memory_rule_refuses_non_finite_budget_and_unknown_scope():
     with pytest.raises(
         na.ShardingError, match=r"max_memory_per_device must be a finite number of bytes, got nan"
     ):
-        na.MemoryConstrainedShardingRule(float("nan"), {"data": 2})
+        na.rules.MemoryConstrainedShardingRule(float("nan"), {"data": 2})
     with pytest.raises(na.ShardingError, match=r"got inf"):
-        na.MemoryConstrainedShardingRule(float("inf"), {"data": 2})
+        na.rules.MemoryConstrainedShardingRule(float("inf"), {"data": 2})
     with pytest.raises(
         na.ShardingError, match=r"scope must be 'leaf' \(budget each array\) or 'device'"
     ):
-        na.MemoryConstrainedShardingRule(1, {"data": 2}, scope="mesh")
+        na.rules.MemoryConstrainedShardingRule(1, {"data": 2}, scope="mesh")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert na.MemoryConstrainedShardingRule(10**9, {"data": 2}).scope == "leaf"
+        assert na.rules.MemoryConstrainedShardingRule(10**9, {"data": 2}).scope == "leaf"
 
 
 def test_plan_values_match_numpy_bytes():
     """Oracle: without a mesh split, the state is the sum of the leaves' nbytes."""
     state = abstract_state()
     total = sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(state))
-    p = na.plan(state, {"data": 1}, {})
+    p = na.analysis.plan(state, {"data": 1}, {})
     assert p.total_bytes == p.state_bytes_per_device == total
 
 
@@ -464,7 +472,9 @@ def test_plan_prints_as_text_and_rich():
     import io
 
     w = na.named(jax.ShapeDtypeStruct((64, 16), "float32"), ("embed", "mlp"))
-    p = na.plan({"params": {"w": w}}, {"data": 2, "model": 4}, {"mlp": "model"}, budget=1024)
+    p = na.analysis.plan(
+        {"params": {"w": w}}, {"data": 2, "model": 4}, {"mlp": "model"}, budget=1024
+    )
     text = str(p)
     assert "state per device       1,024 B  1.00 KiB" in text
     assert "step fits" not in text and "state fits: 0 B headroom of 1.00 KiB" in text

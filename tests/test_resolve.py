@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from namedaxes import Axis, AxisRules, DuplicateAxisError, MappingTypeError, ShardingError, resolve
 from namedaxes._errors import MeshError, NamedTypeError
-from namedaxes._partitioning._rules import as_rules, merge_rules
+from namedaxes._logical._rules import as_rules, merge_rules
 
 B8, E6, M4 = Axis("batch", 8), Axis("embed", 6), Axis("mlp", 4)
 MESH = {"data": 2, "model": 4}

@@ -47,7 +47,7 @@ def placed(mesh_2x4):
 
 
 def test_rows_of_placed_tree(placed, capsys):
-    na.visualize_sharding(placed)
+    na.analysis.visualize_sharding(placed)
     text = capsys.readouterr().out
     rows = _rows(text)
     assert set(rows) == {"x", "bias", "plain"}  # the int is not an array
@@ -73,7 +73,7 @@ def test_rows_of_abstract_tree_are_planned_by_resolve(axis_type):
     tree = {"w": na.named(jax.ShapeDtypeStruct((64, 256), jnp.bfloat16), ("embed", "mlp"))}
     rules = na.AxisRules([("mlp", "model"), ("embed", "data")])
     out = io.StringIO()
-    na.visualize_sharding(tree, rules, {"data": 2, "model": 4}, file=out)
+    na.analysis.visualize_sharding(tree, rules, {"data": 2, "model": 4}, file=out)
     row = _rows(out.getvalue())["w"]
     spec = na.resolve(tree["w"].axes, rules, {"data": 2, "model": 4})
     assert row[3] == f"{spec} (planned)" == "P('data', 'model') (planned)"
@@ -83,12 +83,12 @@ def test_rows_of_abstract_tree_are_planned_by_resolve(axis_type):
 def test_named_leaf_without_mapping_fails_closed():
     tree = {"w": na.named(jax.ShapeDtypeStruct((4, 4), jnp.float32), ("embed", "mlp"))}
     with pytest.raises(na.ShardingError, match=r"visualize_sharding\(\) got no mapping"):
-        na.visualize_sharding(tree, mesh={"data": 2})
+        na.analysis.visualize_sharding(tree, mesh={"data": 2})
 
 
 def test_rich_table_in_a_terminal(placed):
     out = _Terminal()
-    na.visualize_sharding(placed, file=out)
+    na.analysis.visualize_sharding(placed, file=out)
     text = out.getvalue()
     assert "┃" in text and "path" in text and "batch=8" in text  # a rich table, not plain text
     assert "busiest device: 112 B" in text
@@ -97,7 +97,7 @@ def test_rich_table_in_a_terminal(placed):
 def test_grid_matches_jax_devices(placed, mesh_2x4):
     x = placed["x"]
     out = io.StringIO()
-    na.visualize_array(x, file=out)
+    na.analysis.visualize_array(x, file=out)
     title, grid = _grid(out.getvalue())
     assert (
         title == "NamedArray(float32, batch=8, mlp=16)  P('data', 'model') on Mesh(data=2, model=4)"
@@ -112,7 +112,7 @@ def test_grid_matches_jax_devices(placed, mesh_2x4):
 
 def test_grid_one_axis_and_chosen_axes(placed, mesh_2x4):
     out = io.StringIO()
-    na.visualize_array(placed["bias"], file=out)
+    na.analysis.visualize_array(placed["bias"], file=out)
     _, grid = _grid(out.getvalue())
     assert grid == [
         ["embed", "0:6"],
@@ -122,22 +122,22 @@ def test_grid_one_axis_and_chosen_axes(placed, mesh_2x4):
     with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "mlp": "model"}):
         y = na.shard(na.named(jnp.ones((2, 8, 4)), ("head", "batch", "mlp")))
     out = io.StringIO()
-    na.visualize_array(y, axes=("mlp", "batch"), file=out)
+    na.analysis.visualize_array(y, axes=("mlp", "batch"), file=out)
     _, grid = _grid(out.getvalue())
     assert grid[0] == ["mlp \\ batch", "0:4", "4:8"]
     assert [r[0] for r in grid[1:]] == ["0:1", "1:2", "2:3", "3:4"]
     with pytest.raises(na.AxisError, match=r"has 3\. Choose them, e.g. axes=\('head', 'batch'\)"):
-        na.visualize_array(y)
+        na.analysis.visualize_array(y)
     with pytest.raises(
         na.AxisError, match=r"axis 'embd' not found .* Available axes: 'head', 'batch', 'mlp'"
     ):
-        na.visualize_array(y, axes="embd")
+        na.analysis.visualize_array(y, axes="embd")
 
 
 def test_abstract_grid_uses_mesh_positions():
     x = na.named(jax.ShapeDtypeStruct((8, 6), jnp.float32), ("batch", "embed"))
     out = io.StringIO()
-    na.visualize_array(x, {"batch": ("data", "model")}, {"data": 2, "model": 2}, file=out)
+    na.analysis.visualize_array(x, {"batch": ("data", "model")}, {"data": 2, "model": 2}, file=out)
     title, grid = _grid(out.getvalue())
     assert title.endswith("P(('data', 'model'), None) (planned) on Mesh(data=2, model=2)")
     assert grid == [
@@ -148,7 +148,7 @@ def test_abstract_grid_uses_mesh_positions():
         ["6:8", "3"],
     ]
     out = _Terminal()
-    na.visualize_array(x, {"batch": "model"}, {"data": 2, "model": 2}, file=out)
+    na.analysis.visualize_array(x, {"batch": "model"}, {"data": 2, "model": 2}, file=out)
     assert "batch \\ embed" in out.getvalue() and "0,2" in out.getvalue() and "┃" in out.getvalue()
 
 
@@ -156,14 +156,14 @@ def test_visualize_array_refuses_plain_arrays():
     with pytest.raises(
         na.NamedTypeError, match="visualize_array takes a NamedArray, got ArrayImpl"
     ):
-        na.visualize_array(jnp.ones(3))
+        na.analysis.visualize_array(jnp.ones(3))
 
 
 def test_memory_report_and_plan_render_as_rich_tables():
     rich = pytest.importorskip("rich.console")
     tree = {"w": na.named(jax.ShapeDtypeStruct((64, 256), jnp.float32), ("embed", "mlp"))}
-    report = na.memory_report(tree, {"mlp": "model"}, {"data": 2, "model": 4})
-    p = na.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"})
+    report = na.analysis.memory_report(tree, {"mlp": "model"}, {"data": 2, "model": 4})
+    p = na.analysis.plan(tree, {"data": 2, "model": 4}, {"mlp": "model"})
     for obj, title in [(report, "Memory report on Mesh(data=2, model=4)"), (p, "Plan")]:
         assert str(obj).splitlines()[0] == title  # str() stays plain text
         out = _Terminal()
@@ -176,10 +176,12 @@ def test_plain_text_in_a_terminal_without_rich(placed, monkeypatch):
     for name in ("rich", "rich.console", "rich.table", "rich.text"):
         monkeypatch.setitem(sys.modules, name, None)  # importing them raises ImportError
     out = _Terminal()
-    na.visualize_sharding(placed, file=out)
+    na.analysis.visualize_sharding(placed, file=out)
     assert "┃" not in out.getvalue()
     assert _rows(out.getvalue())["x"][3] == "P('data', 'model')"
-    report = na.memory_report({"x": placed["x"]}, {"batch": "data"}, {"data": 2, "model": 4})
+    report = na.analysis.memory_report(
+        {"x": placed["x"]}, {"batch": "data"}, {"data": 2, "model": 4}
+    )
     assert report.__rich__() == str(report)
 
 
@@ -210,7 +212,7 @@ def test_rows_agree_with_pspec_for_leaf_by_leaf():
     )
     sizes = {"data": 2, "model": 4}
     out = io.StringIO()
-    na.visualize_sharding(tree, rules, sizes, file=out)
+    na.analysis.visualize_sharding(tree, rules, sizes, file=out)
     rows = _rows(out.getvalue())
     specs = na.pspec_for(tree, rules, mesh=sizes)
     expected = {"block/w": specs["block"].w, "block/b": specs["block"].b, "emb": specs["emb"]}

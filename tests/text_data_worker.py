@@ -46,7 +46,7 @@ def batches(text, axis_type: str) -> dict:
 
     td._random_start = recording
     try:
-        mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
+        mesh = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
         with jax.set_mesh(mesh):
             xs = {
                 "train_0": text.train_batch(0, batch=8, length=LENGTH, seed=7, mapping=MAPPING),
@@ -58,7 +58,10 @@ def batches(text, axis_type: str) -> dict:
     finally:
         td._random_start = draw
     x = xs["train_0"]
-    out = {name: np.asarray(na.process_allgather(v).array).tolist() for name, v in xs.items()}
+    out = {
+        name: np.asarray(na.distributed.process_allgather(v).array).tolist()
+        for name, v in xs.items()
+    }
     out["spec"] = [str(e) for e in x.sharding.spec]
     out["shard_shapes"] = sorted({tuple(s.data.shape) for s in x.array.addressable_shards})
     out["fully_addressable"] = x.array.is_fully_addressable

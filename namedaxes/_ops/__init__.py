@@ -1,13 +1,7 @@
-"""Named operations. Each submodule is one family; NamedArray's operators and methods (declared in
-``namedaxes._array``) call into ``elementwise``, ``reductions``, ``shape`` and ``indexing``."""
+"""Named operations, one family per module. Importing this package hands the op modules behind
+NamedArray's operators and methods to ``namedaxes._array`` (which sits below the ops)."""
 
-# shape, indexing, higher-order (issue 2, part 2)
-# creation, elementwise, reductions, contractions
-from . import contract as contract
-from . import creation as creation
-from . import elementwise as elementwise
-from . import hof as hof
-from . import indexing as indexing
-from . import join as join
-from . import reductions as reductions
-from . import shape as shape
+from .._array import bind_ops
+from . import elementwise, indexing, reductions, shape
+
+bind_ops(elementwise=elementwise, indexing=indexing, reductions=reductions, shape=shape)

@@ -11,6 +11,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError
+from .._logical._context import current_axis_mapping
+from .._logical._resolve import resolve
 from .._spec import entry_axes
 
 __all__ = [
@@ -21,7 +23,6 @@ __all__ = [
     "explicit_sharding",
     "join_by_name",
     "mapping_in_force",
-    "resolve_internal",
     "unshard_dims",
 ]
 
@@ -90,10 +91,6 @@ def mapping_in_force(fallback_mesh: Any = None) -> tuple[Any, Any] | None:
     The mesh is the context's (``jax.sharding.get_abstract_mesh()``), else ``fallback_mesh`` (the
     mesh the operands live on).
     """
-    # The mapping context lives in _partitioning, which sits above the ops; importing it here, when
-    # an op needs it (rarely), keeps the package's import order one-way.
-    from .._partitioning import current_axis_mapping
-
     rules = current_axis_mapping()
     if rules is None:
         return None
@@ -103,15 +100,6 @@ def mapping_in_force(fallback_mesh: Any = None) -> tuple[Any, Any] | None:
     if mesh is None or getattr(mesh, "empty", False):
         return None
     return rules, mesh
-
-
-def resolve_internal(axes: Sequence[Any], rules: Any, mesh: Any) -> PartitionSpec:
-    """``resolve`` for a placement internal to an op: an axis whose rule cannot apply is
-    replicated instead of raising (the op's result is still placed by its caller's mapping)."""
-    # Lazy for the same reason as in mapping_in_force.
-    from .._partitioning import resolve
-
-    return resolve(tuple(axes), rules, mesh, unsatisfied="replicate")
 
 
 def _conflict(
@@ -217,7 +205,7 @@ def agree_by_name(
     # Over the union of the operands' axes, so a mesh axis goes to one name for all operands. An
     # axis whose rule cannot apply here (its mesh axes taken by another operand's axis) is
     # replicated: this placement is internal to the op.
-    spec = resolve_internal(tuple(every.values()), rules, mesh)
+    spec = resolve(tuple(every.values()), rules, mesh, unsatisfied="replicate")
     explicit = {
         name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit
     }

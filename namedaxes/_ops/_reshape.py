@@ -30,12 +30,20 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._axis import Axis
-from .._errors import ShardingError, format_axes
+from .._axis import Axis, AxisSelector, AxisSpec, axis_name, check_unique, find_axis, to_axes
+from .._errors import (
+    AxisError,
+    AxisSizeError,
+    DuplicateAxisError,
+    ShardingError,
+    format_axes,
+    format_names,
+)
+from .._logical._resolve import resolve
 from .._spec import entry_axes
-from ._common import entry_of, explicit_sharding, mapping_in_force, resolve_internal
+from ._common import entry_of, expect_named, explicit_sharding, mapping_in_force
 
-__all__ = ["reshape_to"]
+__all__ = ["check_new_names", "flatten_axes_as", "reorder", "reshape_to", "unflatten_axis_as"]
 
 
 def reshape_to(x: NamedArray, out: Sequence[Axis], op: str) -> NamedArray:
@@ -152,7 +160,9 @@ def _place_undecided(
     if found is None:
         raise _split_error(op, x, entries, out, mesh, undecided[0])
     rules, context = found
-    spec = resolve_internal(out, rules, context)
+    # Internal to the op (its result is still placed by the caller's mapping): an axis whose rule
+    # cannot apply here is replicated instead of raising.
+    spec = resolve(out, rules, context, unsatisfied="replicate")
     explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
     used = {m for axes in decided if axes for m in axes}
     for _, outs in undecided:
@@ -194,3 +204,95 @@ def _split_error(
         f"a mapping in force, e.g. `with na.axis_mapping({example!r}):`, and the result is "
         "placed by it."
     )
+
+
+# -- the axis moves built on it (shape ops and rearrange patterns) -------------------------------
+
+
+def check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
+    """Raise if a new axis name collides with an axis of ``x`` that is not being replaced."""
+    clash = [a.name for a in new if a.name not in replaced and x.has_axis(a.name)]
+    if clash:
+        raise DuplicateAxisError(
+            f"{op}(): new axis name(s) {format_names(clash)} already exist in "
+            f"NamedArray({format_axes(x.axes)}). Pick names the array does not use, "
+            "or rename() the existing axes first."
+        )
+
+
+def reorder(x: NamedArray, axes: Any) -> NamedArray:
+    """``rearrange(x, axes)`` for an axis order (a tuple of names, ``...`` for the rest)."""
+    if isinstance(axes, (str, Axis)):
+        axes = (axes,)
+    items = list(axes)
+    n_ellipsis = sum(1 for a in items if a is Ellipsis)
+    if n_ellipsis > 1:
+        raise DuplicateAxisError(
+            f"rearrange(): '...' appears {n_ellipsis} times in {tuple(items)!r}; use it at most once."
+        )
+    listed = [a for a in items if a is not Ellipsis]
+    check_unique(listed)  # type: ignore[arg-type]
+    positions = [find_axis(x.axes, a) for a in listed]  # type: ignore[arg-type]
+    if n_ellipsis:
+        rest = [i for i in range(x.ndim) if i not in positions]
+        at = items.index(Ellipsis)
+        perm = positions[:at] + rest + positions[at:]
+    else:
+        missing = [a.name for i, a in enumerate(x.axes) if i not in positions]
+        if missing:
+            raise AxisError(
+                f"rearrange(): axes {format_names(missing)} of NamedArray({format_axes(x.axes)}) "
+                f"are not in the new order ({format_names(axis_name(a) for a in listed)}). "  # type: ignore[arg-type]
+                "List every axis, or add ... to keep the others in their current order."
+            )
+        perm = positions
+    if perm == list(range(x.ndim)):
+        return x
+    return NamedArray(jnp.transpose(x.array, perm), [x.axes[i] for i in perm])
+
+
+def flatten_axes_as(
+    x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector, op: str
+) -> NamedArray:
+    """``flatten_axes``; ``op`` names the call in sharding errors (a pattern, for ``rearrange``)."""
+    x = expect_named(x, "flatten_axes")
+    if isinstance(axes, (str, Axis)):
+        axes = (axes,)
+    if not axes:
+        raise AxisError("flatten_axes() needs at least one axis to merge, got ().")
+    check_unique(axes)
+    positions = [find_axis(x.axes, a) for a in axes]
+    merged = [x.axes[i] for i in positions]
+    size = math.prod(a.size for a in merged)
+    name = axis_name(new_axis)
+    if isinstance(new_axis, Axis) and new_axis.size != size:
+        raise AxisSizeError(
+            f"flatten_axes(): merging ({format_axes(merged)}) gives size {size}, but new axis "
+            f"{name!r} was given size {new_axis.size}. Pass the name {name!r} to take the product."
+        )
+    out_axis = Axis(name, size)
+    check_new_names(x, [out_axis], [a.name for a in merged], "flatten_axes")
+    first = min(positions)
+    kept_before = [i for i in range(first) if i not in positions]
+    kept_after = [i for i in range(first, x.ndim) if i not in positions]
+    perm = kept_before + positions + kept_after
+    out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
+    if perm != list(range(x.ndim)):
+        x = NamedArray(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
+    return reshape_to(x, out, op)
+
+
+def unflatten_axis_as(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, op: str) -> NamedArray:
+    """``unflatten_axis``; ``op`` names the call in sharding errors (a pattern, for ``rearrange``)."""
+    x = expect_named(x, "unflatten_axis")
+    i = find_axis(x.axes, axis)
+    old = x.axes[i]
+    new = to_axes(new_axes, what="unflatten_axis() new_axes")
+    size = math.prod(a.size for a in new)
+    if size != old.size:
+        raise AxisSizeError(
+            f"unflatten_axis(): axis {old.name!r} has size {old.size}, but the new axes "
+            f"({format_axes(new)}) multiply to {size}. Choose sizes whose product is {old.size}."
+        )
+    check_new_names(x, new, [old.name], "unflatten_axis")
+    return reshape_to(x, x.axes[:i] + new + x.axes[i + 1 :], op)

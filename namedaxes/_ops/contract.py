@@ -25,6 +25,8 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._logical._resolve import resolve
+from .._logical._rules import AxisRules
 from ._checks import as_selectors, dtype_arg, reject_positional
 from ._common import agree_by_name, explicit_sharding
 
@@ -111,10 +113,6 @@ def _sharding_by_name(
     operand where it is sharded, each mesh axis is used once, and the answer does not depend on
     the order of the result's axes. The mesh axes of contracted axes are summed over.
     """
-    # resolve lives in the partitioning engine, above the ops; importing it when an op needs it
-    # (only for Explicit shardings of contracted axes) keeps the package's import order one-way.
-    from .._partitioning import AxisRules, resolve
-
     mesh = None
     pairs: list[tuple[str, Any]] = []
     contracted_sharded = False

@@ -356,7 +356,8 @@ right_shift = _lift("right_shift", jnp.right_shift, 2, "int")
 gcd = _lift("gcd", jnp.gcd, 2, "int")
 lcm = _lift("lcm", jnp.lcm, 2, "int")
 # Ternary.
-where = _lift("where", jnp.where, 3)
+# The three-operand form of ``namedaxes.where`` (``_ops.sets.where`` adds the ``size=`` form).
+where3 = _lift("where", jnp.where, 3)
 
 
 def clip(x: Any, min: Any = None, max: Any = None) -> NamedArray:  # noqa: A002 - jnp's names

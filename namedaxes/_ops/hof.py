@@ -29,6 +29,7 @@ from .._errors import (
     format_axes,
     format_path,
 )
+from .._logical._resolve import resolve
 from .._spec import entry_axes
 from ._common import mapping_in_force, unshard_dims
 
@@ -184,8 +185,6 @@ def _spmd_axis_name(axis: Axis) -> Any:
     if found is None:
         return None
     rules, mesh = found
-    from .._partitioning import resolve  # lazy: see _common.mapping_in_force
-
     (entry,) = resolve((axis,), rules, mesh, unsatisfied="replicate")
     auto = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == jax.sharding.AxisType.Auto}
     names = tuple(m for m in entry_axes(entry) if m in auto)

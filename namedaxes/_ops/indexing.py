@@ -199,7 +199,7 @@ def _static_slice(v: slice, ax: Axis) -> tuple[slice, int]:
     except TypeError:
         raise NamedTypeError(
             f"Slice {v!r} for axis {ax.name!r} must have static integer bounds. For a traced start "
-            f"use namedaxes.slice(x, {ax.name!r}, start, length)."
+            f"use namedaxes.slice_axis(x, {ax.name!r}, start, length)."
         ) from None
     if bounds[2] == 0:
         raise AxisSizeError(f"Slice step for axis {ax.name!r} must not be zero.")
@@ -562,7 +562,7 @@ def take(x: NamedArray, axis: AxisSelector, indices: Any) -> NamedArray:
     if isinstance(indices, _builtin_slice):
         raise NamedTypeError(
             f"take() needs integer indices for axis {x.axes[pos].name!r}, got {indices!r}. "
-            f"Use x[{x.axes[pos].name!r}, start:stop] or namedaxes.slice() for ranges."
+            f"Use x[{x.axes[pos].name!r}, start:stop] or namedaxes.slice_axis() for ranges."
         )
     return _plan(x, {pos: indices}).gather(x)
 
@@ -570,7 +570,7 @@ def take(x: NamedArray, axis: AxisSelector, indices: Any) -> NamedArray:
 def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> NamedArray:
     """Take ``length`` consecutive entries of ``axis`` from ``start``, which may be traced.
 
-    Exported as ``namedaxes.slice``. Built on ``jax.lax.dynamic_slice_in_dim``, so it works under
+    Built on ``jax.lax.dynamic_slice_in_dim``, so it works under
     ``jax.jit`` with a traced ``start``; the size of the result stays static. On Explicit meshes a
     sharded ``axis`` is replicated first (JAX cannot slice it dynamically in place).
 
@@ -592,7 +592,7 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
         >>> import jax, jax.numpy as jnp
         >>> import namedaxes as na
         >>> x = na.named(jnp.arange(10), ("seq",))
-        >>> jax.jit(lambda s: na.slice(x, "seq", s, 3))(4).array
+        >>> jax.jit(lambda s: na.slice_axis(x, "seq", s, 3))(4).array
         Array([4, 5, 6], dtype=int32)
     """
     x = expect_named(x, "slice")

@@ -28,6 +28,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from ._reshape import flatten_axes_as, reorder, unflatten_axis_as
 
 __all__ = ["rearrange_pattern"]
 
@@ -109,9 +110,6 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
 
     ``sizes`` give the sizes of split parts.
     """
-    # shape.rearrange dispatches here
-    from .shape import _flatten_axes, _unflatten_axis, rearrange
-
     op = f"rearrange({pattern!r})"
 
     if pattern.count("->") != 1:
@@ -192,7 +190,7 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
                 f"rearrange({pattern!r}): parts ({format_axes({p: known[p] for p in g.parts})}) "
                 f"multiply to {prod}, but axis {source.name!r} has size {source.size}."
             )
-        x = _unflatten_axis(x, source.name, {p: known[p] for p in g.parts}, op)
+        x = unflatten_axis_as(x, source.name, {p: known[p] for p in g.parts}, op)
         parts_of[source.name] = list(g.parts)
     for name in bare:
         if name in sizes:
@@ -249,12 +247,12 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
         if not merged:
             raise _error(pattern, f"group '({' '.join(e.parts)})' covers no axes.")
         if merged != [name]:
-            x = _flatten_axes(x, merged, name, op)
+            x = flatten_axes_as(x, merged, name, op)
         order.append(name)
     if Ellipsis in order:
         at = order.index(Ellipsis)
         order = order[:at] + covered + order[at + 1 :]
-    return rearrange(x, tuple(order))
+    return reorder(x, tuple(order))
 
 
 def _merged_name(parts: list[str], parts_of: dict[str, list[str]], pattern: str) -> str:

@@ -22,8 +22,7 @@ from .._errors import AxisError, DuplicateAxisError, NamedTypeError, format_axes
 from ._align import align_to
 from ._common import expect_named, unshard_dims
 from .creation import single_axis
-from .elementwise import lift_call
-from .elementwise import where as _where3
+from .elementwise import lift_call, where3
 
 __all__ = [
     "allclose",
@@ -142,7 +141,7 @@ def where(
         )
     if size is not None or fill_value is not None:
         raise NamedTypeError("where(condition, x, y) takes no size= or fill_value=.")
-    return _where3(condition, x, y)
+    return where3(condition, x, y)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))

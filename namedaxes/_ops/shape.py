@@ -6,7 +6,6 @@ raises an error listing the available axes when a name is unknown.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from types import EllipsisType
 from typing import Any
@@ -20,7 +19,6 @@ from .._axis import (
     AxisSelector,
     AxisSpec,
     axis_name,
-    check_unique,
     find_axis,
     index_of,
     to_axes,
@@ -35,7 +33,8 @@ from .._errors import (
 )
 from ._align import align_to
 from ._common import expect_named, unshard_dims
-from ._reshape import reshape_to
+from ._reshape import check_new_names, flatten_axes_as, reorder, unflatten_axis_as
+from .pattern import rearrange_pattern
 
 __all__ = [
     "broadcast_axis",
@@ -47,17 +46,6 @@ __all__ = [
     "unbind",
     "unflatten_axis",
 ]
-
-
-def _check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
-    """Raise if a new axis name collides with an axis of ``x`` that is not being replaced."""
-    clash = [a.name for a in new if a.name not in replaced and x.has_axis(a.name)]
-    if clash:
-        raise DuplicateAxisError(
-            f"{op}(): new axis name(s) {format_names(clash)} already exist in "
-            f"NamedArray({format_axes(x.axes)}). Pick names the array does not use, "
-            "or rename() the existing axes first."
-        )
 
 
 def _named_from(array: jax.Array, axes: Sequence[Axis]) -> NamedArray:
@@ -104,8 +92,6 @@ def rearrange(
     """
     x = expect_named(x, "rearrange")
     if isinstance(axes, str) and "->" in axes:
-        from .pattern import rearrange_pattern  # lazily: the pattern engine uses this module
-
         return rearrange_pattern(x, axes, sizes)
     if isinstance(axes, str) and any(c in axes for c in " ()."):
         raise AxisError(
@@ -117,33 +103,7 @@ def rearrange(
             f"rearrange(): sizes ({', '.join(sizes)}) only go with a pattern such as "
             "'b (h d) -> b h d'; an axis order takes none."
         )
-    if isinstance(axes, (str, Axis)):
-        axes = (axes,)
-    items = list(axes)
-    n_ellipsis = sum(1 for a in items if a is Ellipsis)
-    if n_ellipsis > 1:
-        raise DuplicateAxisError(
-            f"rearrange(): '...' appears {n_ellipsis} times in {tuple(items)!r}; use it at most once."
-        )
-    listed = [a for a in items if a is not Ellipsis]
-    check_unique(listed)  # type: ignore[arg-type]
-    positions = [find_axis(x.axes, a) for a in listed]  # type: ignore[arg-type]
-    if n_ellipsis:
-        rest = [i for i in range(x.ndim) if i not in positions]
-        at = items.index(Ellipsis)
-        perm = positions[:at] + rest + positions[at:]
-    else:
-        missing = [a.name for i, a in enumerate(x.axes) if i not in positions]
-        if missing:
-            raise AxisError(
-                f"rearrange(): axes {format_names(missing)} of NamedArray({format_axes(x.axes)}) "
-                f"are not in the new order ({format_names(axis_name(a) for a in listed)}). "  # type: ignore[arg-type]
-                "List every axis, or add ... to keep the others in their current order."
-            )
-        perm = positions
-    if perm == list(range(x.ndim)):
-        return x
-    return _named_from(jnp.transpose(x.array, perm), [x.axes[i] for i in perm])
+    return reorder(x, axes)
 
 
 def rename(x: NamedArray, mapping: Mapping[AxisSelector, str | Axis]) -> NamedArray:
@@ -232,38 +192,7 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
         >>> flatten_axes(x, ("batch", "seq"), "tokens").shape
         {'tokens': 6, 'embed': 4}
     """
-    return _flatten_axes(x, axes, new_axis, "flatten_axes()")
-
-
-def _flatten_axes(
-    x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector, op: str
-) -> NamedArray:
-    """``flatten_axes``; ``op`` names the call in sharding errors."""
-    x = expect_named(x, "flatten_axes")
-    if isinstance(axes, (str, Axis)):
-        axes = (axes,)
-    if not axes:
-        raise AxisError("flatten_axes() needs at least one axis to merge, got ().")
-    check_unique(axes)
-    positions = [find_axis(x.axes, a) for a in axes]
-    merged = [x.axes[i] for i in positions]
-    size = math.prod(a.size for a in merged)
-    name = axis_name(new_axis)
-    if isinstance(new_axis, Axis) and new_axis.size != size:
-        raise AxisSizeError(
-            f"flatten_axes(): merging ({format_axes(merged)}) gives size {size}, but new axis "
-            f"{name!r} was given size {new_axis.size}. Pass the name {name!r} to take the product."
-        )
-    out_axis = Axis(name, size)
-    _check_new_names(x, [out_axis], [a.name for a in merged], "flatten_axes")
-    first = min(positions)
-    kept_before = [i for i in range(first) if i not in positions]
-    kept_after = [i for i in range(first, x.ndim) if i not in positions]
-    perm = kept_before + positions + kept_after
-    out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
-    if perm != list(range(x.ndim)):
-        x = _named_from(jnp.transpose(x.array, perm), [x.axes[i] for i in perm])
-    return reshape_to(x, out, op)
+    return flatten_axes_as(x, axes, new_axis, "flatten_axes()")
 
 
 def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> NamedArray:
@@ -291,23 +220,7 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec) -> Nam
         >>> unflatten_axis(x, "tokens", {"batch": 2, "seq": 3}).shape
         {'batch': 2, 'seq': 3, 'embed': 4}
     """
-    return _unflatten_axis(x, axis, new_axes, "unflatten_axis()")
-
-
-def _unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, op: str) -> NamedArray:
-    """``unflatten_axis``; ``op`` names the call in sharding errors."""
-    x = expect_named(x, "unflatten_axis")
-    i = find_axis(x.axes, axis)
-    old = x.axes[i]
-    new = to_axes(new_axes, what="unflatten_axis() new_axes")
-    size = math.prod(a.size for a in new)
-    if size != old.size:
-        raise AxisSizeError(
-            f"unflatten_axis(): axis {old.name!r} has size {old.size}, but the new axes "
-            f"({format_axes(new)}) multiply to {size}. Choose sizes whose product is {old.size}."
-        )
-    _check_new_names(x, new, [old.name], "unflatten_axis")
-    return reshape_to(x, x.axes[:i] + new + x.axes[i + 1 :], op)
+    return unflatten_axis_as(x, axis, new_axes, "unflatten_axis()")
 
 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> list[NamedArray]:
@@ -359,7 +272,7 @@ def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> 
             f"split(): chunk sizes ({format_axes(chunks)}) add up to {total}, but axis "
             f"{old.name!r} has size {old.size}. Choose sizes that add up to {old.size}."
         )
-    _check_new_names(x, chunks, [old.name], "split")
+    check_new_names(x, chunks, [old.name], "split")
     cuts = [sum(a.size for a in chunks[:k]) for k in range(1, len(chunks))]
     pieces = jnp.split(unshard_dims(x.array, [i]), cuts, axis=i)
     return [_named_from(p, x.axes[:i] + (a,) + x.axes[i + 1 :]) for p, a in zip(pieces, chunks)]

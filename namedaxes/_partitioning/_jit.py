@@ -24,15 +24,16 @@ import jax
 
 from .._caches import register_owner
 from .._errors import NamedTypeError, format_names
+from .._logical._context import axis_mapping, current_mapping_and_rules
+from .._logical._resolve import check_rules_mesh_axes
+from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
-from ._context import axis_mapping, current_mapping_and_rules
 from ._jit_args import (
     JIT_OPTIONS,
     RESERVED_JIT_KWARGS,
     check_donation,
     donation_flags,
     frozen_mapping,
-    is_dynamic_type,
     unhashable_static,
 )
 from ._jit_entries import (
@@ -41,6 +42,7 @@ from ._jit_entries import (
     Layout,
     OutInfo,
     concrete_targets,
+    is_dynamic_type,
     place_inputs_fast,
     signature,
 )
@@ -51,8 +53,6 @@ from ._jit_outputs import (
     refuse_unplaceable_outputs,
 )
 from ._lru import lru_put, lru_touch
-from ._resolve import check_rules_mesh_axes
-from ._rules import AxisRules, RulesLike, as_rules
 from ._shard import place_leaves, targets_for
 from ._tree import leaf_plan
 

@@ -3,19 +3,16 @@ donation flags, donated buffers. Errors name the argument (``args[0]['w']``) and
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
 from .._errors import NamedTypeError
-from ._rules import RulesLike
-
-if TYPE_CHECKING:
-    from ._jit_entries import Layout
+from .._logical._rules import RulesLike
+from ._jit_entries import Layout, is_dynamic_type
 
 RESERVED_JIT_KWARGS = (
     "in_shardings",
@@ -31,12 +28,6 @@ RESERVED_JIT_KWARGS = (
 JIT_OPTIONS = frozenset(
     n for n, p in inspect.signature(jax.jit).parameters.items() if p.kind is not p.VAR_POSITIONAL
 ) - {"fun"}
-
-
-@functools.cache
-def is_dynamic_type(t: type) -> bool:
-    """Array leaves are traced; everything else is static (the ``eqx.filter_jit`` convention)."""
-    return issubclass(t, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, jax.ShapeDtypeStruct))
 
 
 def frozen_mapping(value: RulesLike | None) -> RulesLike | None:

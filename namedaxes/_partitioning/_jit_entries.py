@@ -4,14 +4,21 @@ rebuilding, and input placement on the fast path."""
 from __future__ import annotations
 
 import collections
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
-from ._jit_args import is_dynamic_type
 from ._shard import place_leaves
+
+
+@functools.cache
+def is_dynamic_type(t: type) -> bool:
+    """Array leaves are traced; everything else is static (the ``eqx.filter_jit`` convention)."""
+    return issubclass(t, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, jax.ShapeDtypeStruct))
 
 
 def getter(idx: tuple[int, ...]) -> Callable[[list[Any]], tuple[Any, ...]]:

@@ -20,9 +20,9 @@ import jax
 
 from .._array import NamedArray, is_named_array
 from .._errors import ShardingError, format_names
+from .._logical._rules import AxisRules
 from .._mesh import AnyMesh
 from ._plan import check_matched, tree_axis_names
-from ._rules import AxisRules
 from ._shard import constrain, targets_for
 from ._tree import leaf_plan
 

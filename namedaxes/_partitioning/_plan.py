@@ -20,9 +20,9 @@ import jax
 from jax.sharding import PartitionSpec
 
 from .._errors import UnmatchedMappingError, format_names
+from .._logical._resolve import check_rules_mesh_axes, resolve
+from .._logical._rules import AxisRules, MeshAxes
 from .._mesh import MeshLike, context_mesh, require_mesh
-from ._resolve import check_rules_mesh_axes, resolve
-from ._rules import AxisRules, MeshAxes
 from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan, plain_spec
 
 __all__ = [

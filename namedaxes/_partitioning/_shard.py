@@ -18,13 +18,13 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from .._caches import register
 from .._errors import ShardingError
+from .._logical._context import current_rules, rules_in_force
+from .._logical._resolve import check_rules_mesh_axes, resolve
+from .._logical._rules import AxisRules, RulesLike
 from .._mesh import AnyMesh, context_mesh, require_mesh
 from .._spec import entry_axes
-from ._context import current_rules, rules_in_force
 from ._lru import lru_put, lru_touch
 from ._plan import check_matched, tree_axis_names
-from ._resolve import check_rules_mesh_axes, resolve
-from ._rules import AxisRules, RulesLike
 from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan
 
 __all__ = ["auto_sharded", "constrain", "place_leaves", "shard", "targets_for"]

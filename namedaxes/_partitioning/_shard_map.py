@@ -38,6 +38,7 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, axis_names, find_axis
 from .._errors import (
     AxisError,
+    AxisSizeError,
     NamedTypeError,
     NoMeshError,
     ShardingError,
@@ -45,9 +46,9 @@ from .._errors import (
     format_mesh,
     format_names,
 )
+from .._logical._context import current_axis_mapping
+from .._logical._resolve import resolve
 from .._spec import entry_axes
-from ._context import current_axis_mapping
-from ._resolve import resolve
 
 __all__ = [
     "all_gather",
@@ -517,8 +518,6 @@ def psum_scatter(x: NamedArray, axis: AxisSelector) -> NamedArray:
         ...     f(na.named(jnp.ones(4), "batch")).array
         Array([1., 1., 1., 1.], dtype=float32)
     """
-    from .._errors import AxisSizeError
-
     i = _own_axis(x, axis, "psum_scatter")
     mesh_axes = _mesh_axes(axis, "psum_scatter")
     if not mesh_axes:

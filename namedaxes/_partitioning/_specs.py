@@ -12,12 +12,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
 from .._errors import NamedTypeError, ShardingError
+from .._logical._context import rules_in_force
+from .._logical._resolve import check_rules_mesh_axes, resolve
+from .._logical._rules import MeshAxes, RulesLike
 from .._mesh import AnyMesh, MeshLike, context_mesh, mesh_axis_sizes, require_mesh
 from .._spec import entry_axes
-from ._context import rules_in_force
 from ._plan import plan_tree
-from ._resolve import check_rules_mesh_axes, resolve
-from ._rules import MeshAxes, RulesLike
 
 __all__ = [
     "infer_resource_partitions",

@@ -42,8 +42,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._errors import CompileTargetError, DeviceOutOfMemoryError, PlanError, format_mesh
+from .._logical._context import axis_mapping
 from .._mesh import mesh_axis_sizes
-from .._partitioning import axis_mapping, pspec_for
+from .._partitioning._specs import pspec_for
 from ._report import compile_checked, memory_figures, out_of_memory_error
 
 __all__ = [

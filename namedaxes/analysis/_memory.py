@@ -229,7 +229,7 @@ class ShardingAnalyzer:
     Example:
         >>> import jax
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import ShardingAnalyzer
+        >>> from namedaxes.analysis import ShardingAnalyzer
         >>> analyzer = ShardingAnalyzer({"data": 2, "model": 4})
         >>> params = {"w": jax.ShapeDtypeStruct((1024, 512), "float32")}
         >>> analyzer.estimate_memory_usage(params, {"w": P("data", "model")})["size_per_device"]
@@ -264,7 +264,7 @@ class ShardingAnalyzer:
         Example:
             >>> import jax.numpy as jnp
             >>> from jax.sharding import PartitionSpec as P
-            >>> from namedaxes import ShardingAnalyzer
+            >>> from namedaxes.analysis import ShardingAnalyzer
             >>> ShardingAnalyzer({"data": 2}).validate_partition_specs(
             ...     {"w": jnp.zeros((3, 4))}, {"w": P("data")})  # doctest: +ELLIPSIS
             ["w: dimension 0 of shape (3, 4) has size 3, which is not divisible by 2 ..."]
@@ -319,7 +319,7 @@ class ShardingAnalyzer:
         Example:
             >>> import jax.numpy as jnp
             >>> from jax.sharding import PartitionSpec as P
-            >>> from namedaxes import ShardingAnalyzer
+            >>> from namedaxes.analysis import ShardingAnalyzer
             >>> usage = ShardingAnalyzer({"data": 8}).estimate_memory_usage(
             ...     {"w": jnp.zeros((16, 4)), "b": jnp.zeros(4)}, {"w": P("data"), "b": P()})
             >>> usage["size_per_device"], usage["replicated_bytes"]
@@ -462,7 +462,7 @@ class LeafUsage(Mapping):
     Example:
         >>> import jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import ShardingAnalyzer
+        >>> from namedaxes.analysis import ShardingAnalyzer
         >>> usage = ShardingAnalyzer({"data": 8}).estimate_memory_usage(
         ...     {"a/b": jnp.zeros(8), "a": {"b": jnp.zeros(16)}}, {"a/b": P(), "a": {"b": P("data")}})
         >>> [(jax.tree_util.keystr(k), v["bytes_per_device"]) for k, v in usage["leaves"].items()]

@@ -20,14 +20,17 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._axis import Axis
-from .._errors import PlanError, ShardingError, format_mesh, format_path
+from .._errors import PlanError, ShardingError, format_path
+from .._logical._context import current_axis_mapping
+from .._logical._resolve import resolve
+from .._logical._rules import AxisRules
 from .._mesh import mesh_axis_sizes
-from .._partitioning import AxisRules, current_axis_mapping, resolve
 from .._partitioning._plan import unmatched_entries
 from .._spec import entry_axes
-from ..rules._base import flatten_leaves, format_bytes
+from ..rules._base import flatten_leaves
 from ._compile_target import CompileTarget, compile_step, parse_target
 from ._memory import per_device_bytes
+from ._plan_format import plain_text, rich_renderable, rules_to_json
 
 __all__ = ["Plan", "parse_bytes", "plan"]
 
@@ -209,22 +212,10 @@ class Plan:
         return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        from ._plan_format import plain_text
-
         return plain_text(self)
 
     def __rich__(self) -> Any:
-        from ._plan_format import rich_renderable
-
         return rich_renderable(self)
-
-
-def rules_to_json(rules: AxisRules) -> list[list[Any]]:
-    """``AxisRules`` as ``[[name, mesh_axes or None], ...]`` (tuples as lists)."""
-    return [
-        [n, None if t is None else (t[0] if len(t) == 1 else list(t))]
-        for n, t in rules.ordered_pairs
-    ]
 
 
 def _jsonable(x: Any) -> Any:
@@ -416,7 +407,8 @@ def plan(
 
     Example:
         >>> import jax
-        >>> from namedaxes import named, plan
+        >>> from namedaxes import named
+        >>> from namedaxes.analysis import plan
         >>> w = named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))
         >>> p = plan({"params": {"w": w}}, {"data": 2, "model": 4}, {"mlp": "model"}, budget="1MiB")
         >>> p.param_count, p.state_bytes_per_device, p.fits, p.headroom_bytes
@@ -438,24 +430,3 @@ def plan(
         }
         p = p.with_(compiled=memory, cost=result["cost"], collectives=result["collectives"])
     return verdict(p, budget_bytes)
-
-
-def describe_budget(p: Plan) -> str:
-    """One line: ``fits, 3.2 GiB headroom of 16 GiB`` (empty without a budget)."""
-    if p.fits is None or p.budget_bytes is None or p.headroom_bytes is None:
-        return ""
-    what = "step" if p.compiled is not None else "state"
-    if p.fits:
-        return (
-            f"{what} fits: {format_bytes(p.headroom_bytes)} headroom of "
-            f"{format_bytes(p.budget_bytes)} (largest part: {p.dominant})"
-        )
-    return (
-        f"{what} does NOT fit: over {format_bytes(p.budget_bytes)} by "
-        f"{format_bytes(-p.headroom_bytes)} (largest part: {p.dominant})"
-    )
-
-
-def mesh_text(p: Plan) -> str:
-    """``Mesh(data=2, model=4)`` plus the compile target when there is one."""
-    return format_mesh(p.mesh) + (f" [{p.target}]" if p.target else "")

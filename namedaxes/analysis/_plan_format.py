@@ -1,14 +1,19 @@
-"""How a ``Plan`` prints: a plain-text table, and a ``rich`` one when rich is installed."""
+"""How a ``Plan`` prints: a plain-text table, and a ``rich`` one when rich is installed; its rules
+as JSON."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._errors import format_mesh
+from .._logical._rules import AxisRules
 from .._partitioning._plan import describe_unmatched
 from ..rules._base import format_bytes
-from ._plan import Plan, describe_budget, mesh_text, rules_to_json
 
-__all__ = ["plain_text", "rich_renderable"]
+__all__ = ["describe_budget", "mesh_text", "plain_text", "rich_renderable", "rules_to_json"]
+
+#: A ``namedaxes.analysis.Plan`` (this module sits below the module that defines it).
+Plan = Any
 
 
 def _rules_text(p: Plan) -> str:
@@ -130,3 +135,32 @@ def rich_renderable(p: Plan) -> Any:
     if p.unmatched:
         parts.append(Text(describe_unmatched(p.unmatched), style="bold yellow"))
     return Group(*parts)
+
+
+def rules_to_json(rules: AxisRules) -> list[list[Any]]:
+    """``AxisRules`` as ``[[name, mesh_axes or None], ...]`` (tuples as lists)."""
+    return [
+        [n, None if t is None else (t[0] if len(t) == 1 else list(t))]
+        for n, t in rules.ordered_pairs
+    ]
+
+
+def describe_budget(p: Plan) -> str:
+    """One line: ``fits, 3.2 GiB headroom of 16 GiB`` (empty without a budget)."""
+    if p.fits is None or p.budget_bytes is None or p.headroom_bytes is None:
+        return ""
+    what = "step" if p.compiled is not None else "state"
+    if p.fits:
+        return (
+            f"{what} fits: {format_bytes(p.headroom_bytes)} headroom of "
+            f"{format_bytes(p.budget_bytes)} (largest part: {p.dominant})"
+        )
+    return (
+        f"{what} does NOT fit: over {format_bytes(p.budget_bytes)} by "
+        f"{format_bytes(-p.headroom_bytes)} (largest part: {p.dominant})"
+    )
+
+
+def mesh_text(p: Plan) -> str:
+    """``Mesh(data=2, model=4)`` plus the compile target when there is one."""
+    return format_mesh(p.mesh) + (f" [{p.target}]" if p.target else "")

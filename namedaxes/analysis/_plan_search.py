@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import CompileTargetError, PlanError, format_mesh
-from .._partitioning import AxisRules
+from .._logical._rules import AxisRules
 from .._spec import entry_axes
 from ..rules._base import format_bytes
 from ._compile_target import CompileTarget, compile_steps, leaf_specs
@@ -29,10 +29,10 @@ from ._plan import (
     collect_leaves,
     mesh_sizes_and_target,
     parse_bytes,
-    rules_to_json,
     state_plan,
     verdict,
 )
+from ._plan_format import rules_to_json
 
 __all__ = ["PlanSearch", "plan_search"]
 
@@ -151,7 +151,8 @@ def plan_search(
 
     Example:
         >>> import jax
-        >>> from namedaxes import named, plan_search
+        >>> from namedaxes import named
+        >>> from namedaxes.analysis import plan_search
         >>> w = named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))
         >>> best = plan_search({"w": w}, {"data": 2, "model": 4}, budget="300KiB", top=1)
         >>> best[0].rules, best[0].state_bytes_per_device

@@ -26,10 +26,10 @@ from .._errors import (
     format_axes,
     format_mesh,
 )
+from .._logical._context import rules_in_force
+from .._logical._resolve import check_rules_mesh_axes
 from .._mesh import MeshLike, mesh_axis_sizes
-from .._partitioning._context import rules_in_force
 from .._partitioning._plan import describe_unmatched, unmatched_entries
-from .._partitioning._resolve import check_rules_mesh_axes
 from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ..rules._pattern import logical_spec
 from ._memory import ShardingAnalyzer, usage_of
@@ -112,9 +112,39 @@ class MemoryReport:
 
     def __rich__(self) -> Any:
         """Rich tables (``rich.print(report)`` in a terminal); ``str()`` stays plain text."""
-        from ._visualize import memory_report_renderable
+        return _renderable(self)
 
-        return memory_report_renderable(self)
+
+def _renderable(report: MemoryReport) -> Any:
+    """A ``rich`` group of tables for a ``MemoryReport`` (its plain text if rich is missing)."""
+    try:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:  # rich is optional
+        return str(report)
+    title = Text(f"Memory report on {format_mesh(report.mesh)}", style="bold")
+    summary = Table(show_header=False, box=None)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("total (unsharded)", format_bytes(report.total_bytes))
+    summary.add_row("busiest device", format_bytes(report.bytes_per_device))
+    replicated = (
+        f"{format_bytes(report.replicated_bytes)} in {len(report.replicated_leaves)} leaves"
+    )
+    summary.add_row("replicated", replicated)
+    axes = Table("logical axis", "mesh axes", "leaves", "saved per device")
+    for name, info in report.axes.items():
+        mesh_axes = ", ".join(info["mesh_axes"]) or "-"
+        axes.add_row(name, mesh_axes, str(info["leaves"]), format_bytes(info["saved_bytes"]))
+    largest = Table("largest leaves", "axes", "spec", "total", "per device")
+    for leaf in report.largest:
+        total, per_device = (
+            format_bytes(leaf["total_bytes"]),
+            format_bytes(leaf["bytes_per_device"]),
+        )
+        largest.add_row(leaf["path"], leaf["axes"], leaf["spec"], total, per_device)
+    return Group(title, summary, axes, largest)
 
 
 def _busiest_bytes(shape: tuple[int, ...], itemsize: int, ks: list[int]) -> int:
@@ -150,7 +180,8 @@ def memory_report(
 
     Example:
         >>> import jax
-        >>> from namedaxes import memory_report, named
+        >>> from namedaxes import named
+        >>> from namedaxes.analysis import memory_report
         >>> params = {"w": named(jax.ShapeDtypeStruct((1024, 512), "float32"), ("embed", "mlp"))}
         >>> report = memory_report(params, {"mlp": "model"}, {"data": 2, "model": 4})
         >>> report.bytes_per_device, report.axes["mlp"]["saved_bytes"]
@@ -272,7 +303,7 @@ def compiled_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[s
     Example:
         >>> import jax
         >>> from jax.sharding import PartitionSpec as P, NamedSharding
-        >>> from namedaxes import compiled_memory
+        >>> from namedaxes.analysis import compiled_memory
         >>> mesh = jax.make_mesh((8,), ("data",))
         >>> x = jax.ShapeDtypeStruct((1024,), "float32", sharding=NamedSharding(mesh, P("data")))
         >>> compiled_memory(jax.jit(lambda x: x * 2), x)["argument_bytes"]
@@ -318,7 +349,7 @@ def out_of_memory_error(e: BaseException) -> DeviceOutOfMemoryError | None:
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return DeviceOutOfMemoryError(
         f"XLA cannot fit the program in device memory: {figures}. XLA said: {first[:400]} "
-        "Shard more of the state (namedaxes.plan_search suggests layouts), shrink the batch, or "
+        "Shard more of the state (namedaxes.analysis.plan_search suggests layouts), shrink the batch, or "
         "rematerialize activations (jax.checkpoint).",
         used_bytes=used,
         capacity_bytes=capacity,
@@ -399,7 +430,7 @@ def create_monitored_function(
     Example:
         >>> import jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import ShardingAnalyzer, create_monitored_function
+        >>> from namedaxes.analysis import ShardingAnalyzer, create_monitored_function
         >>> analyzer = ShardingAnalyzer({"data": 8})
         >>> step = create_monitored_function(lambda p: p["w"].sum(), {"w": P("data")}, analyzer)
         >>> result, metrics = step({"w": jnp.ones(16)})

@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._errors import AxisError, NamedTypeError, format_axes, format_mesh, format_names
+from .._logical._context import current_rules, rules_in_force
 from .._mesh import MeshLike, mesh_axis_sizes
-from .._partitioning._context import current_rules, rules_in_force
 from .._partitioning._plan import describe_unmatched, unmatched_entries
 from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
 from ..rules._pattern import logical_spec
@@ -188,7 +188,7 @@ def visualize_sharding(
         >>> import jax
         >>> import namedaxes as na
         >>> params = {"w": na.named(jax.ShapeDtypeStruct((64, 256), "float32"), ("embed", "mlp"))}
-        >>> na.visualize_sharding(params, {"mlp": "model"}, {"data": 2, "model": 4})
+        >>> na.analysis.visualize_sharding(params, {"mlp": "model"}, {"data": 2, "model": 4})
         path  axes               dtype    spec                        per device  bytes/device  replicated
         w     embed=64, mlp=256  float32  P(None, 'model') (planned)  (64, 64)    16.00 KiB     over data
         busiest device: 16.00 KiB on Mesh(data=2, model=4)
@@ -213,38 +213,6 @@ def _plain_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     return "\n".join(lines)
-
-
-def memory_report_renderable(report: Any) -> Any:
-    """A ``rich`` group of tables for a ``MemoryReport`` (its plain text if rich is missing)."""
-    try:
-        from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
-    except ImportError:  # rich is optional
-        return str(report)
-    title = Text(f"Memory report on {format_mesh(report.mesh)}", style="bold")
-    summary = Table(show_header=False, box=None)
-    summary.add_column(style="bold")
-    summary.add_column()
-    summary.add_row("total (unsharded)", format_bytes(report.total_bytes))
-    summary.add_row("busiest device", format_bytes(report.bytes_per_device))
-    replicated = (
-        f"{format_bytes(report.replicated_bytes)} in {len(report.replicated_leaves)} leaves"
-    )
-    summary.add_row("replicated", replicated)
-    axes = Table("logical axis", "mesh axes", "leaves", "saved per device")
-    for name, info in report.axes.items():
-        mesh_axes = ", ".join(info["mesh_axes"]) or "-"
-        axes.add_row(name, mesh_axes, str(info["leaves"]), format_bytes(info["saved_bytes"]))
-    largest = Table("largest leaves", "axes", "spec", "total", "per device")
-    for leaf in report.largest:
-        total, per_device = (
-            format_bytes(leaf["total_bytes"]),
-            format_bytes(leaf["bytes_per_device"]),
-        )
-        largest.add_row(leaf["path"], leaf["axes"], leaf["spec"], total, per_device)
-    return Group(title, summary, axes, largest)
 
 
 # -- visualize_array ---------------------------------------------------------------------------
@@ -337,7 +305,7 @@ def visualize_array(
         >>> import jax
         >>> import namedaxes as na
         >>> x = na.named(jax.ShapeDtypeStruct((8, 16), "float32"), ("batch", "mlp"))
-        >>> na.visualize_array(x, {"batch": "data", "mlp": "model"}, {"data": 2, "model": 2})
+        >>> na.analysis.visualize_array(x, {"batch": "data", "mlp": "model"}, {"data": 2, "model": 2})
         NamedArray(float32, batch=8, mlp=16)  P('data', 'model') (planned) on Mesh(data=2, model=2)
         batch \\ mlp | 0:8 | 8:16
         ------------+-----+-----

@@ -4,7 +4,9 @@
 asynchronous, atomic checkpoints for a training loop; ``to_state_dict``/``from_state_dict`` and
 ``save_safetensors``/``load_safetensors`` move weights to and from other frameworks.
 
-Needs the ``checkpoint`` extra: ``pip install 'namedaxes[checkpoint]'``.
+Needs the ``checkpoint`` extra: ``pip install 'namedaxes[checkpoint]'``. Its errors
+(``namedaxes.CheckpointError`` and subclasses) live at the top level with the others, importable
+without the extra.
 """
 
 try:
@@ -15,11 +17,6 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         "pip install 'namedaxes[checkpoint]'"
     ) from _e
 
-from .._errors import CheckpointAxisError as CheckpointAxisError
-from .._errors import CheckpointDtypeError as CheckpointDtypeError
-from .._errors import CheckpointError as CheckpointError
-from .._errors import CheckpointNotFoundError as CheckpointNotFoundError
-from .._errors import CheckpointStructureError as CheckpointStructureError
 from ._io import restore as restore
 from ._io import save as save
 from ._manager import CheckpointManager as CheckpointManager
@@ -27,3 +24,13 @@ from ._state_dict import from_state_dict as from_state_dict
 from ._state_dict import load_safetensors as load_safetensors
 from ._state_dict import save_safetensors as save_safetensors
 from ._state_dict import to_state_dict as to_state_dict
+
+__all__ = [
+    "CheckpointManager",
+    "from_state_dict",
+    "load_safetensors",
+    "restore",
+    "save",
+    "save_safetensors",
+    "to_state_dict",
+]

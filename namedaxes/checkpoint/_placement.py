@@ -29,7 +29,8 @@ from jax.sharding import (
 
 from .._axis import Axis
 from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh
-from .._partitioning import current_axis_mapping, resolve
+from .._logical._context import current_axis_mapping
+from .._logical._resolve import resolve
 
 __all__ = ["Placement", "placement"]
 

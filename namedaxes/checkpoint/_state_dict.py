@@ -283,7 +283,7 @@ def save_safetensors(
             raise NamedTypeError(f"safetensors stores arrays only; leaf {k!r} is the str {v!r}.")
         if isinstance(v, jax.Array) and not v.is_fully_addressable:
             raise NamedTypeError(
-                f"Leaf {k!r} spans processes; gather it first (na.process_allgather) and write "
+                f"Leaf {k!r} spans processes; gather it first (na.distributed.process_allgather) and write "
                 "from one process."
             )
         x = np.asarray(v)  # (not ascontiguousarray, which makes 0-d arrays 1-d)

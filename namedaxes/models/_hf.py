@@ -25,8 +25,9 @@ from .._errors import (
     NamedTypeError,
     format_names,
 )
+from .._logical._context import current_axis_mapping
 from .._mesh import context_mesh
-from .._partitioning import current_axis_mapping, pspec_for
+from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
 from ._config import TransformerConfig
 from ._families import family_of

@@ -36,3 +36,18 @@ from ._precision import precision as precision
 from ._rotary import RopeScaling as RopeScaling
 from ._rotary import RotaryEmbedding as RotaryEmbedding
 from ._stacked import Stacked as Stacked
+
+__all__ = [
+    "MLP",
+    "Attention",
+    "Dropout",
+    "Embedding",
+    "LayerNorm",
+    "Linear",
+    "RmsNorm",
+    "Stacked",
+    "causal_mask",
+    "cross_entropy",
+    "dot_product_attention",
+    "one_hot",
+]

@@ -19,7 +19,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
-from .._partitioning import auto_sharded
+from .._partitioning._shard import auto_sharded
 from ._precision import current_precision, param_dtype
 
 __all__ = [

@@ -29,14 +29,14 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._logical._context import current_rules
+from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._ops.contract import dot
 from .._ops.creation import arange
-from .._ops.elementwise import where
 from .._ops.reductions import softmax
+from .._ops.sets import where
 from .._ops.shape import rearrange
-from .._partitioning._context import current_rules
-from .._partitioning._resolve import resolve
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
 from . import _attention_kernels as kernels

@@ -78,7 +78,7 @@ class AutoShardingRule(ShardingRule):
 
     Example:
         >>> import jax
-        >>> from namedaxes import AutoShardingRule
+        >>> from namedaxes.rules import AutoShardingRule
         >>> rule = AutoShardingRule({"data": 2, "model": 4})
         >>> rule.apply({"w": jax.ShapeDtypeStruct((6, 8), "float32")})
         {'w': P('data', 'model')}
@@ -169,7 +169,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
     Example:
         >>> import jax
-        >>> from namedaxes import MemoryConstrainedShardingRule
+        >>> from namedaxes.rules import MemoryConstrainedShardingRule
         >>> rule = MemoryConstrainedShardingRule(1024, {"data": 2, "model": 4})
         >>> rule.apply({"small": jax.ShapeDtypeStruct((16,), "float32"),
         ...             "big": jax.ShapeDtypeStruct((64, 16), "float32")})

@@ -216,7 +216,7 @@ class ShardingRule(abc.ABC):
     Example:
         >>> import jax, jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import ShardingRule
+        >>> from namedaxes.rules import ShardingRule
         >>> class ShardFirstDim(ShardingRule):
         ...     def apply(self, tree):
         ...         return jax.tree.map(lambda x: P("data"), tree)
@@ -244,7 +244,7 @@ class ShardingRule(abc.ABC):
 
         Example:
             >>> import jax, jax.numpy as jnp
-            >>> from namedaxes import AutoShardingRule
+            >>> from namedaxes.rules import AutoShardingRule
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
@@ -267,7 +267,7 @@ class ShardingRule(abc.ABC):
 
         Example:
             >>> import jax, jax.numpy as jnp
-            >>> from namedaxes import AutoShardingRule
+            >>> from namedaxes.rules import AutoShardingRule
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> AutoShardingRule(mesh).shard({"w": jnp.zeros(16)})["w"].sharding.spec
             P('data',)

@@ -15,8 +15,8 @@ from typing import Any
 from jax.sharding import Mesh, PartitionSpec
 
 from .._errors import MeshError, ShardingError, format_mesh, format_names
+from .._logical._resolve import check_rules_mesh_axes
 from .._mesh import MeshLike, context_mesh, mesh_axis_sizes, mesh_shape
-from .._partitioning._resolve import check_rules_mesh_axes
 from .._spec import entry_axes, rank_problem, spec_alone_problems
 from ._base import rule_mesh
 

@@ -116,7 +116,7 @@ class MeshPartitionHelper(ShardingRule):
 
     Example:
         >>> import jax
-        >>> from namedaxes import MeshPartitionHelper
+        >>> from namedaxes.rules import MeshPartitionHelper
         >>> helper = MeshPartitionHelper({"fsdp": 4, "tp": 2})
         >>> helper.analyze_pytree({"w": jax.ShapeDtypeStruct((1024, 4096), "float32")})
         {(1024, 4096): [('fsdp',), ('tp',)]}
@@ -149,7 +149,7 @@ class MeshPartitionHelper(ShardingRule):
         """Mesh-axis groups that could shard an array of ``shape``, best first.
 
         Example:
-            >>> from namedaxes import MeshPartitionHelper
+            >>> from namedaxes.rules import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 2, "model": 4}).suggest_methods((6, 8))
             [('model',), ('data',)]
         """
@@ -180,7 +180,7 @@ class MeshPartitionHelper(ShardingRule):
 
         Example:
             >>> import jax.numpy as jnp
-            >>> from namedaxes import MeshPartitionHelper
+            >>> from namedaxes.rules import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 8}).analyze_pytree([jnp.zeros(16), jnp.zeros(3)])
             {(16,): [('data',)], (3,): []}
         """
@@ -213,7 +213,7 @@ class MeshPartitionHelper(ShardingRule):
                 method is not a name or a tuple of names.
 
         Example:
-            >>> from namedaxes import MeshPartitionHelper
+            >>> from namedaxes.rules import MeshPartitionHelper
             >>> MeshPartitionHelper({"data": 2, "model": 4}).create_partition_spec(
             ...     (4096, 1024), [("model",), ("data",)])
             P('model', 'data')
@@ -253,7 +253,7 @@ class MeshPartitionHelper(ShardingRule):
         Example:
             >>> import jax, jax.numpy as jnp
             >>> from jax.sharding import PartitionSpec as P
-            >>> from namedaxes import MeshPartitionHelper
+            >>> from namedaxes.rules import MeshPartitionHelper
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
@@ -266,7 +266,7 @@ class MeshPartitionHelper(ShardingRule):
 
         Example:
             >>> import jax, jax.numpy as jnp
-            >>> from namedaxes import MeshPartitionHelper
+            >>> from namedaxes.rules import MeshPartitionHelper
             >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
             >>> out = MeshPartitionHelper(mesh).auto_shard_pytree({"w": jnp.zeros((64, 64))})
             >>> out["w"].sharding.spec

@@ -16,11 +16,10 @@ from jax.sharding import PartitionSpec
 
 from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError, format_path
+from .._logical._context import rules_in_force
+from .._logical._resolve import check_rules_mesh_axes, resolve
+from .._logical._rules import AxisRules, as_rules
 from .._mesh import MeshLike
-from .._partitioning import AxisRules, resolve
-from .._partitioning._context import rules_in_force
-from .._partitioning._resolve import check_rules_mesh_axes
-from .._partitioning._rules import as_rules
 from ._base import (
     Leaf,
     ShardingRule,
@@ -84,7 +83,8 @@ class LogicalAxisRule(ShardingRule):
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from namedaxes import LogicalAxisRule, named
+        >>> from namedaxes import named
+        >>> from namedaxes.rules import LogicalAxisRule
         >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
         >>> LogicalAxisRule({"batch": "data"}, {"data": 2, "model": 4}).apply({"x": x})
         {'x': P('data', None)}
@@ -185,7 +185,7 @@ class ShapeBasedShardingRule(ShardingRule):
     Example:
         >>> import jax
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import ShapeBasedShardingRule
+        >>> from namedaxes.rules import ShapeBasedShardingRule
         >>> rule = ShapeBasedShardingRule([((None, 1024), P("model", None))], mesh={"model": 4})
         >>> rule.apply({"emb": jax.ShapeDtypeStruct((32000, 1024), "float32")})
         {'emb': P('model', None)}
@@ -241,7 +241,7 @@ class ShapeBasedShardingRule(ShardingRule):
 
         Example:
             >>> from jax.sharding import PartitionSpec as P
-            >>> from namedaxes import ShapeBasedShardingRule
+            >>> from namedaxes.rules import ShapeBasedShardingRule
             >>> ShapeBasedShardingRule({(None, 4): P("data")}).match((7, 4))
             P('data',)
         """
@@ -314,7 +314,7 @@ class PathRegexRule(ShardingRule):
     Example:
         >>> import jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
-        >>> from namedaxes import PathRegexRule
+        >>> from namedaxes.rules import PathRegexRule
         >>> rule = PathRegexRule([(r"attn/.*/kernel", P(None, "model")), (r".*", P())],
         ...                      mesh={"model": 4})
         >>> rule.apply({"attn": {"q": {"kernel": jnp.zeros((8, 8))}}, "bias": jnp.zeros(8)})
@@ -464,7 +464,8 @@ class CompositeShardingRule(ShardingRule):
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from namedaxes import AutoShardingRule, CompositeShardingRule, LogicalAxisRule, named
+        >>> from namedaxes import named
+        >>> from namedaxes.rules import AutoShardingRule, CompositeShardingRule, LogicalAxisRule
         >>> x = named(jnp.zeros((8, 6)), ("batch", "embed"))
         >>> mesh = {"data": 2, "model": 4}
         >>> rule = CompositeShardingRule(LogicalAxisRule({"batch": "data"}, mesh),
