@@ -172,7 +172,7 @@ def test_abandoned_generator_leaves_nothing_behind():
 
 
 def test_generator_resumed_and_closed_in_other_threads():
-    """Issue 9: a generator suspended inside axis_mapping and resumed in another thread sees its own
+    """A generator suspended inside axis_mapping and resumed in another thread sees its own
     mapping; closing it in another thread leaves nothing in the thread that created it."""
     import gc
     import weakref

@@ -15,19 +15,23 @@ import numpy as np
 import optax
 import pytest
 from _helpers import run_two_processes, spec_of
-from conftest import make_mesh
+from _meshes import make_mesh
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-from namedaxes import MeshError, MeshTypeError, NamedTypeError
-from namedaxes.checkpoint import (
+from namedaxes import (
     CheckpointAxisError,
     CheckpointDtypeError,
     CheckpointError,
-    CheckpointManager,
     CheckpointNotFoundError,
     CheckpointStructureError,
+    MeshError,
+    MeshTypeError,
+    NamedTypeError,
+)
+from namedaxes.checkpoint import (
+    CheckpointManager,
     from_state_dict,
     load_safetensors,
     restore,

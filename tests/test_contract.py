@@ -289,7 +289,7 @@ def test_fsdp_stored_weights_run_unchanged_on_auto_and_explicit(mesh_2x4):
 
 
 def test_explicit_result_sharding_is_by_name_not_result_order():
-    """Issue 8: with a sharded contracted axis, a contraction's result sharding comes from resolve
+    """With a sharded contracted axis, a contraction's result sharding comes from resolve
     over the operands' shardings, so each result axis keeps its mesh axes whatever the order."""
     P = jax.sharding.PartitionSpec
     mesh = jax.make_mesh(

@@ -1,4 +1,4 @@
-"""Issue 9, named ops: bad input gets a typed error naming the offender and a fix, never a silent
+"""Named ops fail closed: bad input gets a typed error naming the offender and a fix, never a silent
 result or an error from JAX/NumPy internals. ``x`` is ``NamedArray(batch=2, seq=3)``."""
 
 import re

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _meshes import make_mesh
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -28,7 +29,7 @@ def train_step(w, x):
 
 
 def test_fsdp_weight_and_gradient_stay_sharded(axis_type):
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    mesh = make_mesh((8,), ("data",), axis_type)
     w0 = np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4)
     x0 = np.linspace(0, 2, 8 * 16, dtype=np.float32).reshape(8, 16)
     w = na.shard(named(jnp.asarray(w0), ("embed", "mlp")), PARAMS, mesh)
@@ -66,9 +67,9 @@ def test_fsdp_forms_and_errors():
 
 
 def test_fsdp_places_the_batch_by_the_compute_mapping(axis_type):
-    """Issue 10: a batch must be compiled sharded by the compute mapping (the parameter mapping
+    """A batch must be compiled sharded by the compute mapping (the parameter mapping
     has no rule for 'batch'); only the first argument is placed by the parameter mapping."""
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
 
     @na.fsdp(parameter_mapping={"embed": "model"}, compute_mapping={"batch": "data"})
     def step(w, x):
@@ -85,7 +86,7 @@ def test_fsdp_places_the_batch_by_the_compute_mapping(axis_type):
 
 
 def test_fsdp_cached_calls_take_the_fast_path(axis_type):
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
     traces = []
 
     @na.fsdp(parameter_mapping={"embed": "model"}, compute_mapping={"batch": "data"})
@@ -114,7 +115,7 @@ def test_fsdp_refuses_placement_options():
 def test_fsdp_leaves_other_arguments_already_on_the_mesh_where_they_are(axis_type):
     """Optimizer state held by the parameter mapping (a second argument) is not moved to the
     compute mapping; only arguments not yet on the mesh are placed by it."""
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
     params, compute = {"embed": "data"}, {"batch": "data"}
 
     @na.fsdp(parameter_mapping=params, compute_mapping=compute)
@@ -154,7 +155,7 @@ def test_fsdp_places_returned_activations_by_the_compute_mapping(axis_type):
     import optax
     from jax.sharding import NamedSharding
 
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
     explicit = axis_type == jax.sharding.AxisType.Explicit
     opt = optax.adam(0.1)
     w0 = np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4)

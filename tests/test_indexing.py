@@ -494,7 +494,7 @@ def test_indexing_on_sharded_arrays(mesh_2x4):
 
 
 def test_embedding_lookup_keeps_sharded_ids_on_explicit_meshes():
-    """Issue 10: take(table(vocab, embed), "vocab", ids(batch@data, seq)) on an Explicit mesh keeps
+    """take(table(vocab, embed), "vocab", ids(batch@data, seq)) on an Explicit mesh keeps
     the ids split (no all-gather), as plain JAX's table.at[ids].get(out_sharding=P('data')) does."""
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P

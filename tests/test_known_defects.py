@@ -26,14 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import sds, shard_shapes, spec_of
+from _meshes import make_mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-
-
-def make_mesh(shape, names, axis_type):
-    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
 
 
 def data():
@@ -272,7 +269,7 @@ def test_named_jit_not_affected_by_a_suspended_generator(axis_type):
 
 
 def test_memory_rule_axis_names_restricts_and_checks_mesh_axes():
-    """Issue 5: `MemoryConstrainedShardingRule(max_memory_per_device, mesh=None,
+    """`MemoryConstrainedShardingRule(max_memory_per_device, mesh=None,
     axis_names=None)`: only the named mesh axes are used, and they must exist."""
     mesh = {"data": 2, "model": 4}
     tree = {"w": sds(8, 6)}  # 192 B
@@ -290,7 +287,7 @@ def test_memory_rule_axis_names_restricts_and_checks_mesh_axes():
 
 
 def test_pspec_for_plain_array_without_a_spec_is_none():
-    """Issue 3: pspec_for gives "for other plain arrays their current spec when they have one, else
+    """pspec_for gives "for other plain arrays their current spec when they have one, else
     `None`" (a single-device array has none)."""
     x = na.named(jnp.ones((8, 4)), ("batch", "embed"))
     on_device = jax.device_put(jnp.ones(3), jax.devices()[2])
@@ -310,7 +307,7 @@ def test_named_jit_out_axis_resources_without_a_mesh_is_an_error():
 
 
 def test_logical_rule_typo_in_mapping_is_an_error_without_named_leaves():
-    """Issue 3/5: "Every mesh axis named anywhere in the rules must exist in the mesh, else a
+    """Documented: "Every mesh axis named anywhere in the rules must exist in the mesh, else a
     `ShardingError`" / bad input: "rules that name mesh axes the mesh lacks"."""
     rule = na.rules.LogicalAxisRule({"batch": "dta"}, {"data": 2, "model": 4})
     with pytest.raises(na.ShardingError, match=r"mesh axis 'dta'"):

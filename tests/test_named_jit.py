@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import shard_shapes, spec_of
+from _meshes import make_mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -74,7 +75,7 @@ def test_one_trace_per_signature_mapping_and_mesh(mesh_2x4, axis_type):
             f(x)  # back to the first: cached
     assert traces == [{"batch": "data"}, {"batch": "model"}]
     assert spec_of(a) == P("data") and spec_of(b) == P("model")
-    other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    other = make_mesh((4, 2), ("data", "model"), axis_type)
     with jax.set_mesh(other), axis_mapping(batch="data"):
         c = f(x)  # a different mesh: retraced
     assert len(traces) == 3
@@ -217,7 +218,7 @@ def test_cache_is_bounded():
     assert [key[0] for key in layout.by_key] == [(2.0,), (0.0,), (3.0,)]
 
 
-# -- fail closed (issue 9) ----------------------------------------------------------------------
+# -- fail closed -------------------------------------------------------------------------------
 
 
 def test_donate_args_must_be_bools():
@@ -311,7 +312,7 @@ def test_first_calls_from_threads_trace_once_per_signature(mesh_2x4):
 
 
 def test_empty_arrays_placed_like_shard(mesh_2x4):
-    """Issue 9: a (batch=0, embed=8) output came back replicated on Auto meshes."""
+    """A (batch=0, embed=8) output once came back replicated on Auto meshes."""
     x = na.named(jnp.zeros((0, 8)), ("batch", "embed"))
     mapping = {"batch": "data", "embed": "model"}
     with jax.set_mesh(mesh_2x4), axis_mapping(mapping):
@@ -344,7 +345,7 @@ def test_clear_caches_empties_every_cache(mesh_2x4):
 
 
 def test_mapping_typo_fails_on_plain_arrays_too(mesh_2x4):
-    """Issue 9: named_jit(axis_resources=...) with a mesh-axis typo and only plain arrays."""
+    """named_jit(axis_resources=...) with a mesh-axis typo and only plain arrays."""
     f = na.named_jit(lambda x: x * 2, axis_resources={"batch": "dta"})
     with (
         jax.set_mesh(mesh_2x4),

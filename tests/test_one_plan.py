@@ -1,6 +1,6 @@
 """Every entry point that turns names into placements agrees with ``resolve``, leaf by leaf.
 
-Issue 8: ``pspec_for``, ``infer_resource_partitions``, ``shard``, ``named_jit``, ``LogicalAxisRule``
+``pspec_for``, ``infer_resource_partitions``, ``shard``, ``named_jit``, ``LogicalAxisRule``
 and ``memory_report`` all go through one tree walk and one plan, so on the same tree (NamedArrays,
 field-declared plain arrays, ``eval_shape`` trees, already-placed plain arrays, mixed) they give the
 same spec per leaf, on Auto and Explicit meshes.
@@ -130,7 +130,7 @@ def test_transpose_does_not_change_placement(mesh_2x4):
 
 
 def test_field_declared_leaf_counts_as_sharded_in_memory_report():
-    """Issue 8: memory_report listed a field-declared (embed, mlp) array as replicated."""
+    """memory_report once listed a field-declared (embed, mlp) array as replicated."""
     block = Block(jnp.ones((8, 16)), na.named(jnp.zeros(16), "mlp"))
     report = na.analysis.memory_report(block, {"mlp": "model"}, {"data": 2, "model": 4}, top=5)
     row = next(r for r in report.largest if r["path"] == "w")
@@ -177,7 +177,7 @@ def test_rules_as_pairs_everywhere(mesh_2x4):
 
 
 def test_every_permutation_shards_by_name(mesh_2x4):
-    """Property (issue 8): on Auto and Explicit meshes, permuting an array's axes permutes the
+    """Property: on Auto and Explicit meshes, permuting an array's axes permutes the
     placed spec, and pspec_for/shard agree with resolve for each permutation."""
     import itertools
 

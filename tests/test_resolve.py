@@ -61,7 +61,7 @@ def test_mesh_axis_used_once_per_array_with_fallback():
 
 
 def test_rule_order_is_priority_not_axis_order():
-    """The case from issue 8: batch's first rule must not steal 'model' from embed's earlier rule."""
+    """Batch's first rule must not steal 'model' from embed's earlier rule."""
     rules = AxisRules([("embed", "model"), ("batch", "model"), ("batch", "data")])
     be = resolve((Axis("batch", 8), Axis("embed", 8)), rules, MESH)
     eb = resolve((Axis("embed", 8), Axis("batch", 8)), rules, MESH)

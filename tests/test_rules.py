@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import sds
+from _meshes import make_mesh
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -636,8 +637,8 @@ def test_mesh_typo_in_a_pattern_that_matches_nothing_raises(given, mesh_2x4):
 
 
 def test_composite_refuses_rules_on_different_meshes(axis_type):
-    a = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
-    b = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    a = make_mesh((2, 4), ("data", "model"), axis_type)
+    b = make_mesh((4, 2), ("data", "model"), axis_type)
     with pytest.raises(
         MeshError,
         match=r"CompositeShardingRule combines rules planned on different meshes: rule 0 \(LogicalAxisRule\) uses Mesh\(data=2, model=4\) on devices \[0, 1, 2, 3, 4, 5, 6, 7\] and rule 1 \(AutoShardingRule\) uses Mesh\(data=4, model=2\) on devices .*Give every rule the same mesh",

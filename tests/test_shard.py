@@ -239,7 +239,7 @@ def test_physical_axis_name_of_an_axis_needs_no_mesh_when_the_rules_decide(mesh_
 
 
 def test_physical_axis_queries_agree_with_resolve(mesh_2x4):
-    """Issue 8: with fallback rules the size decides, exactly as resolve decides."""
+    """With fallback rules the size decides, exactly as resolve decides."""
     rules = na.AxisRules([("embed", "model"), ("embed", "data")])
     for size in (4, 6, 8, 3):
         spec = na.resolve((Axis("embed", size),), rules, mesh_2x4, unsatisfied="replicate")
