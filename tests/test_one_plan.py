@@ -1,10 +1,13 @@
 """Every entry point that turns names into placements agrees with ``resolve``, leaf by leaf.
 
-``pspec_for``, ``infer_resource_partitions``, ``shard``, ``named_jit``, ``LogicalAxisRule``
-and ``memory_report`` all go through one tree walk and one plan, so on the same tree (NamedArrays,
+``pspec_for``, ``infer_resource_partitions``, ``shard``, ``named_jit``, ``fsdp``,
+``LogicalAxisRule``, ``memory_report``, ``analysis.plan``, ``visualize_sharding`` and checkpoint
+restore all read a tree through one walk and one plan, so on the same tree (NamedArrays,
 field-declared plain arrays, ``eval_shape`` trees, already-placed plain arrays, mixed) they give the
 same spec per leaf, on Auto and Explicit meshes.
 """
+
+import io
 
 import equinox as eqx
 import jax
@@ -92,18 +95,29 @@ def test_entry_points_agree_leaf_by_leaf(mesh_2x4, kind):
     )[0]
     assert sorted(listed.values()) == sorted(str(s) for _, s in flat_rule if isinstance(s, P))
 
+    # analysis.plan and visualize_sharding show the same specs.
+    planned = na.analysis.plan(tree, mesh, RULES, top=100)
+    assert {g["spec"] for g in planned.largest} == {
+        str(s) for _, s in flat_rule if isinstance(s, P)
+    }
+    shown = io.StringIO()
+    na.analysis.visualize_sharding(tree, RULES, mesh, file=shown)
+    for _, s in flat_rule:
+        assert str(s) in shown.getvalue()
+
     if kind == "abstract":
         return
-    # shard, and named_jit's outputs, place each leaf as planned.
+    # shard, and named_jit's and fsdp's outputs, place each leaf as planned.
     with jax.set_mesh(mesh):
         placed = na.shard(tree, RULES)
         out = na.named_jit(lambda t: t, axis_resources=RULES)(tree)
+        fsdp_out = na.fsdp(lambda t, n: t, RULES, RULES)(tree, 0)
     want = dict(
         jax.tree_util.tree_flatten_with_path(
             specs, is_leaf=lambda s: isinstance(s, P) or s is None
         )[0]
     )
-    for result in (placed, out):
+    for result in (placed, out, fsdp_out):
         for path, node in jax.tree_util.tree_flatten_with_path(
             result, is_leaf=lambda n: isinstance(n, na.NamedArray)
         )[0]:
@@ -288,3 +302,17 @@ def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
         good = na.fsdp(step, matched, {"batch": "data"}, strict=True)
         params, out = good(placed, x)
     assert spec_of(params["q"]) == P("data", "model") and spec_of(out) == P("data")
+
+
+def test_checkpoint_restore_places_by_the_plan(tmp_path, mesh_2x4):
+    """Restore reads each NamedArray straight into the sharding the plan gives it (here under
+    another mapping than it was saved with)."""
+    checkpoint = pytest.importorskip("namedaxes.checkpoint")
+    tree = _trees(mesh_2x4)["named"]
+    checkpoint.save(tmp_path / "c", na.shard(tree, {"batch": "data"}, mesh_2x4))
+    with jax.set_mesh(mesh_2x4):
+        restored = checkpoint.restore(tmp_path / "c", tree, mapping=RULES)
+    specs = na.pspec_for(tree, RULES, mesh=mesh_2x4)
+    for name, x in restored.items():
+        assert spec_of_entries(spec_of(x)) == spec_of_entries(specs[name]), name
+        np.testing.assert_array_equal(np.asarray(x.array), np.asarray(tree[name].array))

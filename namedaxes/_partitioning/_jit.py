@@ -25,7 +25,6 @@ import jax
 from .._caches import register_owner
 from .._errors import NamedTypeError, format_names
 from .._logical._context import axis_mapping, current_mapping_and_rules
-from .._logical._resolve import check_rules_mesh_axes
 from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._jit_args import (
@@ -53,8 +52,9 @@ from ._jit_outputs import (
     refuse_unplaceable_outputs,
 )
 from ._lru import lru_put, lru_touch
-from ._shard import place_leaves, targets_for
-from ._tree import leaf_plan
+from ._plan import plan_tree
+from ._shard import place_leaves
+from ._tree import walk
 
 __all__ = ["fsdp", "named_jit"]
 
@@ -77,6 +77,8 @@ class NamedJitWrapped:
     ) -> None:
         self._fn = fn
         self._strict = strict
+        self._fsdp = in_rules_rest is not None
+        self._caller = "fsdp" if self._fsdp else "named_jit"
         # Copied now: mutating the caller's dict later must change neither tracing nor placement.
         self._axis_value = frozen_mapping(axis_resources)
         self._axis_rules = None if axis_resources is None else as_rules(axis_resources)
@@ -179,7 +181,7 @@ class NamedJitWrapped:
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast_key: Any) -> Any:
         layout, compiled, dyn, leaves = self._entry(args, kwargs)
-        if compiled.in_plan is None and compiled.set_mesh is None and not fast_key[3].empty:
+        if not compiled.shaped_targets and compiled.set_mesh is None and not fast_key[3].empty:
             # Eligible for the fast path: nothing depends on the leaves' shapes or on the
             # arguments' own mesh. With static leaves the entry is a dict keyed by their values.
             # (Bounded; the slow path remains the source of truth.)
@@ -191,7 +193,7 @@ class NamedJitWrapped:
                 lru_put(self._fast, fast_key, (layout, by_statics), self._cache_size)
             else:
                 lru_put(self._fast, fast_key, (layout, compiled), self._cache_size)
-        if compiled.in_targets is not None or compiled.in_plan is not None:
+        if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if layout.donate:
             check_donation(layout, dyn, args, kwargs)
@@ -214,7 +216,7 @@ class NamedJitWrapped:
         """
         with self._lock:
             layout, compiled, dyn, leaves = self._entry(args, kwargs)
-        if compiled.in_targets is not None or compiled.in_plan is not None:
+        if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if compiled.set_mesh is not None:
             with jax.set_mesh(compiled.set_mesh):
@@ -225,7 +227,7 @@ class NamedJitWrapped:
         self, layout: Layout, compiled: Compiled, dyn: Any, leaves: list[Any]
     ) -> list[Any]:
         targets = compiled.in_targets
-        if compiled.in_plan is not None:  # field(axis_names=...) leaves: sizes come from shapes
+        if compiled.shaped_targets:  # field(axis_names=...) leaves: sizes come from shapes
             all_targets = self._input_targets(layout.treedef, leaves, compiled.mesh)
             targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
         placed, _ = place_leaves(list(dyn), concrete_targets(dyn, targets))  # type: ignore[arg-type]
@@ -240,13 +242,11 @@ class NamedJitWrapped:
             parts = [(args[0], self._in_rules), ((args[1:], kwargs), self._in_rules_rest)]
         out: list[Any] = []
         for n, (tree, rules) in enumerate(parts):
-            sub_leaves, sub_def = jax.tree_util.tree_flatten(tree)
-            plan = leaf_plan(tree, sub_def)
-            if not plan.any_named:
-                out += [None] * len(sub_leaves)
+            planned = plan_tree(tree, rules, mesh, caller=self._caller)
+            if not planned.any_named:
+                out += [None] * len(planned.leaves)
                 continue
-            targets = targets_for(sub_def, plan, rules, mesh, sub_leaves)
-            out += [IfUnplaced(t) if n and t is not None else t for t in targets]
+            out += [IfUnplaced(t) if n and t is not None else t for t in planned.targets]
         return out
 
     # -- building an entry (once per key) ----------------------------------------------------------
@@ -278,11 +278,11 @@ class NamedJitWrapped:
         out_rules = self._out_rules if self._out_rules is not None else rules
         # Rules given to named_jit itself (not found in the context) are a request to place outputs.
         explicit_out = self._out_rules is not None or self._axis_rules is not None
-        if mesh is not None:  # a mesh-axis typo in a mapping given here fails even with no names
-            for given in (self._axis_rules, self._in_rules, self._in_rules_rest, self._out_rules):
-                if given is not None:
-                    check_rules_mesh_axes(given, mesh)
         treedef = layout.treedef
+        if mesh is not None:  # the plan checks each mapping given here against the mesh
+            given = (self._axis_rules, self._in_rules, self._in_rules_rest, self._out_rules)
+            for mapping in dict.fromkeys(r for r in given if r is not None):
+                plan_tree(treedef.unflatten(leaves), mapping, mesh, caller=self._caller)
 
         def flat(*dyn: Any) -> list[Any]:
             args, kwargs = treedef.unflatten(layout.merge(dyn, statics))
@@ -327,18 +327,13 @@ class NamedJitWrapped:
         flat.__qualname__ = getattr(fn, "__qualname__", flat.__name__)
         compiled.jitted = jax.jit(flat, donate_argnums=layout.donate, **self._jit_kwargs)
         if self._in_rules is not None:
-            tree = treedef.unflatten(leaves)
-            plan = leaf_plan(tree, treedef)
-            if plan.any_named:
-                what = (
-                    "fsdp"
-                    if self._in_rules_rest is not None
-                    else "named_jit(in_axis_resources=...)"
-                )
-                m = require_mesh(mesh, what=what, has_mesh_arg=False)
+            tree_walk = walk(treedef.unflatten(leaves), treedef)
+            if tree_walk.any_named:
+                caller = "fsdp" if self._fsdp else "named_jit(in_axis_resources=...)"
+                m = require_mesh(mesh, what=caller, has_mesh_arg=False)
                 compiled.mesh = m
-                if plan.any_field:
-                    compiled.in_plan = plan  # targets depend on shapes: computed per call
+                if tree_walk.any_field:
+                    compiled.shaped_targets = True  # targets depend on shapes: computed per call
                 else:
                     all_targets = self._input_targets(treedef, leaves, m)
                     compiled.in_targets = (

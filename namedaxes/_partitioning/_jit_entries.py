@@ -119,7 +119,16 @@ def place_empty(dyn: list[Any], empty: tuple[tuple[int, Any], ...]) -> list[Any]
 class Compiled:
     """One ``jax.jit`` of the flat function, for one (structure, mapping, statics, mesh)."""
 
-    __slots__ = ("jitted", "in_targets", "in_plan", "mesh", "outs", "single", "set_mesh", "seen")
+    __slots__ = (
+        "jitted",
+        "in_targets",
+        "shaped_targets",
+        "mesh",
+        "outs",
+        "single",
+        "set_mesh",
+        "seen",
+    )
 
     def __init__(self) -> None:
         self.outs: dict[Any, OutInfo] = {}
@@ -128,7 +137,7 @@ class Compiled:
         self.seen: list[Any] = []
         self.single: OutInfo | None = None  # set while every trace gave the same output info
         self.in_targets: list[Any] | None = None
-        self.in_plan: Any = None  # set when input targets depend on leaf shapes (fields)
+        self.shaped_targets = False  # input targets depend on leaf shapes (fields): per call
         self.mesh: Any = None
         self.set_mesh: Any = None  # a mesh found on the arguments, set around each call
 

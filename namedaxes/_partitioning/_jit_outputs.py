@@ -22,9 +22,8 @@ from .._array import NamedArray, is_named_array
 from .._errors import ShardingError, format_names
 from .._logical._rules import AxisRules
 from .._mesh import AnyMesh
-from ._plan import check_matched, tree_axis_names
-from ._shard import constrain, targets_for
-from ._tree import leaf_plan
+from ._plan import check_matched, plan_tree, tree_axis_names
+from ._shard import constrain
 
 __all__ = [
     "check_strict",
@@ -78,14 +77,17 @@ def constrain_outputs(
     With ``compute_rules`` (fsdp), leaves in subtrees whose structure is in ``parameters`` are
     placed by ``rules``, the others by ``compute_rules``.
     """
-    plan = leaf_plan(out, out_def)
-    if not plan.any_named:
+    caller = "named_jit" if compute_rules is None else "fsdp"
+    planned = plan_tree(out, rules, mesh, caller=caller, flat=(out_leaves, out_def))
+    if not planned.any_named:
         return out_leaves, {}
-    targets = targets_for(out_def, plan, rules, mesh, out_leaves)
+    targets = planned.targets
     if compute_rules is not None:
         mask = _parameter_mask(out, parameters, len(out_leaves))
         if not all(mask):
-            computed = targets_for(out_def, plan, compute_rules, mesh, out_leaves)
+            computed = plan_tree(
+                out, compute_rules, mesh, caller=caller, flat=(out_leaves, out_def)
+            ).targets
             targets = [t if keep else c for t, c, keep in zip(targets, computed, mask)]
     new = list(out_leaves)
     specs = {}
@@ -121,10 +123,10 @@ def check_strict(
     Raises:
         UnmatchedMappingError: naming the entries and the axes there are.
     """
-    what = "fsdp" if parameter_rules is not None else "named_jit"
+    caller = "fsdp" if parameter_rules is not None else "named_jit"
     if parameter_rules is not None:
-        params = tree_axis_names(args[0]) if args else set()
-        check_matched(parameter_rules, params, what, "the parameters (the first argument)")
+        params = tree_axis_names(args[0]) if args else frozenset()
+        check_matched(parameter_rules, params, caller, "the parameters (the first argument)")
     names = tree_axis_names((args, kwargs)) | tree_axis_names(out)
     for rules in dict.fromkeys(m for m in mappings if m is not None):
-        check_matched(rules, names, what, "the arguments and outputs")
+        check_matched(rules, names, caller, "the arguments and outputs")

@@ -8,7 +8,6 @@ dimension the explicit mesh axes are then the major ones).
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import Any, TypeVar
 
@@ -19,15 +18,12 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 from .._caches import register
 from .._errors import ShardingError
 from .._logical._context import current_rules, rules_in_force
-from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, RulesLike
 from .._mesh import AnyMesh, context_mesh, require_mesh
 from .._spec import entry_axes
-from ._lru import lru_put, lru_touch
-from ._plan import check_matched, tree_axis_names
-from ._tree import FieldAxes, Plan, leaf_axes, leaf_plan
+from ._plan import check_matched, plan_tree
 
-__all__ = ["auto_sharded", "constrain", "place_leaves", "shard", "targets_for"]
+__all__ = ["auto_sharded", "constrain", "place_leaves", "shard"]
 
 T = TypeVar("T")
 _Tracer = jax.core.Tracer
@@ -55,6 +51,9 @@ def _split(spec: PartitionSpec, mesh: AnyMesh) -> tuple[NamedSharding | None, Na
     )
 
 
+register(_split.cache_clear)
+
+
 def constrain(x: Any, spec: PartitionSpec, mesh: AnyMesh) -> Any:
     """Shard a traced array as ``spec`` says: ``reshard`` for Explicit axes, a constraint for Auto."""
     explicit, auto = _split(spec, mesh)
@@ -63,56 +62,6 @@ def constrain(x: Any, spec: PartitionSpec, mesh: AnyMesh) -> Any:
     if auto is not None:
         x = jax.lax.with_sharding_constraint(x, auto)
     return x
-
-
-# -- targets ------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4096)
-def _named_sharding(mesh: AnyMesh, spec: PartitionSpec) -> NamedSharding:
-    return NamedSharding(mesh, spec)
-
-
-_TARGETS: collections.OrderedDict[Any, tuple[NamedSharding | FieldAxes | None, ...]] = (
-    collections.OrderedDict()
-)
-_MAX_TARGETS = 1024
-register(_TARGETS.clear)
-register(_split.cache_clear)
-register(_named_sharding.cache_clear)
-
-
-def targets_for(
-    treedef: Any, plan: Plan, rules: AxisRules, mesh: AnyMesh, leaves: list[Any]
-) -> list[NamedSharding | None]:
-    """One ``NamedSharding`` (or ``None``: leave alone) per leaf; cached per structure."""
-    key = (treedef, rules, mesh)
-    try:
-        cached = _TARGETS.get(key)
-    except TypeError:  # unhashable static data in the structure
-        key, cached = None, None
-    if cached is None:
-        cached = tuple(
-            info
-            if isinstance(info, FieldAxes)
-            else None
-            if info is None
-            else _named_sharding(mesh, resolve(info, rules, mesh))
-            for info in plan.infos
-        )
-        if key is not None:
-            lru_put(_TARGETS, key, cached, _MAX_TARGETS)
-    else:
-        lru_touch(_TARGETS, key)
-    if not plan.any_field:
-        return list(cached)  # type: ignore[arg-type]
-    out: list[NamedSharding | None] = []
-    for t, leaf in zip(cached, leaves):
-        if isinstance(t, FieldAxes):
-            axes = leaf_axes(t, leaf)
-            t = None if axes is None else _named_sharding(mesh, resolve(axes, rules, mesh))
-        out.append(t)
-    return out
 
 
 # -- placement ----------------------------------------------------------------------------------
@@ -163,26 +112,22 @@ def place_leaves(leaves: list[Any], targets: list[NamedSharding | None]) -> tupl
     return new, changed
 
 
-def _shard_with(x: T, rules: AxisRules, mesh: Any, what: str, strict: bool = False) -> T:
-    leaves, treedef = jax.tree_util.tree_flatten(x)
-    plan = leaf_plan(x, treedef)
+def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = False) -> T:
+    planned = plan_tree(x, rules, mesh, caller=caller)
     if strict:
-        check_matched(rules, tree_axis_names(x), what)
-    if not plan.any_named:
-        known = mesh if mesh is not None else context_mesh()
-        if known is not None:  # nothing to place, but a mesh-axis typo must not pass silently
-            check_rules_mesh_axes(rules, known)
-        return x
-    mesh = require_mesh(mesh, what=what)
-    if isinstance(mesh, AbstractMesh) and not _tracing(leaves):
+        check_matched(rules, planned.names, caller)
+    if not planned.any_named:
+        return x  # nothing to place (the plan has checked the mapping against a known mesh)
+    mesh = require_mesh(planned.mesh, what=caller)  # a Mesh or AbstractMesh, not sizes alone
+    if isinstance(mesh, AbstractMesh) and not _tracing(planned.leaves):
         raise ShardingError(
-            f"{what} was given an AbstractMesh outside jit, but placing arrays needs devices. Pass "
-            "the concrete jax.sharding.Mesh (or call it inside jax.jit, where the abstract mesh is "
-            "enough); to plan without devices use pspec_for(tree, mapping, mesh=abstract_mesh)."
+            f"{caller} was given an AbstractMesh outside jit, but placing arrays needs devices. "
+            "Pass the concrete jax.sharding.Mesh (or call it inside jax.jit, where the abstract "
+            "mesh is enough); to plan without devices use pspec_for(tree, mapping, "
+            "mesh=abstract_mesh)."
         )
-    targets = targets_for(treedef, plan, rules, mesh, leaves)
-    new, changed = place_leaves(leaves, targets)
-    return jax.tree_util.tree_unflatten(treedef, new) if changed else x
+    new, changed = place_leaves(planned.leaves, planned.targets)
+    return jax.tree_util.tree_unflatten(planned.treedef, new) if changed else x
 
 
 def _tracing(leaves: list[Any]) -> bool:

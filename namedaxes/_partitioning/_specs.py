@@ -71,7 +71,7 @@ def pspec_for(tree: Any, mapping: RulesLike | None = None, *, mesh: MeshLike | N
         >>> pspec_for(tree, {"batch": "data"}, mesh={"data": 4})
         {'step': P(), 'x': P('data', None)}
     """
-    planned = plan_tree(tree, rules_in_force(mapping, "pspec_for"), mesh, what="pspec_for")
+    planned = plan_tree(tree, rules_in_force(mapping, "pspec_for"), mesh, caller="pspec_for")
     return _named_array_granularity(tree, planned.specs)
 
 
@@ -95,9 +95,10 @@ def infer_resource_partitions(
     """
     rules = rules_in_force(mapping, "infer_resource_partitions")
     m = require_mesh(mesh, what="infer_resource_partitions")
-    planned = plan_tree(tree, rules, m, what="infer_resource_partitions")
+    planned = plan_tree(tree, rules, m, caller="infer_resource_partitions")
     shardings = []
-    for info, leaf, spec in zip(planned.plan.infos, planned.leaves, planned.specs):
+    for i, (info, leaf) in enumerate(zip(planned.walk.infos, planned.leaves)):
+        spec = planned.spec(i)
         if info is None and spec != PartitionSpec():
             # An unnamed array keeps its sharding (it may be on another mesh or one device).
             shardings.append(getattr(leaf, "sharding", None))
@@ -110,33 +111,38 @@ def infer_resource_partitions(
 
 
 def _single_axis_spec(
-    axis: AxisSelector, mapping: RulesLike | None, mesh: MeshLike | None, what: str
+    axis: AxisSelector, mapping: RulesLike | None, mesh: MeshLike | None, caller: str
 ) -> MeshAxes:
     """What ``resolve`` gives a one-axis array of ``axis`` (its one entry).
 
     The rules decide without sizes when the name has one rule (or its first is ``None``): that
-    answer needs no mesh, and a known mesh (given or set) checks it, divisibility included when the
-    size is known. With fallback rules, the size and the mesh decide.
+    answer needs no mesh. A bare name is then resolved with the size its rule's mesh axes divide,
+    on the known mesh (given or set), else on a mesh of size-1 axes; an ``Axis`` with its size on
+    the known mesh (divisibility checked). With fallback rules, the size and the mesh decide.
     """
-    rules = rules_in_force(mapping, what)
+    rules = rules_in_force(mapping, caller)
     name = axis_name(axis)
     candidates = rules.candidates(name)
     if not candidates or candidates[0] is None:
         return None  # unmapped or fixed as replicated: no size needed to know that
     known = mesh if mesh is not None else context_mesh()
-    if isinstance(axis, Axis) and (known is not None or len(candidates) > 1):
-        m = require_mesh(mesh, what=what, mappings=True)
-        return resolve((axis,), rules, m)[0]
-    if len(candidates) > 1:
+    if len(candidates) > 1 and not isinstance(axis, Axis):
         raise ShardingError(
-            f"{what} needs an Axis with its size for {name!r}: it has {len(candidates)} rules "
+            f"{caller} needs an Axis with its size for {name!r}: it has {len(candidates)} rules "
             "and the size decides which applies. Pass Axis("
             f"{name!r}, size)."
         )
-    if known is not None:  # check the mesh axes when we can
-        check_rules_mesh_axes(rules, require_mesh(mesh, what=what, mappings=True))
-    target = candidates[0]
-    return target[0] if len(target) == 1 else target
+    if known is None and len(candidates) == 1:
+        sizes: MeshLike = {m: 1 for m in rules.mesh_axes}  # the rule decides; no mesh to check
+    else:
+        sizes = mesh_axis_sizes(require_mesh(mesh, what=caller, mappings=True))
+    if not isinstance(axis, Axis):
+        missing = [m for m in candidates[0] if m not in sizes]
+        size = 1 if missing else math.prod(sizes[m] for m in candidates[0])  # type: ignore[index]
+        axis = Axis(name, size)  # resolve reports a missing mesh axis
+    elif known is None:
+        axis = Axis(name, math.prod(sizes[m] for m in candidates[0]))  # type: ignore[index]
+    return resolve((axis,), rules, sizes)[0]
 
 
 def physical_axis_name(

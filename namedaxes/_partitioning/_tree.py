@@ -1,11 +1,11 @@
 """The one tree walk: which leaves of a pytree have named axes, and where they are.
 
-Every entry point (``shard``, ``pspec_for``, ``named_jit``/``fsdp``, the rules, ``memory_report``,
-the planner, checkpoints) sees a tree through :func:`leaf_plan`. The plan is aligned with
-``jax.tree_util.tree_flatten(tree)``'s leaves and depends only on the structure (a ``NamedArray``'s
-axes are part of its treedef; ``field(axis_names=...)`` metadata is part of the module class), so it
-is computed once per treedef and cached. :func:`plain_spec` is the one rule for what a leaf without
-names is placed as.
+Every entry point sees a tree through :func:`walk`: the one plan (``_plan.plan_tree``) is built on
+it, and the rules that need no mapping (``rules._base.flatten_leaves``) read names from it. The
+walk is aligned with ``jax.tree_util.tree_flatten(tree)``'s leaves and depends only on the
+structure (a ``NamedArray``'s axes are part of its treedef; ``field(axis_names=...)`` metadata is
+part of the module class), so it is computed once per treedef and cached. :func:`plain_spec` is the
+one rule for what a leaf without names is placed as.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from .._errors import AxisError, format_names
 from ._field import annotated_fields
 from ._lru import lru_put, lru_touch
 
-__all__ = ["FieldAxes", "LeafInfo", "leaf_axes", "leaf_plan", "plain_spec"]
+__all__ = ["FieldAxes", "LeafInfo", "Walk", "leaf_axes", "plain_spec", "walk"]
 
 
 class FieldAxes(NamedTuple):
     """A plain-array leaf declared with ``field(axis_names=...)``; sizes come from its shape."""
 
     names: tuple[str, ...]
-    owner: str  # "Linear.weight", for messages
+    field: str  # "Linear.weight", for messages
 
 
 #: Per leaf: the axes of a NamedArray's array, a field's names, or None (no names).
@@ -46,7 +46,7 @@ def _is_stop(node: Any) -> bool:
     return isinstance(node, NamedArray) or _is_annotated_module(node)
 
 
-def _walk(node: Any, out: list[LeafInfo]) -> None:
+def _visit(node: Any, out: list[LeafInfo]) -> None:
     if node is None:
         return
     if isinstance(node, NamedArray):
@@ -61,7 +61,7 @@ def _walk(node: Any, out: list[LeafInfo]) -> None:
             if key in names and child is not None and _is_arraylike(child):
                 out.append(FieldAxes(names[key], f"{type(node).__name__}.{key}"))
             else:
-                _walk(child, out)
+                _visit(child, out)
         return
     parts = jax.tree_util.tree_leaves(node, is_leaf=lambda n: n is not node and _is_stop(n))
     if len(parts) == 1 and parts[0] is node:
@@ -69,7 +69,7 @@ def _walk(node: Any, out: list[LeafInfo]) -> None:
         return
     for p in parts:
         if _is_stop(p):
-            _walk(p, out)
+            _visit(p, out)
         else:
             out.append(None)
 
@@ -78,35 +78,37 @@ def _is_arraylike(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
 
 
-class Plan(NamedTuple):
+class Walk(NamedTuple):
+    """Per leaf of a tree (in ``tree_flatten`` order) its names, and whether any leaf has some."""
+
     infos: tuple[LeafInfo, ...]
     any_named: bool
     any_field: bool
 
 
-_PLANS: collections.OrderedDict[Any, Plan] = collections.OrderedDict()
-_MAX_PLANS = 512
-register(_PLANS.clear)
+_WALKS: collections.OrderedDict[Any, Walk] = collections.OrderedDict()
+_MAX_WALKS = 512
+register(_WALKS.clear)
 
 
-def leaf_plan(tree: Any, treedef: Any) -> Plan:
-    """The (cached) per-leaf plan of ``tree``, whose structure is ``treedef``."""
+def walk(tree: Any, treedef: Any) -> Walk:
+    """The (cached) walk of ``tree``, whose structure is ``treedef``."""
     try:
-        plan = _PLANS.get(treedef)
+        found = _WALKS.get(treedef)
     except TypeError:  # an unhashable static field somewhere: no caching
         return _build(tree)
-    if plan is None:
-        plan = _build(tree)
-        lru_put(_PLANS, treedef, plan, _MAX_PLANS)
+    if found is None:
+        found = _build(tree)
+        lru_put(_WALKS, treedef, found, _MAX_WALKS)
     else:
-        lru_touch(_PLANS, treedef)
-    return plan
+        lru_touch(_WALKS, treedef)
+    return found
 
 
-def _build(tree: Any) -> Plan:
+def _build(tree: Any) -> Walk:
     out: list[LeafInfo] = []
-    _walk(tree, out)
-    return Plan(
+    _visit(tree, out)
+    return Walk(
         tuple(out),
         any(i is not None for i in out),
         any(isinstance(i, FieldAxes) for i in out),
@@ -126,7 +128,7 @@ def leaf_axes(info: LeafInfo, leaf: Any) -> tuple[Axis, ...] | None:
         return None
     if len(shape) != len(info.names):
         raise AxisError(
-            f"Field {info.owner} is declared with axis_names ({format_names(info.names)}) but holds "
+            f"Field {info.field} is declared with axis_names ({format_names(info.names)}) but holds "
             f"an array of shape {tuple(shape)}. Give one name per dimension in field(axis_names=...)."
         )
     return tuple(Axis(n, int(s)) for n, s in zip(info.names, shape))

@@ -1,8 +1,8 @@
 """``plan``: what a tree costs per device under a mapping, what XLA says about a step, and a verdict.
 
-Specs come from ``resolve`` leaf by leaf (NamedArrays by their axes, ``field(axis_names=...)``
-arrays by their declared names; other arrays keep the sharding they carry, else are replicated);
-bytes from ``ShardingAnalyzer``'s exact per-device count; compiled figures from XLA
+Specs come from the tree's plan (NamedArrays by their axes, ``field(axis_names=...)`` arrays by
+their declared names, through ``resolve``; other arrays keep the sharding they carry, else are
+replicated); bytes from ``ShardingAnalyzer``'s exact per-device count; compiled figures from XLA
 (``_compile_target``). Nothing is placed or run, so a 70B-parameter model built with
 ``eqx.filter_eval_shape`` plans on a laptop.
 """
@@ -22,12 +22,11 @@ from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 from .._axis import Axis
 from .._errors import PlanError, ShardingError, format_path
 from .._logical._context import current_axis_mapping
-from .._logical._resolve import resolve
 from .._logical._rules import AxisRules
 from .._mesh import mesh_axis_sizes
-from .._partitioning._plan import unmatched_entries
+from .._partitioning._plan import plan_tree, unmatched_entries
 from .._spec import entry_axes
-from ..rules._base import flatten_leaves
+from ..rules._base import flatten_leaves, planned_spec
 from ._compile_target import CompileTarget, compile_step, parse_target
 from ._memory import per_device_bytes
 from ._plan_format import plain_text, rich_renderable, rules_to_json
@@ -104,30 +103,23 @@ class _Leaf:
     spec: PartitionSpec
 
 
-def _plain_spec(placed: PartitionSpec | None, sizes: Mapping[str, int]) -> PartitionSpec:
-    """A plain array's spec: the one it is placed with (on this mesh's axes), else replicated."""
-    if placed is None:
-        return PartitionSpec()
-    named = [a for e in placed for a in ((e,) if isinstance(e, str) else (e or ()))]
-    return placed if set(named) <= set(sizes) else PartitionSpec()
-
-
 def collect_leaves(tree: Any, rules: AxisRules | Any, sizes: Mapping[str, int]) -> list[_Leaf]:
-    """Each array leaf of ``tree`` with its path, axes and the spec ``resolve`` gives it.
+    """Each array leaf of ``tree`` with its path, axes and the spec the tree's plan gives it.
 
     The leaves and their axes come from the engine's one tree walk (NamedArrays and
-    ``field(axis_names=...)`` arrays are named, as ``shard``/``pspec_for`` see them).
+    ``field(axis_names=...)`` arrays are named, as ``shard``/``pspec_for`` see them); a plain array
+    keeps the spec it is placed with on this mesh's axes, else is replicated (``P()``).
     """
+    planned = plan_tree(tree, rules, dict(sizes), caller="plan")
     flat, _ = flatten_leaves(tree)
-    mesh = dict(sizes)
     leaves = []
     for lf in flat:
         if not lf.is_array:
             continue
         if lf.axes is not None:
-            spec = resolve(lf.axes, rules, mesh)
+            spec = planned_spec(planned, lf)
         else:
-            spec = _plain_spec(lf.placed, sizes)
+            spec = (planned.spec(lf.index) if lf.index is not None else None) or PartitionSpec()
         top = format_path(lf.keys[:1]) if lf.keys else "<root>"
         leaves.append(_Leaf(lf.path, top, lf.shape, lf.dtype, lf.axes, spec))  # type: ignore[arg-type]
     return leaves

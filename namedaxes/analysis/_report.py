@@ -27,11 +27,9 @@ from .._errors import (
     format_mesh,
 )
 from .._logical._context import rules_in_force
-from .._logical._resolve import check_rules_mesh_axes
 from .._mesh import MeshLike, mesh_axis_sizes
-from .._partitioning._plan import describe_unmatched, unmatched_entries
-from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
-from ..rules._pattern import logical_spec
+from .._partitioning._plan import describe_unmatched, plan_tree
+from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, planned_spec, rule_mesh
 from ._memory import ShardingAnalyzer, usage_of
 
 
@@ -157,7 +155,7 @@ def memory_report(
 ) -> MemoryReport:
     """Per-device memory of ``tree`` when its NamedArrays are sharded by a logical-axis mapping.
 
-    Specs come from the engine's plan (as ``pspec_for`` and ``LogicalAxisRule`` give them): named
+    Specs come from the tree's plan (as ``pspec_for`` and ``LogicalAxisRule`` give them): named
     leaves (NamedArrays, ``field(axis_names=...)`` arrays) through ``resolve``, placed plain arrays
     where they are, other plain arrays replicated. Works on
     abstract trees (``eqx.filter_eval_shape``) and abstract meshes, so a model far larger than this
@@ -200,9 +198,9 @@ def memory_report(
     mesh = rule_mesh(mesh, what="memory_report")
     sizes = mesh_axis_sizes(mesh)
     rules = rules_in_force(mapping_or_rules, "memory_report")
-    check_rules_mesh_axes(rules, mesh)
+    planned = plan_tree(tree, rules, mesh, caller="memory_report")
     leaves, _ = flatten_leaves(tree)
-    pairs = [(lf, logical_spec(lf, rules, mesh)) for lf in leaves if lf.is_array]
+    pairs = [(lf, planned_spec(planned, lf)) for lf in leaves if lf.is_array]
     usage = usage_of(pairs, sizes)
     axes: dict[str, dict[str, Any]] = {}
     replicated_leaves = []
@@ -243,7 +241,7 @@ def memory_report(
         replicated_leaves=replicated_leaves,
         axes=axes,
         largest=largest,
-        unmatched=unmatched_entries(rules, {a.name for lf, _ in pairs for a in lf.axes or ()}),
+        unmatched=planned.unmatched,
     )
 
 

@@ -1,7 +1,7 @@
 """Seeing placement: a table of where every leaf of a tree lives, and the device grid of one array.
 
 Both read placement the way the rest of the library does: an array that already has a
-``NamedSharding`` is shown where it is; any other leaf is shown where the engine's plan would put it
+``NamedSharding`` is shown where it is; any other leaf is shown where the tree's plan would put it
 (``resolve`` for named leaves, replicated for unnamed ones), so the same call works on concrete
 trees, abstract trees (``eqx.filter_eval_shape``) and ``{axis: size}`` meshes.
 
@@ -23,9 +23,16 @@ from .._array import NamedArray
 from .._errors import AxisError, NamedTypeError, format_axes, format_mesh, format_names
 from .._logical._context import current_rules, rules_in_force
 from .._mesh import MeshLike, mesh_axis_sizes
-from .._partitioning._plan import describe_unmatched, unmatched_entries
-from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, rule_mesh
-from ..rules._pattern import logical_spec
+from .._partitioning._plan import TreePlan, describe_unmatched, plan_tree, unmatched_entries
+from ..rules._base import (
+    Leaf,
+    entry_axes,
+    flatten_leaves,
+    format_bytes,
+    planned_spec,
+    replicated,
+    rule_mesh,
+)
 
 __all__ = ["visualize_array", "visualize_sharding"]
 
@@ -56,39 +63,43 @@ def _placed(array: Any) -> _Placement | None:
 
 
 class _Planner:
-    """Plans unplaced leaves; the mapping and mesh are looked up only when a leaf needs them."""
+    """Places each leaf for the table: where it is when it has a ``NamedSharding``, else where the
+    tree's plan puts it. The mapping, the mesh and the plan are looked up only when a leaf needs
+    them (a tree of placed arrays needs none)."""
 
-    def __init__(self, mapping: Any, mesh: MeshLike | None, what: str):
-        self._mapping, self._mesh_arg, self._what = mapping, mesh, what
-        self._rules: Any = None
+    def __init__(self, tree: Any, mapping: Any, mesh: MeshLike | None, caller: str):
+        self._tree, self._mapping, self._mesh_arg, self._caller = tree, mapping, mesh, caller
+        self._plan: TreePlan | None = None
         self._mesh: Any = None
 
     def mesh(self) -> Any:
         if self._mesh is None:
-            self._mesh = rule_mesh(self._mesh_arg, what=self._what)
+            self._mesh = rule_mesh(self._mesh_arg, what=self._caller)
         return self._mesh
 
     def __call__(self, leaf: Leaf) -> _Placement:
         placed = _placed(_array_of(leaf.value))
         if placed is not None:
             return placed
-        rules = None
-        if leaf.axes is not None:
-            if self._rules is None:
-                self._rules = rules_in_force(self._mapping, self._what)
-            rules = self._rules
         mesh = self.mesh()
-        spec = logical_spec(leaf, rules, mesh)
+        if leaf.axes is None:
+            spec = replicated(len(leaf.shape or ()))
+        else:
+            if self._plan is None:
+                rules = rules_in_force(self._mapping, self._caller)
+                self._plan = plan_tree(self._tree, rules, mesh, caller=self._caller)
+            spec = planned_spec(self._plan, leaf)
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         return _Placement(spec, mesh_axis_sizes(mesh), concrete, False)
 
     def unmatched(self, names: set[str]) -> str:
         """The line listing mapping entries that match none of ``names`` (empty when none, or
         when no mapping was given or is in force)."""
-        rules = self._rules
-        if rules is None:
-            rules = rules_in_force(self._mapping, self._what) if self._mapping is not None else None
-        if rules is None:
+        if self._plan is not None:
+            rules = self._plan.rules
+        elif self._mapping is not None:
+            rules = rules_in_force(self._mapping, self._caller)
+        else:
             rules = current_rules()
         return "" if rules is None else describe_unmatched(unmatched_entries(rules, names))
 
@@ -118,7 +129,7 @@ def _sharding_rows(
     """The table's rows, the busiest device's total bytes, the meshes seen, and the line listing
     mapping entries that matched no axis (empty if none)."""
     leaves, _ = flatten_leaves(tree)
-    planner = _Planner(mapping, mesh, "visualize_sharding")
+    planner = _Planner(tree, mapping, mesh, "visualize_sharding")
     rows: list[tuple[str, ...]] = []
     total = 0
     meshes: set[str] = set()
@@ -321,7 +332,7 @@ def visualize_array(
     file = sys.stdout if file is None else file
     dims = _grid_axes(x, axes)
     leaf = flatten_leaves(x)[0][0]
-    p = _Planner(mapping, mesh, "visualize_array")(leaf)
+    p = _Planner(x, mapping, mesh, "visualize_array")(leaf)
     shape = tuple(a.size for a in x.axes)
     cells: dict[tuple[tuple[int, int], ...], list[str]] = {}
     for label, bounds in _blocks(shape, p):

@@ -336,6 +336,7 @@ def _restore_like(
     place = placement(mapping, mesh, needs_rules=any(l.kind == "named" for l in likes))
     args: dict[str, ocp.ArrayRestoreArgs] = {}
     finish: list[Any] = []  # per pair: how to turn what was read into the leaf
+    named: list[tuple[Any, ...]] = []  # (record, order, dtype, like leaf, key) of NamedArrays
     for rec, leaf in pairs:
         if rec["kind"] == "scalar" and leaf.kind == "array":
             finish.append(("scalar", _scalar_as_array(rec, leaf.value, cast, place)))
@@ -346,9 +347,8 @@ def _restore_like(
         if leaf.kind == "named":
             order = _check_named(rec, v)
             dtype = _check_dtype(rec, v.dtype, cast)
-            target = place.named(v.axes, v.array, leaf.key)
-            args[rec["store"]] = _restore_args(permuted(target, order, len(order)), rec, dtype)
-            finish.append(("named", rec, order, target, v.axes))
+            named.append((rec, order, dtype, v, leaf.key))
+            finish.append(("named", rec, order, len(named) - 1, v.axes))
         elif leaf.kind == "array":
             shape = tuple(int(d) for d in v.shape)
             if shape != tuple(rec["shape"]):
@@ -363,11 +363,15 @@ def _restore_like(
             finish.append(("scalar", _scalar_like(rec, v, cast)))
         else:
             finish.append(("static", v))
+    targets = place.named([n[3] for n in named], [n[4] for n in named])
+    for (rec, order, dtype, _, _), target in zip(named, targets):
+        args[rec["store"]] = _restore_args(permuted(target, order, len(order)), rec, dtype)
     read = _read_arrays(where, args)
     out = []
     for item in finish:
         if item[0] == "named":
-            _, rec, order, target, axes = item
+            _, rec, order, k, axes = item
+            target = targets[k]
             x = read[rec["store"]]
             if order != sorted(order):
                 x = _transpose(x, order, target)
@@ -410,10 +414,18 @@ def _restore_saved(where: Path, records: list[dict[str, Any]], mapping: Any, mes
         )
     place = placement(mapping, mesh, needs_rules=any(r["kind"] == "named" for r in records))
     args = {}
+    saved = [r for r in records if r["kind"] == "named"]
+    # The saved tree's NamedArrays, abstract, planned as one tree.
+    abstract = [
+        NamedArray(jax.ShapeDtypeStruct(tuple(r["shape"]), jnp.dtype(r["dtype"])), _named_axes(r))
+        for r in saved
+    ]
+    shardings = dict(
+        zip((r["key"] for r in saved), place.named(abstract, [r["key"] for r in saved]))
+    )
     for rec in records:
         if rec["kind"] == "named":
-            sharding = place.named(_named_axes(rec), None, rec["key"])
-            args[rec["store"]] = _restore_args(sharding, rec, None)
+            args[rec["store"]] = _restore_args(shardings[rec["key"]], rec, None)
         elif rec["kind"] == "array":
             args[rec["store"]] = _restore_args(place.plain(None, rec["key"]), rec, None)
     read = _read_arrays(where, args)

@@ -1,7 +1,7 @@
 """Where restored arrays go: one sharding per leaf, from the mapping and mesh in force.
 
-NamedArrays are placed by ``resolve`` (the library's one resolution function) under the mapping
-given, else the one in force, on the mesh given, else the one set with ``jax.set_mesh``. Without a
+NamedArrays are placed by the plan of the tree being restored (``resolve`` for each) under the
+mapping given, else the one in force, on the mesh given, else the one set with ``jax.set_mesh``. Without a
 mapping they keep ``like``'s sharding if it has one, else are replicated on the mesh; with no mesh
 either, they land whole on this process's first local device. Plain arrays keep ``like``'s sharding
 if it has one, else are replicated (on the mesh, or on the first local device).
@@ -27,10 +27,11 @@ from jax.sharding import (
     SingleDeviceSharding,
 )
 
-from .._axis import Axis
+from .._array import NamedArray
 from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh
 from .._logical._context import current_axis_mapping
-from .._logical._resolve import resolve
+from .._logical._rules import as_rules
+from .._partitioning._plan import plan_tree
 
 __all__ = ["Placement", "placement"]
 
@@ -47,16 +48,27 @@ class Placement:
             return NamedSharding(self.mesh, PartitionSpec())
         return SingleDeviceSharding(jax.local_devices()[0])
 
-    def named(self, axes: Sequence[Axis], like: Any, key: str) -> Sharding:
-        """The sharding of NamedArray ``key`` with ``axes`` (in the order it is to be returned);
-        ``like`` is the like leaf's array (or ``None``), whose sharding is used without rules."""
-        if self.rules is not None and self.mesh is not None:  # placement() refused rules alone
+    def named(self, arrays: Sequence[NamedArray], keys: Sequence[str]) -> list[Sharding]:
+        """The shardings of the NamedArray leaves ``arrays`` (named ``keys`` in messages), with
+        their axes in the order they are to be returned: the plan of the list under the rules on
+        the mesh; without rules, each like array's sharding (an array of ``ShapeDtypeStruct``s
+        carries none), else replicated."""
+        if not arrays:
+            return []
+        if self.rules is None or self.mesh is None:  # placement() refused rules alone
+            return [self.plain(x.array, k) for x, k in zip(arrays, keys)]
+        try:
+            planned = plan_tree(list(arrays), as_rules(self.rules), self.mesh, caller="restore")
+        except NamedAxesError as e:
+            raise type(e)(f"Cannot place leaf {keys[0]!r}: {e}") from None
+        out: list[Sharding] = []
+        for i, key in enumerate(keys):
             try:
-                spec = resolve(tuple(axes), self.rules, self.mesh)
+                spec = planned.spec(i)
             except NamedAxesError as e:
                 raise type(e)(f"Cannot place leaf {key!r}: {e}") from None
-            return NamedSharding(self.mesh, spec)
-        return self.plain(like, key)
+            out.append(NamedSharding(self.mesh, spec))  # type: ignore[arg-type]
+        return out
 
     def plain(self, like: Any, key: str) -> Sharding:
         """The sharding of a plain array: the like leaf's, else replicated."""

@@ -25,8 +25,9 @@ from .._errors import (
     format_path,
 )
 from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
+from .._partitioning._plan import TreePlan
 from .._partitioning._shard import place_leaves  # the engine's placement, shared
-from .._partitioning._tree import FieldAxes, LeafInfo, leaf_axes, leaf_plan, plain_spec
+from .._partitioning._tree import FieldAxes, LeafInfo, leaf_axes, plain_spec, walk
 from .._spec import entry_axes as entry_axes  # re-exported for the rules and analysis
 from .._spec import spec_problems as spec_problems
 
@@ -36,6 +37,7 @@ __all__ = [
     "check_spec",
     "entry_axes",
     "flatten_leaves",
+    "planned_spec",
     "rule_mesh",
     "spec_problems",
 ]
@@ -90,14 +92,19 @@ class Leaf:
 
     Built from the partitioning engine's one tree walk, so a plain array declared with
     ``field(axis_names=...)`` has ``axes`` exactly as ``shard``/``pspec_for`` see them, and a plain
-    array already placed keeps its spec (``placed``) as ``pspec_for`` keeps it.
+    array already placed keeps its spec (``placed``) as ``pspec_for`` keeps it. ``index`` is the
+    leaf's position among ``jax.tree_util.tree_flatten``'s leaves (``None`` for a NamedArray
+    without an array, which flattens to none): its place in the tree's plan.
     """
 
-    __slots__ = ("keys", "value", "shape", "dtype", "axes", "placed", "_path")
+    __slots__ = ("keys", "value", "shape", "dtype", "axes", "placed", "index", "_path")
 
-    def __init__(self, keys: tuple[Any, ...], value: Any, info: LeafInfo = None):
+    def __init__(
+        self, keys: tuple[Any, ...], value: Any, info: LeafInfo = None, index: int | None = None
+    ):
         self.keys = keys
         self.value = value
+        self.index = index
         self._path: str | None = None
         self.axes: tuple[Axis, ...] | None = None
         self.placed: PartitionSpec | None = None
@@ -132,7 +139,7 @@ class Leaf:
 def flatten_leaves(tree: Any, *, keep_none: bool = False) -> tuple[list[Leaf], Any]:
     """Flatten ``tree`` with NamedArrays as leaves. Returns the leaves and the treedef.
 
-    Names come from the engine's walk (``leaf_plan``: NamedArrays and ``field(axis_names=...)``
+    Names come from the engine's walk (``_tree.walk``: NamedArrays and ``field(axis_names=...)``
     arrays). With ``keep_none`` a ``None`` in the tree is a leaf too (so a spec tree can put
     ``None`` there).
     """
@@ -141,19 +148,36 @@ def flatten_leaves(tree: Any, *, keep_none: bool = False) -> tuple[list[Leaf], A
     else:
         is_leaf = is_named_array
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-    infos = leaf_plan(tree, jax.tree_util.tree_structure(tree)).infos
-    if not any(isinstance(i, FieldAxes) for i in infos):
-        return [Leaf(tuple(keys), value) for keys, value in flat], treedef
-    # Align the walk (one entry per array leaf; a NamedArray with no array has none) with ours.
-    it = iter(infos)
+    infos = walk(tree, jax.tree_util.tree_structure(tree)).infos
+    # Align the walk (one entry per leaf of tree_flatten: none for a None, or for a NamedArray
+    # with no array) with ours.
     out = []
+    index = 0
     for keys, value in flat:
         if value is None or (isinstance(value, NamedArray) and value.array is None):
-            info = None
-        else:
-            info = next(it)
-        out.append(Leaf(tuple(keys), value, info if isinstance(info, FieldAxes) else None))
+            out.append(Leaf(tuple(keys), value))
+            continue
+        info = infos[index]
+        out.append(Leaf(tuple(keys), value, info if isinstance(info, FieldAxes) else None, index))
+        index += 1
     return out, treedef
+
+
+def planned_spec(planned: TreePlan, leaf: Leaf) -> PartitionSpec:
+    """The plan's spec for an array ``leaf`` of the planned tree, as the rules and the analysis
+    use it: names resolved (an error names the leaf's path); a plain array where it is placed,
+    else replicated.
+
+    Raises:
+        ShardingError: ``At leaf 'path': `` and what ``resolve`` says.
+    """
+    spec = None
+    if leaf.index is not None:
+        try:
+            spec = planned.spec(leaf.index)
+        except ShardingError as e:
+            raise type(e)(f"At leaf {leaf.path!r}: {e}") from e
+    return spec if spec is not None else replicated(len(leaf.shape or ()))
 
 
 # -- specs -------------------------------------------------------------------------------------

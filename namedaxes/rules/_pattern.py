@@ -17,9 +17,9 @@ from jax.sharding import PartitionSpec
 from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError, format_path
 from .._logical._context import rules_in_force
-from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, as_rules
 from .._mesh import MeshLike
+from .._partitioning._plan import TreePlan, plan_tree
 from ._base import (
     Leaf,
     ShardingRule,
@@ -27,6 +27,7 @@ from ._base import (
     entry_axes,
     flatten_leaves,
     map_array_leaves,
+    planned_spec,
     replicated,
     rule_mesh,
     spec_problems,
@@ -41,22 +42,6 @@ from ._checks import (
 from ._flat import flatten_values, key_paths, leaf_at, shape_dtype
 
 __all__ = ["CompositeShardingRule", "LogicalAxisRule", "PathRegexRule", "ShapeBasedShardingRule"]
-
-
-def _resolve_leaf(leaf: Leaf, rules: Any, mesh: MeshLike, unsatisfied: Any) -> PartitionSpec:
-    """``resolve`` for one NamedArray leaf; errors gain the leaf's path (same error type)."""
-    try:
-        return resolve(leaf.axes or (), rules, mesh, unsatisfied=unsatisfied)
-    except ShardingError as e:
-        raise type(e)(f"At leaf {leaf.path!r}: {e}") from e
-
-
-def logical_spec(leaf: Leaf, rules: Any, mesh: MeshLike, unsatisfied: Any = None) -> PartitionSpec:
-    """The engine's plan for one array leaf: resolved names; else where it already is (as
-    ``pspec_for`` keeps it); else replicated."""
-    if leaf.axes is None:
-        return leaf.placed if leaf.placed is not None else replicated(len(leaf.shape or ()))
-    return _resolve_leaf(leaf, rules, mesh, unsatisfied)
 
 
 class LogicalAxisRule(ShardingRule):
@@ -111,10 +96,11 @@ class LogicalAxisRule(ShardingRule):
         """Return a spec per array leaf: resolved names for NamedArrays, replicated otherwise."""
         mesh = rule_mesh(self.mesh, what="LogicalAxisRule")
         rules = rules_in_force(self.rules, "LogicalAxisRule.apply")
-        check_rules_mesh_axes(rules, mesh)  # a typo must fail even on a tree of plain leaves
-        return map_array_leaves(
-            tree, lambda leaf: logical_spec(leaf, rules, mesh, self.unsatisfied)
-        )
+        if self.unsatisfied is not None:
+            rules = rules.replace(unsatisfied=self.unsatisfied)
+        # The plan checks the rules against the mesh, so a typo fails even on plain leaves.
+        planned = plan_tree(tree, rules, mesh, caller="LogicalAxisRule.apply")
+        return map_array_leaves(tree, lambda leaf: planned_spec(planned, leaf))
 
 
 def _check_spec_value(spec: Any, where: str, *, allow_mapping: bool) -> Any:
@@ -370,12 +356,13 @@ class PathRegexRule(ShardingRule):
         """Return a spec per array leaf from the first pattern its path matches."""
         mesh, sizes = optional_mesh(self.mesh, what="PathRegexRule")
         self._check_on(mesh, sizes)
-        # Values and key paths (rebuilt from the structure), no Leaf record per leaf: a record
-        # is made only for a leaf a mapping resolves or a message names. Plain arrays resolved
-        # by a mapping take the engine's walk (field(axis_names=...)), built once if needed.
+        # Values and key paths (rebuilt from the structure), no Leaf record per leaf: records
+        # (the engine's walk, field(axis_names=...) included) are made only when a pattern gives
+        # a mapping, whose specs come from the tree's plan under that mapping (one per pattern).
         values, treedef = flatten_values(tree)
         keys = key_paths(tree, treedef)
         walked: list[Leaf] | None = None
+        plans: dict[int, TreePlan] = {}
         out: list[Any] = []
         unmatched: list[str] = []
         checked: set[tuple[int, tuple[int, ...]]] = set()  # (pattern index, shape) seen valid
@@ -390,18 +377,20 @@ class PathRegexRule(ShardingRule):
                 if not regex.search(path):
                     continue
                 if isinstance(spec, (dict, AxisRules)):
-                    if isinstance(value, NamedArray):
-                        # resolve depends on the axes alone: once per (pattern, axes)
-                        found = resolved.get((i, value.axes))
-                        if found is None:
-                            leaf = Leaf(tuple(keys[j]), value)
-                            found = self._mapped(leaf, regex.pattern, spec, mesh)
-                            resolved[i, value.axes] = found
-                        out.append(found)
-                        break
-                    if walked is None:
-                        walked = flatten_leaves(tree)[0]
-                    out.append(self._mapped(walked[j], regex.pattern, spec, mesh))
+                    # A NamedArray's spec depends on its axes alone: once per (pattern, axes).
+                    key = (i, value.axes) if isinstance(value, NamedArray) else None
+                    found = resolved.get(key) if key is not None else None
+                    if found is None:
+                        if walked is None:
+                            walked = flatten_leaves(tree)[0]
+                        leaf = walked[j]
+                        self._check_mappable(leaf, regex.pattern, spec, mesh)
+                        if i not in plans:
+                            plans[i] = plan_tree(tree, as_rules(spec), mesh, caller="PathRegexRule")
+                        found = planned_spec(plans[i], leaf)
+                        if key is not None:
+                            resolved[key] = found
+                    out.append(found)
                     break
                 spec = spec if spec is not None else PartitionSpec()
                 if (i, shape) not in checked:
@@ -425,7 +414,7 @@ class PathRegexRule(ShardingRule):
         return treedef.unflatten(out)
 
     @staticmethod
-    def _mapped(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike | None) -> PartitionSpec:
+    def _check_mappable(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike | None) -> None:
         if leaf.axes is None:
             raise ShardingError(
                 f"PathRegexRule pattern {pattern!r} gives leaf {leaf.path!r} the axis mapping "
@@ -439,7 +428,6 @@ class PathRegexRule(ShardingRule):
                 "set. Pass mesh=... to PathRegexRule, or wrap the call in `with "
                 "jax.set_mesh(mesh):`."
             )
-        return _resolve_leaf(leaf, spec, mesh, None)
 
 
 def _names_mesh_axis(spec: Any) -> bool:
