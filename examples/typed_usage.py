@@ -33,6 +33,13 @@ def scale(x: NamedArray["embed,"], factor: float) -> NamedArray["embed,"]:
     return x * factor
 
 
+@na.named_jit
+def shift(x: NamedArray, by: float) -> NamedArray:
+    """A compiled function keeps its signature for type checkers (named_jit is typed with a
+    ParamSpec), so a wrong argument is an error before anything runs."""
+    return x + by
+
+
 def main() -> None:
     x = na.named(jnp.arange(6, dtype=jnp.float32).reshape(2, 3), ("batch", "embed"))
     w = na.named(jnp.ones((3, 4), dtype=jnp.float32), ("embed", "mlp"))
@@ -59,6 +66,7 @@ def main() -> None:
     out = assert_type(center(h), NamedArray)
     doubled = assert_type(scale(first, 2.0), NamedArray)
     logits = assert_type(na.einsum("batch embed, embed mlp -> batch mlp", x, w), NamedArray)
+    shifted = assert_type(shift(x, 1.0), NamedArray)
 
     ok = bool(mask.any())
     count: int = x.axis_size("embed")
@@ -67,7 +75,7 @@ def main() -> None:
     print("renamed:", hidden.axis_names, "rearranged:", flipped.axis_names)
     print("first row:", first.array, "window:", window.shape, "zeroed:", zeroed.array[:, 0])
     print("h:", h, "centered row sums:", out.sum("mlp").array)
-    print("doubled:", doubled.array, "logits:", logits.shape)
+    print("doubled:", doubled.array, "logits:", logits.shape, "shifted:", shifted.shape)
 
 
 if __name__ == "__main__":

@@ -276,8 +276,8 @@ from ._ops.tiling import tile as tile
 
 # placement: field names, named_jit / fsdp, shard
 from ._partitioning._field import field as field
-from ._partitioning._jit import fsdp as fsdp
-from ._partitioning._jit import named_jit as named_jit
+from ._partitioning._named_jit import fsdp as fsdp
+from ._partitioning._named_jit import named_jit as named_jit
 from ._partitioning._shard import auto_sharded as auto_sharded
 from ._partitioning._shard import shard as shard
 

@@ -118,7 +118,7 @@ def context_mesh() -> AnyMesh | None:
 def require_mesh(
     mesh: Any,
     *,
-    what: str,
+    caller: str,
     mappings: bool = False,
     concrete: Literal[True],
     has_mesh_arg: bool = True,
@@ -129,7 +129,7 @@ def require_mesh(
 def require_mesh(
     mesh: Any,
     *,
-    what: str,
+    caller: str,
     mappings: Literal[False] = False,
     concrete: bool = False,
     has_mesh_arg: bool = True,
@@ -140,7 +140,7 @@ def require_mesh(
 def require_mesh(
     mesh: Any,
     *,
-    what: str,
+    caller: str,
     mappings: Literal[True],
     concrete: bool = False,
     has_mesh_arg: bool = True,
@@ -150,7 +150,7 @@ def require_mesh(
 def require_mesh(
     mesh: Any,
     *,
-    what: str,
+    caller: str,
     mappings: bool = False,
     concrete: bool = False,
     has_mesh_arg: bool = True,
@@ -159,7 +159,7 @@ def require_mesh(
 
     Args:
         mesh: The caller's ``mesh`` argument (``None``: use the context mesh).
-        what: The caller's name for messages (``"shard"``).
+        caller: The public call, for messages (``"shard"``).
         mappings: Whether a ``{axis: size}`` mapping is enough (planning specs, not placing).
         concrete: Whether only a concrete ``Mesh`` will do (building arrays from host data).
         has_mesh_arg: Whether the caller takes ``mesh=`` (to suggest it).
@@ -171,7 +171,7 @@ def require_mesh(
             a concrete one is needed).
 
     Example:
-        >>> require_mesh({"data": 2}, what="pspec_for", mappings=True)
+        >>> require_mesh({"data": 2}, caller="pspec_for", mappings=True)
         {'data': 2}
     """
     if isinstance(mesh, Mesh) or (isinstance(mesh, AbstractMesh) and not concrete):
@@ -180,7 +180,7 @@ def require_mesh(
         raise _no_devices(mesh.shape_tuple)
     if mesh is not None:
         if not (mappings and not concrete and isinstance(mesh, Mapping)):
-            raise MeshTypeError(_wrong_mesh(mesh, what, _kinds(mappings, concrete)))
+            raise MeshTypeError(_wrong_mesh(mesh, caller, _kinds(mappings, concrete)))
         mesh_shape(mesh)  # validates
         return mesh
     found = context_mesh()
@@ -188,12 +188,12 @@ def require_mesh(
         kinds = _kinds(mappings, concrete)
         hint = f"Pass mesh=... (a {kinds}), or wrap" if has_mesh_arg else "Wrap"
         raise NoMeshError(
-            f"{what} needs a device mesh, but none was given and none is set. {hint} the code in "
+            f"{caller} needs a device mesh, but none was given and none is set. {hint} the code in "
             "`with jax.set_mesh(mesh):` (e.g. mesh = jax.make_mesh((2, 4), ('data', 'model')))."
         )
     if concrete and not isinstance(found, Mesh):
         raise NoMeshError(
-            f"{what} needs a concrete jax.sharding.Mesh, but only the abstract mesh "
+            f"{caller} needs a concrete jax.sharding.Mesh, but only the abstract mesh "
             f"{format_mesh(found)} is known here (inside jax.jit, or under use_abstract_mesh). "
             "Call it outside jit, or pass mesh=..."
         )
@@ -212,8 +212,8 @@ def _not_a_mesh(mesh: Any, lead: str, kinds: str) -> str:
     return f"{lead} a {kinds}, got {mesh!r} ({type(mesh).__name__})."
 
 
-def _wrong_mesh(mesh: Any, what: str, kinds: str) -> str:
-    message = _not_a_mesh(mesh, f"{what} needs", kinds)
+def _wrong_mesh(mesh: Any, caller: str, kinds: str) -> str:
+    message = _not_a_mesh(mesh, f"{caller} needs", kinds)
     if isinstance(mesh, Mapping):
         return message + (
             " A {axis: size} dict can plan specs but cannot place arrays; pass "

@@ -66,7 +66,7 @@ def _draw(
 ) -> NamedArray:
     check_key(key, name)
     ax = to_axes(axes)
-    values = {p: broadcast_into(v, ax, op=name, what=p) for p, v in params.items()}
+    values = {p: broadcast_into(v, ax, caller=name, what=p) for p, v in params.items()}
     # Samplers mix parameters and fresh draws elementwise; on Explicit meshes JAX needs them
     # sharded alike, and the draws are unsharded: replicate sharded parameters (they are small).
     values = {

@@ -24,6 +24,7 @@ from ._errors import format_mesh, format_names
 
 __all__ = [
     "entry_axes",
+    "entry_of",
     "rank_problem",
     "spec_alone_problems",
     "spec_problems",
@@ -44,6 +45,19 @@ def entry_axes(entry: Any) -> tuple[str, ...]:
     if isinstance(entry, (tuple, list)):
         return tuple(entry)
     return (entry,)  # not a name: the entry check reports it
+
+
+def entry_of(mesh_axes: Sequence[str] | None) -> str | tuple[str, ...] | None:
+    """The ``PartitionSpec`` entry for ``mesh_axes`` (the inverse of ``entry_axes``): ``None`` for
+    none, the name for one, a tuple for several.
+
+    Example:
+        >>> entry_of(("data", "model")), entry_of(("data",)), entry_of(())
+        (('data', 'model'), 'data', None)
+    """
+    if not mesh_axes:
+        return None
+    return mesh_axes[0] if len(mesh_axes) == 1 else tuple(mesh_axes)
 
 
 def _bad_entry(spec: PartitionSpec, entry: Any) -> str:

@@ -183,7 +183,7 @@ def from_process_local(
             f"from_process_local expects a NamedArray, got {type(x).__name__}. "
             "Wrap the local data first: named(local_array, ('batch', ...))."
         )
-    mesh = require_mesh(mesh, what="from_process_local", concrete=True)
+    mesh = require_mesh(mesh, caller="from_process_local", concrete=True)
     rules = rules_in_force(mapping, "from_process_local")
     extents = _local_extents(mesh)
     try:

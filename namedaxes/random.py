@@ -130,8 +130,8 @@ def uniform(
     """
     check_key(key, "uniform")
     ax = to_axes(axes)
-    lo = broadcast_into(minval, ax, op="uniform", what="minval")
-    hi = broadcast_into(maxval, ax, op="uniform", what="maxval")
+    lo = broadcast_into(minval, ax, caller="uniform", what="minval")
+    hi = broadcast_into(maxval, ax, caller="uniform", what="maxval")
     dtype = dtype_arg(dtype, "uniform", "float")
     return NamedArray(jax.random.uniform(key, _shape(ax), dtype, minval=lo, maxval=hi), ax)
 
@@ -155,7 +155,7 @@ def bernoulli(key: jax.Array, axes: AxisSpec, p: Any = 0.5) -> NamedArray:
     """
     check_key(key, "bernoulli")
     ax = to_axes(axes)
-    prob = broadcast_into(p, ax, op="bernoulli", what="p")
+    prob = broadcast_into(p, ax, caller="bernoulli", what="p")
     return NamedArray(jax.random.bernoulli(key, prob, _shape(ax)), ax)
 
 
@@ -182,8 +182,8 @@ def randint(
     """
     check_key(key, "randint")
     ax = to_axes(axes)
-    lo = broadcast_into(minval, ax, op="randint", what="minval")
-    hi = broadcast_into(maxval, ax, op="randint", what="maxval")
+    lo = broadcast_into(minval, ax, caller="randint", what="minval")
+    hi = broadcast_into(maxval, ax, caller="randint", what="maxval")
     dtype = dtype_arg(dtype, "randint", "integer")
     return NamedArray(jax.random.randint(key, _shape(ax), lo, hi, dtype), ax)
 
@@ -211,8 +211,8 @@ def truncated_normal(
     """
     check_key(key, "truncated_normal")
     ax = to_axes(axes)
-    lo = broadcast_into(lower, ax, op="truncated_normal", what="lower")
-    hi = broadcast_into(upper, ax, op="truncated_normal", what="upper")
+    lo = broadcast_into(lower, ax, caller="truncated_normal", what="lower")
+    hi = broadcast_into(upper, ax, caller="truncated_normal", what="upper")
     dtype = dtype_arg(dtype, "truncated_normal", "float")
     return NamedArray(jax.random.truncated_normal(key, lo, hi, _shape(ax), dtype), ax)
 
@@ -275,7 +275,7 @@ def categorical(
         )
     # Draw in a canonical axis order (sorted names), so samples depend on names, not on layout.
     canonical = tuple(sorted(target, key=lambda a: a.name))
-    aligned = broadcast_into(logits, canonical + (sampled,), op="categorical", what="logits")
+    aligned = broadcast_into(logits, canonical + (sampled,), caller="categorical", what="logits")
     out = jax.random.categorical(key, aligned, axis=-1, shape=_shape(canonical))
     perm = [canonical.index(a) for a in target]
     if perm != list(range(len(perm))):

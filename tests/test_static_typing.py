@@ -29,6 +29,16 @@ d: int = x.sum("embed")
 e = x + "text"
 f = x.rename({"embed": 3.5})
 g = x.take("embed")
+
+
+@na.named_jit
+def step(x: NamedArray, lr: float) -> NamedArray:
+    return x * lr
+
+
+h: int = step(x, 0.1)
+i = step(x, "fast")
+j = na.fsdp(step, {"embed": "data"}, {"batch": "data"})(x)
 """
 # (line, start of mypy's message) for each mistake above.
 EXPECTED = [
@@ -42,6 +52,16 @@ EXPECTED = [
     (11, 'Unsupported operand types for + ("NamedArray" and "str")'),
     (12, "Dict entry 0 has incompatible type"),
     (13, 'Missing positional argument "indices" in call to "take" of "NamedArray"'),
+    # named_jit and fsdp keep the wrapped function's signature (ParamSpec).
+    (
+        21,
+        'Incompatible types in assignment (expression has type "NamedArray", variable has type "int")',
+    ),
+    (
+        22,
+        'Argument 2 to "__call__" of "NamedJitWrapped" has incompatible type "str"; expected "float"',
+    ),
+    (23, 'Missing positional argument "lr" in call to "__call__" of "NamedJitWrapped"'),
 ]
 
 

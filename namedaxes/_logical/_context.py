@@ -66,25 +66,27 @@ _CM_ENTER_CODES = frozenset(
 )
 
 
-class _Entry(NamedTuple):
+class _Pushed(NamedTuple):
+    """A mapping put in force by ``with axis_mapping(...)`` (or a decorated call)."""
+
     value: RulesLike  # what current_axis_mapping() returns (as the user gave it, merged)
     rules: AxisRules  # its normalized form
     frame: FrameType | None  # the frame whose `with` statement pushed it
-    owner: object  # the axis_mapping object that pushed it
+    pushed_by: object  # the axis_mapping object that pushed it
 
 
-_EMPTY: tuple[_Entry, ...] = ()
-_STACK: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar(
+_EMPTY: tuple[_Pushed, ...] = ()
+_STACK: contextvars.ContextVar[tuple[_Pushed, ...]] = contextvars.ContextVar(
     "namedaxes_axis_mapping", default=_EMPTY
 )
 # Generator-scoped entries, by the id of the generator frame that pushed them (the entry holds the
 # frame, so the id stays unique while it is here). Shared by all threads: visibility comes from
 # the frame being on the current call stack, whichever thread runs it.
-_SCOPED: dict[int, tuple[_Entry, ...]] = {}
+_SCOPED: dict[int, tuple[_Pushed, ...]] = {}
 _SCOPED_LOCK = threading.Lock()
 
 
-def _visible_entry() -> _Entry | None:
+def _visible_entry() -> _Pushed | None:
     stack = _STACK.get()
     if not _SCOPED:
         return stack[-1] if stack else None
@@ -94,7 +96,7 @@ def _visible_entry() -> _Entry | None:
     f = f.f_back if f is not None else None
     depth = 0
     positions: dict[int, int] = {}
-    found: tuple[int, _Entry] | None = None
+    found: tuple[int, _Pushed] | None = None
     while f is not None:
         key = id(f)
         positions[key] = depth
@@ -144,14 +146,14 @@ def current_rules() -> AxisRules | None:
     return None if e is None else e.rules
 
 
-def rules_in_force(mapping: RulesLike | None, what: str) -> AxisRules:
+def rules_in_force(mapping: RulesLike | None, caller: str) -> AxisRules:
     """The one rule for which rules apply: ``mapping`` if given, else the context's, else an error.
 
     Every planner calls this, so none of them replicates silently for lack of a mapping.
 
     Raises:
-        ShardingError: naming ``what`` and the two ways to give a mapping.
-        MappingTypeError: for a malformed ``mapping``, the message prefixed with ``what``.
+        ShardingError: naming ``caller`` and the two ways to give a mapping.
+        MappingTypeError: for a malformed ``mapping``, the message prefixed with ``caller``.
 
     Example:
         >>> rules_in_force({"batch": "data"}, "pspec_for")
@@ -161,12 +163,12 @@ def rules_in_force(mapping: RulesLike | None, what: str) -> AxisRules:
         try:
             return as_rules(mapping)
         except MappingTypeError as err:  # say which call got the bad mapping
-            raise type(err)(f"{what}(): {err}") from None
+            raise type(err)(f"{caller}(): {err}") from None
     e = _visible_entry()
     if e is None:
         raise ShardingError(
-            f"{what}() got no mapping and no axis_mapping is in force. Pass one, e.g. "
-            f"{what}(..., {{'batch': 'data'}}), or wrap the call in `with axis_mapping({{...}}):`."
+            f"{caller}() got no mapping and no axis_mapping is in force. Pass one, e.g. "
+            f"{caller}(..., {{'batch': 'data'}}), or wrap the call in `with axis_mapping({{...}}):`."
         )
     return e.rules
 
@@ -238,11 +240,11 @@ class axis_mapping:
                 value = merge_rules(value, outer.value)
                 rules = as_rules(value)
         here = inspect.currentframe()
-        caller = here.f_back if here is not None else None
-        entry = _Entry(value, rules, caller, self)
-        if _generator_scoped(caller):
+        with_frame = here.f_back if here is not None else None
+        entry = _Pushed(value, rules, with_frame, self)
+        if _generator_scoped(with_frame):
             with _SCOPED_LOCK:
-                _SCOPED[id(caller)] = _SCOPED.get(id(caller), ()) + (entry,)
+                _SCOPED[id(with_frame)] = _SCOPED.get(id(with_frame), ()) + (entry,)
         else:
             _STACK.set(_STACK.get() + (entry,))
         return value
@@ -254,26 +256,26 @@ class axis_mapping:
         tb: TracebackType | None,
     ) -> None:
         here = inspect.currentframe()
-        caller = here.f_back if here is not None else None
-        if caller is not None and id(caller) in _SCOPED:
+        with_frame = here.f_back if here is not None else None
+        if with_frame is not None and id(with_frame) in _SCOPED:
             with _SCOPED_LOCK:
-                entries = _SCOPED.get(id(caller), ())
-                mine = [i for i, e in enumerate(entries) if e.owner is self]
+                entries = _SCOPED.get(id(with_frame), ())
+                mine = [i for i, e in enumerate(entries) if e.pushed_by is self]
                 if mine:
                     kept = entries[: mine[-1]] + entries[mine[-1] + 1 :]
                     if kept:
-                        _SCOPED[id(caller)] = kept
+                        _SCOPED[id(with_frame)] = kept
                     else:
-                        del _SCOPED[id(caller)]
+                        del _SCOPED[id(with_frame)]
                     return
         # Remove the entry this object pushed in *this* context (so one object, e.g. a decorator,
         # can be active in several threads at once): preferably the one pushed from the frame
         # exiting now, else (ExitStack enters and exits from different frames) its latest one.
         stack = _STACK.get()
-        mine = [i for i, e in enumerate(stack) if e.owner is self]
+        mine = [i for i, e in enumerate(stack) if e.pushed_by is self]
         if not mine:
             return
-        same_frame = [i for i in mine if stack[i].frame is caller]
+        same_frame = [i for i in mine if stack[i].frame is with_frame]
         drop = (same_frame or mine)[-1]
         _STACK.set(stack[:drop] + stack[drop + 1 :])
 

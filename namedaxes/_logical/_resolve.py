@@ -17,15 +17,10 @@ from .._axis import Axis, check_unique
 from .._caches import register
 from .._errors import NamedTypeError, ShardingError, format_axes, format_mesh, format_names
 from .._mesh import MeshLike, MeshShape, mesh_shape
+from .._spec import entry_of
 from ._rules import _POLICIES, AxisRules, RulesLike, UnsatisfiedPolicy, as_rules
 
 __all__ = ["check_rules_mesh_axes", "resolve"]
-
-
-def _entry(target: tuple[str, ...] | None) -> str | tuple[str, ...] | None:
-    if target is None:
-        return None
-    return target[0] if len(target) == 1 else target
 
 
 def resolve(
@@ -132,7 +127,7 @@ def _resolve_cached(
         for axis in axes:
             if axis.name not in placed and rules.candidates(axis.name):
                 raise ShardingError(_unsatisfied_message(axes, axis, rules, sizes, used))
-    return PartitionSpec(*(_entry(placed.get(a.name)) for a in axes))
+    return PartitionSpec(*(entry_of(placed.get(a.name)) for a in axes))
 
 
 def check_rules_mesh_axes(rules: RulesLike | None, mesh: MeshLike) -> None:

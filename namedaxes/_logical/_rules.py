@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeAlias
 
 from .._caches import register
 from .._errors import MappingTypeError, ShardingError, format_names
+from .._spec import entry_of
 
 __all__ = [
     "AxisRules",
@@ -69,12 +70,6 @@ def _normalize_target(name: Any, value: Any) -> _Target:
         "must be a mesh axis name (str), a tuple of mesh axis names, or None (replicated). "
         f"Use e.g. {{{name!r}: 'data'}}."
     )
-
-
-def _display(target: _Target) -> MeshAxes:
-    if target is None:
-        return None
-    return target[0] if len(target) == 1 else target
 
 
 class AxisRules:
@@ -190,7 +185,7 @@ class AxisRules:
     @property
     def pairs(self) -> tuple[tuple[str, MeshAxes], ...]:
         """The pairs in order, a single mesh axis shown as a string."""
-        return tuple((n, _display(t)) for n, t in self._pairs)
+        return tuple((n, entry_of(t)) for n, t in self._pairs)
 
     @property
     def ordered_pairs(self) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
@@ -229,7 +224,7 @@ class AxisRules:
             ('data', 'model')
         """
         found = self._by_name.get(name)
-        return _display(found[0]) if found else None
+        return entry_of(found[0]) if found else None
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -255,7 +250,7 @@ class AxisRules:
             AxisRules([('batch', 'model')], unsatisfied='error')
         """
         overrides = dict(overrides or {})
-        kept = [(n, _display(t)) for n, t in self._pairs if n not in overrides]
+        kept = [(n, entry_of(t)) for n, t in self._pairs if n not in overrides]
         return AxisRules(kept + list(overrides.items()), unsatisfied or self._unsatisfied)
 
 

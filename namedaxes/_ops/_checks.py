@@ -119,7 +119,7 @@ def _is_position(a: Any) -> bool:
     return isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
 
 
-def reject_positional(op: str, axis: Any, axes: Sequence[Axis], where: str = "") -> None:
+def reject_positional(caller: str, axis: Any, axes: Sequence[Axis], where: str = "") -> None:
     """Refuse an axis given by position (``sum(x, 0)``): say axes are names, and suggest the
     names at those positions of ``axes`` (the array described by ``where``, default
     ``NamedArray(...)``).
@@ -141,12 +141,12 @@ def reject_positional(op: str, axis: Any, axes: Sequence[Axis], where: str = "")
     else:
         fix = f"{where} has axes {format_names(a.name for a in axes)}"
     raise NamedTypeError(
-        f"{op}(): axes are chosen by name, not by position; got axis="
+        f"{caller}(): axes are chosen by name, not by position; got axis="
         f"{positions[0] if single else axis!r}. {fix}."
     )
 
 
-def as_selectors(op: str, axis: Any) -> tuple[Any, ...]:
+def as_selectors(caller: str, axis: Any) -> tuple[Any, ...]:
     """``axis`` (one name or ``Axis``, or an iterable of them) as a tuple of selectors.
 
     Raises:
@@ -157,13 +157,13 @@ def as_selectors(op: str, axis: Any) -> tuple[Any, ...]:
     if isinstance(axis, Iterable) and not isinstance(axis, (bytes, Mapping)):
         return tuple(axis)
     raise NamedTypeError(
-        f"{op}(): axis must be an axis name, an Axis, a sequence of them or None, got "
+        f"{caller}(): axis must be an axis name, an Axis, a sequence of them or None, got "
         f"{axis!r} ({type(axis).__name__})."
     )
 
 
 def selected_positions(
-    op: str, x: NamedArray, axis: Any, *, verb: str = "reduce"
+    caller: str, x: NamedArray, axis: Any, *, verb: str = "reduce"
 ) -> tuple[int, ...]:
     """Positions in ``x`` of the axes ``axis`` selects: one name or ``Axis``, a sequence of them,
     or ``None`` for every axis. Names must be unique and present.
@@ -176,14 +176,14 @@ def selected_positions(
     """
     if axis is None:
         return tuple(range(x.ndim))
-    reject_positional(op, axis, x.axes)
-    selectors = as_selectors(op, axis)
+    reject_positional(caller, axis, x.axes)
+    selectors = as_selectors(caller, axis)
     if not selectors:
         name = (x.axis_names[-1] if verb == "normalize" else x.axis_names[0]) if x.ndim else "batch"
-        example = f"{op}(x, {name!r})"
+        example = f"{caller}(x, {name!r})"
         also = " or axis=None for all of them" if verb == "reduce" else ""
         raise AxisError(
-            f"{op}(): axis={axis!r} selects no axes, so there is nothing to {verb} over. An empty "
+            f"{caller}(): axis={axis!r} selects no axes, so there is nothing to {verb} over. An empty "
             f"selection is refused because it is almost always a bug; name the axes to {verb} "
             f"over, e.g. {example}{also}."
         )
@@ -191,7 +191,7 @@ def selected_positions(
     return tuple(find_axis(x.axes, a) for a in selectors)  # an Axis's size is checked too
 
 
-def check_nonempty(op: str, x: NamedArray, positions: Sequence[int], fix: str) -> None:
+def check_nonempty(caller: str, x: NamedArray, positions: Sequence[int], fix: str) -> None:
     """Refuse an op with no identity (``max``, ``argmax``, sampling) over a size-0 axis.
 
     Raises:
@@ -200,7 +200,7 @@ def check_nonempty(op: str, x: NamedArray, positions: Sequence[int], fix: str) -
     empty = [x.axes[p] for p in positions if x.axes[p].size == 0]
     if empty:
         raise AxisError(
-            f"{op}() over axis {empty[0].name!r} of size 0 in NamedArray({format_axes(x.axes)}) "
+            f"{caller}() over axis {empty[0].name!r} of size 0 in NamedArray({format_axes(x.axes)}) "
             f"has no result: there is no element to pick. {fix}"
         )
 
@@ -208,11 +208,11 @@ def check_nonempty(op: str, x: NamedArray, positions: Sequence[int], fix: str) -
 # -- masks, dtypes, keys --------------------------------------------------------------------------
 
 
-def check_mask(op: str, mask: Any, what: str = "where=") -> None:
+def check_mask(caller: str, mask: Any, what: str = "where=") -> None:
     """Refuse a ``where=`` mask that is not boolean (JAX would otherwise blame its own function).
 
     Raises:
-        NamedTypeError: naming ``op``, the mask's dtype and how to make a boolean one.
+        NamedTypeError: naming ``caller``, the mask's dtype and how to make a boolean one.
     """
     if mask is None or isinstance(mask, (bool, np.bool_)):
         return
@@ -225,7 +225,7 @@ def check_mask(op: str, mask: Any, what: str = "where=") -> None:
         else describe_operand(mask) + ("" if dtype is None else f" of dtype {np.dtype(dtype)}")
     )
     raise NamedTypeError(
-        f"{op}(): {what} must be a boolean mask, got {got}. Make one with a comparison "
+        f"{caller}(): {what} must be a boolean mask, got {got}. Make one with a comparison "
         f"(e.g. {what}mask > 0) or cast it with .astype(bool)."
     )
 
@@ -237,7 +237,7 @@ _KINDS = {
 }
 
 
-def dtype_arg(dtype: Any, op: str, kind: str | None = None) -> Any:
+def dtype_arg(dtype: Any, caller: str, kind: str | None = None) -> Any:
     """``dtype`` checked to be a dtype (``None``, the default, passes) and, if ``kind`` is given,
     of that kind: ``"float"``, ``"inexact"`` (float or complex) or ``"integer"``.
 
@@ -245,7 +245,7 @@ def dtype_arg(dtype: Any, op: str, kind: str | None = None) -> Any:
         NamedTypeError: if ``dtype`` is not a dtype (a misspelt string), or is of the wrong kind;
             the message names the op and a dtype of the right kind.
     """
-    dtype = canonical_dtype(dtype, op=op)
+    dtype = canonical_dtype(dtype, caller=caller)
     if dtype is None or kind is None:
         return dtype
     kinds, label, example = _KINDS[kind]
@@ -253,7 +253,7 @@ def dtype_arg(dtype: Any, op: str, kind: str | None = None) -> Any:
     if any(jnp.issubdtype(resolved, getattr(jnp, k)) for k in kinds):
         return dtype
     raise NamedTypeError(
-        f"{op}(): dtype {resolved} is not a {label} dtype. Pass a {label} dtype such as "
+        f"{caller}(): dtype {resolved} is not a {label} dtype. Pass a {label} dtype such as "
         f"{example}, and cast the result afterwards with .astype() if you need {resolved}."
     )
 
@@ -265,7 +265,7 @@ def _raw_key_shape(impl: str) -> tuple[int, ...]:
     return tuple(jax.eval_shape(lambda: jax.random.PRNGKey(0)).shape)
 
 
-def check_key(key: Any, op: str) -> None:
+def check_key(key: Any, caller: str) -> None:
     """Refuse a first argument that is not one PRNG key (``jax.random.key`` or a legacy
     ``jax.random.PRNGKey``).
 
@@ -278,14 +278,14 @@ def check_key(key: Any, op: str) -> None:
             if tuple(shape) == ():
                 return
             raise NamedTypeError(
-                f"{op}() takes one PRNG key, got a key array of shape {tuple(shape)}. Pass one key "
+                f"{caller}() takes one PRNG key, got a key array of shape {tuple(shape)}. Pass one key "
                 "(e.g. keys[0]), or map over the keys with na.vmap / jax.vmap."
             )
         raw = _raw_key_shape(str(jax.config.jax_default_prng_impl))
         if np.dtype(dtype) == np.uint32 and tuple(shape) == raw:
             return
     raise NamedTypeError(
-        f"{op}() needs a PRNG key as its first argument, got {describe_operand(key)}"
+        f"{caller}() needs a PRNG key as its first argument, got {describe_operand(key)}"
         + ("" if dtype is None else f" of dtype {np.dtype(dtype)}")
         + ". Make one with jax.random.key(seed) and split it for more: "
         "key, sub = jax.random.split(key)."

@@ -13,12 +13,11 @@ from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError
 from .._logical._context import current_axis_mapping
 from .._logical._resolve import resolve
-from .._spec import entry_axes
+from .._spec import entry_axes, entry_of
 
 __all__ = [
     "agree_by_name",
     "describe_operand",
-    "entry_of",
     "expect_named",
     "explicit_sharding",
     "join_by_name",
@@ -35,12 +34,12 @@ def describe_operand(x: Any) -> str:
     return f"{x!r} ({type(x).__name__})"
 
 
-def expect_named(x: Any, op: str, arg: str = "x") -> NamedArray:
+def expect_named(x: Any, caller: str, arg: str = "x") -> NamedArray:
     """Return ``x`` if it is a NamedArray, else raise a ``NamedTypeError`` that says how to name it."""
     if isinstance(x, NamedArray):
         return x
     raise NamedTypeError(
-        f"{op}() needs a NamedArray for `{arg}`, got {describe_operand(x)}. "
+        f"{caller}() needs a NamedArray for `{arg}`, got {describe_operand(x)}. "
         "Name its axes first, e.g. named(array, ('batch', 'embed'))."
     )
 
@@ -152,7 +151,7 @@ def _describe(x: NamedArray, info: Any) -> str:
 
 
 def agree_by_name(
-    op: str,
+    caller: str,
     operands: Sequence[Any],
     labels: Sequence[str] | None = None,
     keep: Collection[str] | None = None,
@@ -167,7 +166,7 @@ def agree_by_name(
     and everything on Auto meshes, pass through untouched. Non-NamedArray operands pass through.
 
     Args:
-        op: The op's name, for messages.
+        caller: The op's name, for messages.
         operands: NamedArrays (other operands are returned unchanged).
         labels: How messages name each operand (default ``operand 1``, ...).
         keep: Axis names of the result; ``None`` for all (elementwise ops).
@@ -193,7 +192,7 @@ def agree_by_name(
             f"{w}: {_describe(x, info)}" for x, info, w in zip(named_ops, named_infos, named_labels)
         )
         raise ShardingError(
-            f"{op}(): the operands' shardings conflict on an Explicit mesh: {why} ({shown}). "
+            f"{caller}(): the operands' shardings conflict on an Explicit mesh: {why} ({shown}). "
             "Put the mapping to compute with in force, e.g. `with na.axis_mapping({'batch': "
             "'data'}):`, and the operands are resharded by it; or reshard one operand yourself."
         )
@@ -223,15 +222,8 @@ def agree_by_name(
     return out
 
 
-def entry_of(mesh_axes: tuple[str, ...] | None) -> Any:
-    """The ``PartitionSpec`` entry for ``mesh_axes``: ``None``, one name, or a tuple of names."""
-    if not mesh_axes:
-        return None
-    return mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
-
-
 def join_by_name(
-    op: str, operands: Sequence[NamedArray], along: str | None = None
+    caller: str, operands: Sequence[NamedArray], along: str | None = None
 ) -> list[NamedArray]:
     """``operands`` (same axis names) with one Explicit sharding, for ops that join them.
 
@@ -242,7 +234,7 @@ def join_by_name(
     mesh axes only when they divide every operand's size along it. Auto meshes: unchanged.
     """
     labels = [f"arrays[{k}]" for k in range(len(operands))]
-    operands = agree_by_name(op, operands, labels)
+    operands = agree_by_name(caller, operands, labels)
     infos = [explicit_sharding(x.array) for x in operands]
     found = next((info for info in infos if info is not None), None)
     if found is None:

@@ -40,13 +40,13 @@ from .._errors import (
     format_names,
 )
 from .._logical._resolve import resolve
-from .._spec import entry_axes
-from ._common import entry_of, expect_named, explicit_sharding, mapping_in_force
+from .._spec import entry_axes, entry_of
+from ._common import expect_named, explicit_sharding, mapping_in_force
 
 __all__ = ["check_new_names", "flatten_axes_as", "reorder", "reshape_to", "unflatten_axis_as"]
 
 
-def reshape_to(x: NamedArray, out: Sequence[Axis], op: str) -> NamedArray:
+def reshape_to(x: NamedArray, out: Sequence[Axis], caller: str) -> NamedArray:
     """``x`` reshaped (row-major, no transpose) to the axes ``out``, sharded by name.
 
     ``out`` must follow from ``x.axes`` by keeping, splitting and merging consecutive axes (what
@@ -62,7 +62,7 @@ def reshape_to(x: NamedArray, out: Sequence[Axis], op: str) -> NamedArray:
     if info is None:  # Auto mesh, no mesh, or nothing sharded: JAX needs no help
         return NamedArray(jnp.reshape(x.array, shape), out)
     mesh, entries = info
-    spec = _out_spec(op, x, entries, out, mesh)
+    spec = _out_spec(caller, x, entries, out, mesh)
     array = jnp.reshape(x.array, shape, out_sharding=NamedSharding(mesh, spec))
     return NamedArray(array, out)
 
@@ -123,7 +123,7 @@ def _lay_out(
 
 
 def _out_spec(
-    op: str, x: NamedArray, entries: Sequence[Any], out: tuple[Axis, ...], mesh: Any
+    caller: str, x: NamedArray, entries: Sequence[Any], out: tuple[Axis, ...], mesh: Any
 ) -> PartitionSpec:
     mesh_sizes = dict(mesh.shape)
     decided: list[tuple[str, ...] | None] = [()] * len(out)
@@ -142,12 +142,12 @@ def _out_spec(
             for k, axes in zip(outs, laid):
                 decided[k] = axes
     if undecided:
-        _place_undecided(op, x, entries, out, mesh, decided, undecided)
+        _place_undecided(caller, x, entries, out, mesh, decided, undecided)
     return PartitionSpec(*(entry_of(axes) for axes in decided))
 
 
 def _place_undecided(
-    op: str,
+    caller: str,
     x: NamedArray,
     entries: Sequence[Any],
     out: tuple[Axis, ...],
@@ -158,7 +158,7 @@ def _place_undecided(
     """Fill ``decided`` for the runs that cannot keep their mesh axes, from the mapping in force."""
     found = mapping_in_force(mesh)
     if found is None:
-        raise _split_error(op, x, entries, out, mesh, undecided[0])
+        raise _split_error(caller, x, entries, out, mesh, undecided[0])
     rules, context = found
     # Internal to the op (its result is still placed by the caller's mapping): an axis whose rule
     # cannot apply here is replicated instead of raising.
@@ -173,7 +173,7 @@ def _place_undecided(
 
 
 def _split_error(
-    op: str,
+    caller: str,
     x: NamedArray,
     entries: Sequence[Any],
     out: tuple[Axis, ...],
@@ -194,10 +194,10 @@ def _split_error(
     )
     k = math.prod(sizes[a] for a in mesh_axes)
     fits = [a for a in new if a.size % k == 0]
-    target = mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes
+    target = entry_of(mesh_axes)
     example = {fits[0].name: target} if fits else {new[0].name: None}
     return ShardingError(
-        f"{op}: {what} is sharded over {shown} on an Explicit mesh, and its new axes "
+        f"{caller}: {what} is sharded over {shown} on an Explicit mesh, and its new axes "
         f"({format_axes(new)}) cannot keep that sharding without moving data: mesh axes go, in "
         f"order, to the outermost new axes whose sizes they divide, and {m}={sizes[m]} does not "
         f"divide what is left of {new[pos].name}={new[pos].size}. Say where the new axes go: put "
@@ -209,12 +209,14 @@ def _split_error(
 # -- the axis moves built on it (shape ops and rearrange patterns) -------------------------------
 
 
-def check_new_names(x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], op: str) -> None:
+def check_new_names(
+    x: NamedArray, new: Sequence[Axis], replaced: Sequence[str], caller: str
+) -> None:
     """Raise if a new axis name collides with an axis of ``x`` that is not being replaced."""
     clash = [a.name for a in new if a.name not in replaced and x.has_axis(a.name)]
     if clash:
         raise DuplicateAxisError(
-            f"{op}(): new axis name(s) {format_names(clash)} already exist in "
+            f"{caller}(): new axis name(s) {format_names(clash)} already exist in "
             f"NamedArray({format_axes(x.axes)}). Pick names the array does not use, "
             "or rename() the existing axes first."
         )
@@ -252,9 +254,9 @@ def reorder(x: NamedArray, axes: Any) -> NamedArray:
 
 
 def flatten_axes_as(
-    x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector, op: str
+    x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSelector, caller: str
 ) -> NamedArray:
-    """``flatten_axes``; ``op`` names the call in sharding errors (a pattern, for ``rearrange``)."""
+    """``flatten_axes``; ``caller`` names the call in sharding errors (a pattern, for ``rearrange``)."""
     x = expect_named(x, "flatten_axes")
     if isinstance(axes, (str, Axis)):
         axes = (axes,)
@@ -279,11 +281,13 @@ def flatten_axes_as(
     out = [x.axes[i] for i in kept_before] + [out_axis] + [x.axes[i] for i in kept_after]
     if perm != list(range(x.ndim)):
         x = NamedArray(jnp.transpose(x.array, perm), tuple(x.axes[i] for i in perm))
-    return reshape_to(x, out, op)
+    return reshape_to(x, out, caller)
 
 
-def unflatten_axis_as(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, op: str) -> NamedArray:
-    """``unflatten_axis``; ``op`` names the call in sharding errors (a pattern, for ``rearrange``)."""
+def unflatten_axis_as(
+    x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, caller: str
+) -> NamedArray:
+    """``unflatten_axis``; ``caller`` names the call in sharding errors (a pattern, for ``rearrange``)."""
     x = expect_named(x, "unflatten_axis")
     i = find_axis(x.axes, axis)
     old = x.axes[i]
@@ -295,4 +299,4 @@ def unflatten_axis_as(x: NamedArray, axis: AxisSelector, new_axes: AxisSpec, op:
             f"({format_axes(new)}) multiply to {size}. Choose sizes whose product is {old.size}."
         )
     check_new_names(x, new, [old.name], "unflatten_axis")
-    return reshape_to(x, x.axes[:i] + new + x.axes[i + 1 :], op)
+    return reshape_to(x, x.axes[:i] + new + x.axes[i + 1 :], caller)

@@ -35,9 +35,9 @@ __all__ = ["dot", "einsum"]
 _LETTERS = string.ascii_letters
 
 
-def _operands(op: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
+def _operands(caller: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
     if not arrays:
-        raise NamedTypeError(f"{op}() needs at least one NamedArray operand.")
+        raise NamedTypeError(f"{caller}() needs at least one NamedArray operand.")
     for i, x in enumerate(arrays):
         if not isinstance(x, NamedArray):
             shape = getattr(x, "shape", None)
@@ -47,13 +47,13 @@ def _operands(op: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
                 else "wrap it with named(x, (...)) first"
             )
             raise NamedTypeError(
-                f"{op}() operand {i + 1} must be a NamedArray, got {type(x).__name__}"
+                f"{caller}() operand {i + 1} must be a NamedArray, got {type(x).__name__}"
                 f"{'' if shape is None else f' of shape {tuple(shape)}'}; {hint}."
             )
     return tuple(arrays)
 
 
-def _all_axes(op: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
+def _all_axes(caller: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
     """Every axis of the operands in first-appearance order; sizes must agree."""
     first: dict[str, tuple[Axis, int]] = {}
     for i, x in enumerate(arrays):
@@ -61,7 +61,7 @@ def _all_axes(op: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
             seen, j = first.setdefault(a.name, (a, i))
             if seen.size != a.size:
                 raise AxisSizeError(
-                    f"{op}(): axis {a.name!r} has size {seen.size} in operand {j + 1} "
+                    f"{caller}(): axis {a.name!r} has size {seen.size} in operand {j + 1} "
                     f"NamedArray({format_axes(arrays[j].axes)}) but size {a.size} in operand "
                     f"{i + 1} NamedArray({format_axes(x.axes)}). One name must have one size; "
                     "slice an operand or rename one of the axes."
@@ -70,7 +70,7 @@ def _all_axes(op: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
 
 
 def _run(
-    op: str,
+    caller: str,
     arrays: Sequence[NamedArray],
     every: tuple[Axis, ...],
     out: Sequence[str],
@@ -78,14 +78,14 @@ def _run(
     preferred_element_type: Any,
     out_sharding: Any,
 ) -> NamedArray:
-    preferred_element_type = dtype_arg(preferred_element_type, op)
+    preferred_element_type = dtype_arg(preferred_element_type, caller)
     if len(every) > len(_LETTERS):
         raise AxisError(
-            f"{op}() supports at most {len(_LETTERS)} distinct axes across its operands, got "
+            f"{caller}() supports at most {len(_LETTERS)} distinct axes across its operands, got "
             f"{len(every)}. Split the contraction into steps."
         )
     # Explicit meshes: operands whose shardings conflict follow the mapping in force.
-    arrays = agree_by_name(op, arrays, keep=set(out))
+    arrays = agree_by_name(caller, arrays, keep=set(out))
     letter = {a.name: _LETTERS[i] for i, a in enumerate(every)}
     inputs = ",".join("".join(letter[a.name] for a in x.axes) for x in arrays)
     subscripts = f"{inputs}->{''.join(letter[n] for n in out)}"
@@ -214,12 +214,12 @@ def dot(
 
 
 def _order_output(
-    op: str, out: list[str], wanted: Sequence[Any], contracted: Sequence[str] = ()
+    caller: str, out: list[str], wanted: Sequence[Any], contracted: Sequence[str] = ()
 ) -> list[str]:
     """``out`` reordered as ``wanted`` (names and at most one ``...`` for the rest)."""
     items = [wanted] if isinstance(wanted, (str, Axis)) else list(wanted)
     if sum(1 for w in items if w is Ellipsis) > 1:
-        raise AxisError(f"{op}(): out_axes has more than one '...'.")
+        raise AxisError(f"{caller}(): out_axes has more than one '...'.")
     names = [w if w is Ellipsis else axis_names(w)[0] for w in items]
     listed = [n for n in names if n is not Ellipsis]
     check_unique(listed)
@@ -227,14 +227,14 @@ def _order_output(
         if n not in out:
             why = " (it is contracted)" if n in contracted else ""
             raise AxisNotFoundError(
-                f"{op}(): out_axes names {n!r}, which the result does not have{why}. Result "
+                f"{caller}(): out_axes names {n!r}, which the result does not have{why}. Result "
                 f"axes: {format_names(out)}."
             )
     rest = [n for n in out if n not in listed]
     if Ellipsis not in names:
         if rest:
             raise AxisError(
-                f"{op}(): out_axes ({format_names(listed)}) misses result axes "
+                f"{caller}(): out_axes ({format_names(listed)}) misses result axes "
                 f"{format_names(rest)}; list them or add ... for the others."
             )
         return listed

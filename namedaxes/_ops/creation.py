@@ -20,29 +20,29 @@ def _shape(axes: tuple[Axis, ...]) -> tuple[int, ...]:
     return tuple(a.size for a in axes)
 
 
-def _like(x: Any, op: str) -> NamedArray:
+def _like(x: Any, caller: str) -> NamedArray:
     if not isinstance(x, NamedArray):
         raise NamedTypeError(
-            f"{op}() needs a NamedArray to copy axes from, got {type(x).__name__}. "
-            f"For a plain array use {op.replace('_like', '')}(axes) with axes as a "
+            f"{caller}() needs a NamedArray to copy axes from, got {type(x).__name__}. "
+            f"For a plain array use {caller.replace('_like', '')}(axes) with axes as a "
             "{name: size} dict."
         )
     return x
 
 
-def single_axis(axis: Any, op: str) -> Axis:
+def single_axis(axis: Any, caller: str) -> Axis:
     """An ``Axis`` from an ``Axis`` or a one-entry ``{name: size}`` dict."""
     if isinstance(axis, Axis):
         return axis
     if isinstance(axis, Mapping):
         if len(axis) != 1:
             raise AxisError(
-                f"{op}() makes a 1-axis array, so its axis must be one Axis or a one-entry "
+                f"{caller}() makes a 1-axis array, so its axis must be one Axis or a one-entry "
                 f"{{name: size}} dict; got {len(axis)} entries ({format_axes(axis)})."
             )
         return to_axes(axis)[0]
     raise NamedTypeError(
-        f"{op}() needs an Axis or a one-entry {{name: size}} dict, got {axis!r} "
+        f"{caller}() needs an Axis or a one-entry {{name: size}} dict, got {axis!r} "
         f"({type(axis).__name__}). Give the size too, e.g. {{'position': 16}}."
     )
 
@@ -67,7 +67,7 @@ def zeros(axes: AxisSpec, dtype: Any = None) -> NamedArray:
         NamedArray(float32, batch=2, embed=3)
     """
     ax = to_axes(axes)
-    return NamedArray(jnp.zeros(_shape(ax), canonical_dtype(dtype, op="zeros")), ax)
+    return NamedArray(jnp.zeros(_shape(ax), canonical_dtype(dtype, caller="zeros")), ax)
 
 
 def ones(axes: AxisSpec, dtype: Any = None) -> NamedArray:
@@ -91,7 +91,7 @@ def ones(axes: AxisSpec, dtype: Any = None) -> NamedArray:
         NamedArray(int32, batch=2)
     """
     ax = to_axes(axes)
-    return NamedArray(jnp.ones(_shape(ax), canonical_dtype(dtype, op="ones")), ax)
+    return NamedArray(jnp.ones(_shape(ax), canonical_dtype(dtype, caller="ones")), ax)
 
 
 def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
@@ -118,8 +118,8 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([7, 7], dtype=int32, weak_type=True)
     """
     ax = to_axes(axes)
-    fill = broadcast_into(fill_value, ax, op="full", what="fill_value")
-    return NamedArray(jnp.full(_shape(ax), fill, canonical_dtype(dtype, op="full")), ax)
+    fill = broadcast_into(fill_value, ax, caller="full", what="fill_value")
+    return NamedArray(jnp.full(_shape(ax), fill, canonical_dtype(dtype, caller="full")), ax)
 
 
 def zeros_like(x: NamedArray, dtype: Any = None) -> NamedArray:
@@ -132,7 +132,7 @@ def zeros_like(x: NamedArray, dtype: Any = None) -> NamedArray:
         NamedArray(bool, batch=2, embed=3)
     """
     x = _like(x, "zeros_like")
-    return NamedArray(jnp.zeros_like(x.array, canonical_dtype(dtype, op="zeros_like")), x.axes)
+    return NamedArray(jnp.zeros_like(x.array, canonical_dtype(dtype, caller="zeros_like")), x.axes)
 
 
 def ones_like(x: NamedArray, dtype: Any = None) -> NamedArray:
@@ -145,7 +145,7 @@ def ones_like(x: NamedArray, dtype: Any = None) -> NamedArray:
         NamedArray(float32, batch=2, embed=3)
     """
     x = _like(x, "ones_like")
-    return NamedArray(jnp.ones_like(x.array, canonical_dtype(dtype, op="ones_like")), x.axes)
+    return NamedArray(jnp.ones_like(x.array, canonical_dtype(dtype, caller="ones_like")), x.axes)
 
 
 def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
@@ -160,8 +160,8 @@ def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([5., 5.], dtype=float32)
     """
     x = _like(x, "full_like")
-    fill = broadcast_into(fill_value, x.axes, op="full_like", what="fill_value")
-    dtype = canonical_dtype(dtype, op="full_like") or x.dtype
+    fill = broadcast_into(fill_value, x.axes, caller="full_like", what="fill_value")
+    dtype = canonical_dtype(dtype, caller="full_like") or x.dtype
     if isinstance(fill_value, NamedArray):
         # jnp.full_like drops x's sharding for an array fill; adding to zeros_like keeps it.
         return NamedArray(jnp.zeros_like(x.array, dtype) + fill.astype(dtype), x.axes)
@@ -195,7 +195,7 @@ def arange(
         Array([10, 12, 14, 16], dtype=int32)
     """
     ax = single_axis(axis, "arange")
-    dtype = canonical_dtype(dtype, op="arange")
+    dtype = canonical_dtype(dtype, caller="arange")
     # Computed as start + step * i so the length is exactly the axis size, even for float steps;
     # in start and step's own type (int32 for Python ints, float32 for floats), then cast.
     index = jnp.arange(ax.size, dtype=jnp.result_type(start, step))
@@ -233,5 +233,5 @@ def linspace(
         Array([0.  , 0.25, 0.5 , 0.75, 1.  ], dtype=float32)
     """
     ax = single_axis(axis, "linspace")
-    dtype = canonical_dtype(dtype, op="linspace")
+    dtype = canonical_dtype(dtype, caller="linspace")
     return NamedArray(jnp.linspace(start, stop, ax.size, endpoint=endpoint, dtype=dtype), (ax,))

@@ -30,30 +30,30 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _check_start(start: Any, ax: Axis, size: int, op: str) -> Any:
+def _check_start(start: Any, ax: Axis, size: int, caller: str) -> Any:
     """A valid start for a window of ``size`` along ``ax``: static ones checked, others typed."""
     if _is_int(start):
         if not 0 <= int(start) <= ax.size - size:
             raise AxisSizeError(
-                f"{op}: start {int(start)} with size {size} runs outside axis {ax.name!r} of size "
+                f"{caller}: start {int(start)} with size {size} runs outside axis {ax.name!r} of size "
                 f"{ax.size}. Use a start between 0 and {ax.size - size}."
             )
         return int(start)
     if isinstance(start, NamedArray):
         if not jnp.issubdtype(start.dtype, jnp.integer):
             raise NamedTypeError(
-                f"{op}: start for axis {ax.name!r} must be integers, got {start.dtype}."
+                f"{caller}: start for axis {ax.name!r} must be integers, got {start.dtype}."
             )
         if start.has_axis(ax.name):
             raise AxisError(
-                f"{op}: start NamedArray({format_axes(start.axes)}) has the sliced axis "
+                f"{caller}: start NamedArray({format_axes(start.axes)}) has the sliced axis "
                 f"{ax.name!r}; per-entry starts may only vary over other (batch) axes."
             )
         return start
     shape = None if isinstance(start, type) else getattr(start, "shape", None)
     if shape is None or len(shape) != 0 or not jnp.issubdtype(start.dtype, jnp.integer):
         raise NamedTypeError(
-            f"{op}: start for axis {ax.name!r} must be an int, a 0-d integer array or an integer "
+            f"{caller}: start for axis {ax.name!r} must be an int, a 0-d integer array or an integer "
             f"NamedArray over batch axes, got {start!r}."
         )
     return start

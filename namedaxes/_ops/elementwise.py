@@ -33,7 +33,7 @@ _SCALAR_TYPES = (bool, int, float, complex, np.generic)
 # -- the engine -----------------------------------------------------------------------------------
 
 
-def _check_operand(x: Any, op: str, what: str) -> Any:
+def _check_operand(x: Any, caller: str, what: str) -> Any:
     """``x`` if it can take part in a by-name broadcast; a typed error otherwise."""
     if isinstance(x, (NamedArray, *_SCALAR_TYPES)):
         return x
@@ -42,17 +42,17 @@ def _check_operand(x: Any, op: str, what: str) -> Any:
         if len(shape) == 0:
             return x
         raise NamedTypeError(
-            f"{op}() got a plain array of shape {tuple(shape)} for {what}; plain arrays have no "
+            f"{caller}() got a plain array of shape {tuple(shape)} for {what}; plain arrays have no "
             "axis names to broadcast by. Wrap it first, e.g. "
             f"named(x, {tuple(f'axis{i}' for i in range(len(shape)))!r})."
         )
     raise NamedTypeError(
-        f"{op}() needs a NamedArray or a scalar for {what}, got {x!r} ({type(x).__name__})."
+        f"{caller}() needs a NamedArray or a scalar for {what}, got {x!r} ({type(x).__name__})."
     )
 
 
 def lift_call(
-    op: str,
+    caller: str,
     fn: Callable[..., Any],
     operands: Sequence[Any],
     names: Sequence[str] | None = None,
@@ -76,17 +76,17 @@ def lift_call(
         ShardingError: if Explicit shardings conflict and no mapping is in force.
     """
     labels = names or [f"operand {i + 1}" for i in range(len(operands))]
-    checked = [x if x is None else _check_operand(x, op, w) for x, w in zip(operands, labels)]
-    checked = agree_by_name(op, checked, labels)  # Explicit meshes: conflicting shardings
+    checked = [x if x is None else _check_operand(x, caller, w) for x, w in zip(operands, labels)]
+    checked = agree_by_name(caller, checked, labels)  # Explicit meshes: conflicting shardings
     try:
         axes = result_axes([x.axes for x in checked if isinstance(x, NamedArray)])
     except AxisSizeError as e:
-        raise AxisSizeError(f"{op}(): {e}") from None
+        raise AxisSizeError(f"{caller}(): {e}") from None
     arrays = [align_to(x, axes) if isinstance(x, NamedArray) else x for x in checked]
     return NamedArray(fn(*arrays, **kwargs), axes)
 
 
-def broadcast_into(value: Any, axes: Sequence[Axis], *, op: str, what: str) -> Any:
+def broadcast_into(value: Any, axes: Sequence[Axis], *, caller: str, what: str) -> Any:
     """``value`` laid out to broadcast positionally against an array with ``axes``.
 
     Scalars and 0-d arrays pass through; a NamedArray must only have axes from ``axes`` (missing
@@ -100,12 +100,12 @@ def broadcast_into(value: Any, axes: Sequence[Axis], *, op: str, what: str) -> A
     if value is None:
         return None
     if not isinstance(value, NamedArray):
-        return _check_operand(value, op, what)
+        return _check_operand(value, caller, what)
     names = [a.name for a in axes]
     extra = [a.name for a in value.axes if a.name not in names]
     if extra:
         raise AxisError(
-            f"{op}(): {what} NamedArray({format_axes(value.axes)}) has axes {format_names(extra)} "
+            f"{caller}(): {what} NamedArray({format_axes(value.axes)}) has axes {format_names(extra)} "
             f"that NamedArray({format_axes(axes)}) lacks; it may only use "
             f"{format_names(names)}. Reduce or index the extra axes first."
         )
@@ -113,13 +113,13 @@ def broadcast_into(value: Any, axes: Sequence[Axis], *, op: str, what: str) -> A
         mine = next(b for b in axes if b.name == a.name)
         if mine.size != a.size:
             raise AxisSizeError(
-                f"{op}(): {what} axis {a.name!r} has size {a.size}, but the result's "
+                f"{caller}(): {what} axis {a.name!r} has size {a.size}, but the result's "
                 f"{a.name!r} has size {mine.size}."
             )
     return align_to(value, axes)
 
 
-def canonical_dtype(dtype: Any, *, op: str) -> Any:
+def canonical_dtype(dtype: Any, *, caller: str) -> Any:
     """``dtype`` checked to be a dtype (``None`` passes through).
 
     Raises:
@@ -131,7 +131,7 @@ def canonical_dtype(dtype: Any, *, op: str) -> Any:
         jnp.dtype(dtype)
     except TypeError:
         raise NamedTypeError(
-            f"{op}(): {dtype!r} is not a dtype. Pass a dtype such as jnp.float32, jnp.int32 "
+            f"{caller}(): {dtype!r} is not a dtype. Pass a dtype such as jnp.float32, jnp.int32 "
             "or 'bfloat16'."
         ) from None
     return dtype
@@ -413,4 +413,4 @@ def astype(x: NamedArray, dtype: Any) -> NamedArray:
         NamedArray(bfloat16, embed=3)
     """
     x = expect_named(x, "astype")
-    return NamedArray(x.array.astype(canonical_dtype(dtype, op="astype")), x.axes)
+    return NamedArray(x.array.astype(canonical_dtype(dtype, caller="astype")), x.axes)

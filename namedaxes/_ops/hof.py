@@ -52,7 +52,7 @@ class _Mapped:
         self,
         tree: Any,
         axis: AxisSelector,
-        op: str,
+        caller: str,
         what: str,
         label: Callable[[Any], str],
         plain: bool = False,
@@ -92,7 +92,7 @@ class _Mapped:
             ]
             listing = "; ".join(named) if named else "no NamedArrays at all"
             raise AxisNotFoundError(
-                f"{op}() over axis {name!r}: no NamedArray in {what} has that axis ({listing}). "
+                f"{caller}() over axis {name!r}: no NamedArray in {what} has that axis ({listing}). "
                 f"Check the axis name, or pass Axis({name!r}, size) to map a fixed number of times."
             )
         if len(set(sizes.values())) > 1:
@@ -104,7 +104,7 @@ class _Mapped:
                 else ""
             )
             raise AxisSizeError(
-                f"{op}() over axis {name!r}: the axis has different sizes in {what} ({listing}). "
+                f"{caller}() over axis {name!r}: the axis has different sizes in {what} ({listing}). "
                 f"Every mapped array must agree on its size.{hint}"
             )
         self.name = name
@@ -121,9 +121,9 @@ class _Mapped:
 class _Outputs:
     """Splits a function's output into arrays for JAX and remembers how to rename them after."""
 
-    def __init__(self, name: str, op: str):
+    def __init__(self, name: str, caller: str):
         self.name = name
-        self.op = op
+        self.op = caller
         self.treedef: Any = None
         self.axes: list[tuple[Axis, ...] | None] = []
         self.static: dict[int, Any] = {}  # leaves that are not arrays, returned as they are
@@ -191,7 +191,7 @@ def _spmd_axis_name(axis: Axis) -> Any:
     return names or None
 
 
-def _axes_arg(axis: Any, op: str) -> tuple[AxisSelector, ...]:
+def _axes_arg(axis: Any, caller: str) -> tuple[AxisSelector, ...]:
     """``axis`` as a tuple of selectors (one, or several for ``vmap``)."""
     axes = (axis,) if isinstance(axis, (str, Axis)) else axis
     if (
@@ -200,7 +200,7 @@ def _axes_arg(axis: Any, op: str) -> tuple[AxisSelector, ...]:
         or not all(isinstance(a, (str, Axis)) for a in axes)
     ):
         raise NamedTypeError(
-            f"{op}() needs an axis name, an Axis, or a non-empty sequence of them, got {axis!r}."
+            f"{caller}() needs an axis name, an Axis, or a non-empty sequence of them, got {axis!r}."
         )
     check_unique(axes)
     return tuple(axes)
@@ -297,7 +297,7 @@ def _structure(tree: Any) -> tuple[Any, list[Any]]:
     return treedef, [leaf.axes if isinstance(leaf, NamedArray) else None for leaf in leaves]
 
 
-def _check_carry(init: Any, carry: Any, op: str, name: str) -> None:
+def _check_carry(init: Any, carry: Any, caller: str, name: str) -> None:
     """Raise a clear error when ``fn`` returns a carry shaped differently from ``init``."""
     want, got = _structure(init), _structure(carry)
     if want == got:
@@ -318,7 +318,7 @@ def _check_carry(init: Any, carry: Any, op: str, name: str) -> None:
     else:
         detail = f" init has structure {want[0]}, fn returned {got[0]}."
     raise NamedTypeError(
-        f"{op}() over axis {name!r}: fn must return a carry with the same structure and axes as "
+        f"{caller}() over axis {name!r}: fn must return a carry with the same structure and axes as "
         f"init.{detail} Rearrange or rename the carry inside fn to match."
     )
 
@@ -331,16 +331,18 @@ def _is_policy(f: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def check_remat(remat: Any, op: str, arg: str, also: str) -> None:
+def check_remat(remat: Any, caller: str, arg: str, also: str) -> None:
     """Raise ``NamedTypeError`` unless ``remat`` is a bool, a policy name or a policy.
 
     For callers that take ``remat`` under another argument name ``arg`` and also take the names
     ``also`` lists (both are put in the messages).
     """
-    _checkpoint_policy(remat, op, arg, also)
+    _checkpoint_policy(remat, caller, arg, also)
 
 
-def _checkpoint_policy(remat: Any, op: str, arg: str = "remat", also: str = "") -> tuple[bool, Any]:
+def _checkpoint_policy(
+    remat: Any, caller: str, arg: str = "remat", also: str = ""
+) -> tuple[bool, Any]:
     """``(checkpoint?, policy)`` from ``remat=``: a bool, a policy name, or a policy."""
     if remat is None or remat is False:
         return False, None
@@ -361,13 +363,13 @@ def _checkpoint_policy(remat: Any, op: str, arg: str = "remat", also: str = "") 
             else ""
         )
         raise NamedTypeError(
-            f"{op}(): {arg}={remat!r} is not {also}a jax.checkpoint_policies policy.{hint} "
+            f"{caller}(): {arg}={remat!r} is not {also}a jax.checkpoint_policies policy.{hint} "
             f"Policies by name: {', '.join(repr(n) for n in names)}."
         )
     if callable(remat):
         return True, remat
     raise NamedTypeError(
-        f"{op}(): {arg} must be a bool, {also}a jax.checkpoint_policies name such as "
+        f"{caller}(): {arg} must be a bool, {also}a jax.checkpoint_policies name such as "
         f"'nothing_saveable', or a policy callable, got {remat!r} ({type(remat).__name__})."
     )
 
@@ -435,19 +437,19 @@ def _scan(
     reverse: bool,
     unroll: int | bool,
     remat: Any,
-    op: str,
+    caller: str,
 ) -> Callable[..., tuple[Any, Any]]:
     if not callable(fn):
-        raise NamedTypeError(f"{op}() needs a callable, got {fn!r}.")
+        raise NamedTypeError(f"{caller}() needs a callable, got {fn!r}.")
     if not isinstance(axis, (str, Axis)):
-        raise NamedTypeError(f"{op}() needs an axis name or an Axis, got {axis!r}.")
+        raise NamedTypeError(f"{caller}() needs an axis name or an Axis, got {axis!r}.")
     name = axis_name(axis)
-    checkpoint, policy = _checkpoint_policy(remat, op)
+    checkpoint, policy = _checkpoint_policy(remat, caller)
     plain = isinstance(axis, Axis)
 
     def scanned(init: Any, xs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        ins = _Mapped(xs, axis, op, "xs", lambda path: format_path(("xs", *path)), plain)
-        outs = _Outputs(name, op)
+        ins = _Mapped(xs, axis, caller, "xs", lambda path: format_path(("xs", *path)), plain)
+        outs = _Outputs(name, caller)
         # lax.scan walks the leading dimension, which must be replicated on Explicit meshes (XLA
         # gathers it on Auto meshes anyway).
         leading = [
@@ -464,7 +466,7 @@ def _scan(
                     "Return (carry, None) when there is nothing to stack, or use fold()."
                 )
             new_carry, y = out
-            _check_carry(carry, new_carry, op, name)
+            _check_carry(carry, new_carry, caller, name)
             return new_carry, outs.split(y, "y")
 
         if checkpoint:

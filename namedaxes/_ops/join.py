@@ -16,15 +16,15 @@ __all__ = ["concatenate", "stack"]
 
 
 def _aligned_operands(
-    arrays: Sequence[NamedArray], op: str, skip: str | None
+    arrays: Sequence[NamedArray], caller: str, skip: str | None
 ) -> tuple[tuple[Axis, ...], list[jax.Array]]:
     """Check that ``arrays`` agree on their axes (other than ``skip``) as sets; transpose each to the
     first array's order. Returns the first array's axes and the transposed arrays."""
     if isinstance(arrays, NamedArray) or not isinstance(arrays, Sequence) or not arrays:
         raise NamedTypeError(
-            f"{op}() takes a non-empty list of NamedArrays, got {describe_operand(arrays)}."
+            f"{caller}() takes a non-empty list of NamedArrays, got {describe_operand(arrays)}."
         )
-    arrays = [expect_named(a, op, f"arrays[{k}]") for k, a in enumerate(arrays)]
+    arrays = [expect_named(a, caller, f"arrays[{k}]") for k, a in enumerate(arrays)]
     first = arrays[0]
 
     def others(a: NamedArray) -> dict[str, int]:
@@ -39,12 +39,12 @@ def _aligned_operands(
             )
             along = f" along {skip!r}" if skip is not None else ""
             raise AxisSizeError(
-                f"{op}(){along}: arrays[{k}] has axes ({format_axes(a.axes)}) but arrays[0] has "
+                f"{caller}(){along}: arrays[{k}] has axes ({format_axes(a.axes)}) but arrays[0] has "
                 f"({format_axes(first.axes)}); the other axes must match by name and size "
                 f"(they differ in {format_names(diff)}). Rename, slice or broadcast the arrays first."
             )
     # On Explicit meshes JAX joins only operands sharded alike: make them so, by name.
-    arrays = join_by_name(op, arrays, along=skip)
+    arrays = join_by_name(caller, arrays, along=skip)
     out = []
     for a in arrays:
         order = [index_of(a.axes, ax) for ax in first.axes]

@@ -21,32 +21,32 @@ from .reductions import sum as _sum
 __all__ = ["diagonal", "trace", "tril", "triu"]
 
 
-def _pair(x: NamedArray, axes: Any, op: str) -> tuple[int, int]:
+def _pair(x: NamedArray, axes: Any, caller: str) -> tuple[int, int]:
     """Positions of the (row, column) axes, which must be two different axes of ``x``."""
     if isinstance(axes, (str, Axis)) or not isinstance(axes, (tuple, list)) or len(axes) != 2:
         raise AxisError(
-            f"{op}() works over two named axes (rows, columns), got {axes!r}; e.g. "
-            f"{op}(x, ('query', 'key'))."
+            f"{caller}() works over two named axes (rows, columns), got {axes!r}; e.g. "
+            f"{caller}(x, ('query', 'key'))."
         )
     if axis_name(axes[0]) == axis_name(axes[1]):
         raise DuplicateAxisError(
-            f"{op}() needs two different axes, got {axis_name(axes[0])!r} twice."
+            f"{caller}() needs two different axes, got {axis_name(axes[0])!r} twice."
         )
     return find_axis(x.axes, axes[0]), find_axis(x.axes, axes[1])
 
 
-def _check_k(k: Any, op: str, param: str = "k") -> int:
+def _check_k(k: Any, caller: str, param: str = "k") -> int:
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
         raise NamedTypeError(
-            f"{op}(): {param}= (the diagonal offset) must be a static int, got {k!r}."
+            f"{caller}(): {param}= (the diagonal offset) must be a static int, got {k!r}."
         )
     return int(k)
 
 
-def _triangle(x: Any, axes: Any, k: Any, op: str, keep_lower: bool) -> NamedArray:
-    x = expect_named(x, op)
-    r, c = _pair(x, axes, op)
-    k = _check_k(k, op)
+def _triangle(x: Any, axes: Any, k: Any, caller: str, keep_lower: bool) -> NamedArray:
+    x = expect_named(x, caller)
+    r, c = _pair(x, axes, caller)
+    k = _check_k(k, caller)
     # A mask over just the two axes (size 1 elsewhere): x keeps its layout and sharding.
     shape = [1] * x.ndim
     shape[r], shape[c] = x.axes[r].size, x.axes[c].size

@@ -56,7 +56,7 @@ def _build(
         def op(x: Any, axis: Any = None, *, where: Any = None, **kwargs: Any) -> NamedArray:
             kw = _keywords(name, extras, kwargs)
             if "dtype" in kw:
-                kw["dtype"] = canonical_dtype(kw["dtype"], op=name)
+                kw["dtype"] = canonical_dtype(kw["dtype"], caller=name)
             return _reduce(name, fn, x, axis, where, **kw)
 
         axes = "('batch',)"

@@ -51,23 +51,26 @@ _NO_IDENTITY = (jnp.max, jnp.min, jnp.nanmax, jnp.nanmin)
 
 
 def _reduce(
-    op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any, **kwargs: Any
+    caller: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any, **kwargs: Any
 ) -> NamedArray:
-    x = expect_named(x, op)
+    x = expect_named(x, caller)
     # Names only, never positions, and never an empty selection (which would return x unchanged).
-    pos = selected_positions(op, x, axis)
+    pos = selected_positions(caller, x, axis)
     if fn in _NO_IDENTITY and kwargs.get("initial") is None:
-        sign = "-" if "max" in op else ""
+        sign = "-" if "max" in caller else ""
         if where is not None:  # a row whose elements are all masked out has no result either
             raise AxisError(
-                f"{op}() with where= needs initial=, the result where every element is masked "
+                f"{caller}() with where= needs initial=, the result where every element is masked "
                 f"out (e.g. initial={sign}jnp.inf)."
             )
         check_nonempty(
-            op, x, pos, f"Pass initial=, the result for an empty axis (e.g. initial={sign}jnp.inf)."
+            caller,
+            x,
+            pos,
+            f"Pass initial=, the result for an empty axis (e.g. initial={sign}jnp.inf).",
         )
-    check_mask(op, where)
-    mask = broadcast_into(where, x.axes, op=op, what="where=")
+    check_mask(caller, where)
+    mask = broadcast_into(where, x.axes, caller=caller, what="where=")
     if mask is not None:
         kwargs["where"] = mask
     out = fn(x.array, axis=pos, **kwargs)
@@ -104,7 +107,7 @@ def sum(  # noqa: A001 - mirrors jnp.sum
         >>> x.sum().item()
         6.0
     """
-    return _reduce("sum", jnp.sum, x, axis, where, dtype=canonical_dtype(dtype, op="sum"))
+    return _reduce("sum", jnp.sum, x, axis, where, dtype=canonical_dtype(dtype, caller="sum"))
 
 
 def prod(
@@ -118,7 +121,7 @@ def prod(
         >>> na.prod(na.named(jnp.full((2, 3), 2.0), ("batch", "embed")), "embed").array
         Array([8., 8.], dtype=float32)
     """
-    return _reduce("prod", jnp.prod, x, axis, where, dtype=canonical_dtype(dtype, op="prod"))
+    return _reduce("prod", jnp.prod, x, axis, where, dtype=canonical_dtype(dtype, caller="prod"))
 
 
 def mean(
@@ -133,7 +136,7 @@ def mean(
         >>> na.mean(x, "embed", where=x > 1.0).array
         Array([2.5], dtype=float32)
     """
-    return _reduce("mean", jnp.mean, x, axis, where, dtype=canonical_dtype(dtype, op="mean"))
+    return _reduce("mean", jnp.mean, x, axis, where, dtype=canonical_dtype(dtype, caller="mean"))
 
 
 def max(  # noqa: A001 - mirrors jnp.max
@@ -185,7 +188,7 @@ def var(
         1.6666666...
     """
     return _reduce(
-        "var", jnp.var, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="var")
+        "var", jnp.var, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, caller="var")
     )
 
 
@@ -207,7 +210,7 @@ def std(
         Array([1.], dtype=float32)
     """
     return _reduce(
-        "std", jnp.std, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, op="std")
+        "std", jnp.std, x, axis, where, ddof=ddof, dtype=canonical_dtype(dtype, caller="std")
     )
 
 
@@ -250,24 +253,26 @@ def logsumexp(x: NamedArray, axis: AxisSelection = None, *, where: Any = None) -
     return _reduce("logsumexp", jax.nn.logsumexp, x, axis, where)
 
 
-def _arg_reduce(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector | None) -> NamedArray:
-    x = expect_named(x, op)
+def _arg_reduce(
+    caller: str, fn: Callable[..., Any], x: Any, axis: AxisSelector | None
+) -> NamedArray:
+    x = expect_named(x, caller)
     if axis is None:
         if x.ndim != 1:
             raise AxisError(
-                f"{op}() needs one axis for NamedArray({format_axes(x.axes)}); axis=None only works "
+                f"{caller}() needs one axis for NamedArray({format_axes(x.axes)}); axis=None only works "
                 f"on a 1-axis array. Pass one of {format_names(x.axis_names)}, e.g. "
-                f"{op}(x, {x.axis_names[0] if x.axes else 'name'!r})."
+                f"{caller}(x, {x.axis_names[0] if x.axes else 'name'!r})."
             )
         axis = x.axes[0]
-    reject_positional(op, axis, x.axes)
+    reject_positional(caller, axis, x.axes)
     if not isinstance(axis, (str, Axis)):
         raise NamedTypeError(
-            f"{op}() reduces exactly one axis; got {axis!r}. Flatten the axes first to take the "
-            f"{op} over several."
+            f"{caller}() reduces exactly one axis; got {axis!r}. Flatten the axes first to take the "
+            f"{caller} over several."
         )
     i = find_axis(x.axes, axis)
-    check_nonempty(op, x, (i,), "Give the axis at least one element (pad or slice it first).")
+    check_nonempty(caller, x, (i,), "Give the axis at least one element (pad or slice it first).")
     return NamedArray(fn(x.array, axis=i), x.axes[:i] + x.axes[i + 1 :])
 
 
@@ -304,14 +309,18 @@ def argmin(x: NamedArray, axis: AxisSelector | None = None) -> NamedArray:
     return _arg_reduce("argmin", jnp.argmin, x, axis)
 
 
-def _along(op: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any) -> NamedArray:
+def _along(
+    caller: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any
+) -> NamedArray:
     """Apply an axis-preserving op (softmax family) over the selected axes."""
-    x = expect_named(x, op)
+    x = expect_named(x, caller)
     if axis is None:
-        raise NamedTypeError(f"{op}() needs the axis to normalize over, e.g. {op}(x, 'vocab').")
-    pos = selected_positions(op, x, axis, verb="normalize")
-    check_mask(op, where)
-    mask = broadcast_into(where, x.axes, op=op, what="where=")
+        raise NamedTypeError(
+            f"{caller}() needs the axis to normalize over, e.g. {caller}(x, 'vocab')."
+        )
+    pos = selected_positions(caller, x, axis, verb="normalize")
+    check_mask(caller, where)
+    mask = broadcast_into(where, x.axes, caller=caller, what="where=")
     return NamedArray(fn(x.array, axis=pos, where=mask), x.axes)
 
 
@@ -351,14 +360,14 @@ def log_softmax(x: NamedArray, axis: AxisSelection, *, where: Any = None) -> Nam
 
 
 def _cumulative(
-    op: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any
+    caller: str, fn: Callable[..., Any], x: Any, axis: AxisSelector, dtype: Any
 ) -> NamedArray:
-    x = expect_named(x, op)
-    reject_positional(op, axis, x.axes)
+    x = expect_named(x, caller)
+    reject_positional(caller, axis, x.axes)
     i = find_axis(x.axes, axis)
     # On Explicit meshes JAX refuses a running sum along a sharded dimension; gather it first.
     array = unshard_dims(x.array, (i,))
-    return NamedArray(fn(array, axis=i, dtype=canonical_dtype(dtype, op=op)), x.axes)
+    return NamedArray(fn(array, axis=i, dtype=canonical_dtype(dtype, caller=caller)), x.axes)
 
 
 def cumsum(x: NamedArray, axis: AxisSelector, *, dtype: Any = None) -> NamedArray:

@@ -42,17 +42,17 @@ def _replicated(x: NamedArray) -> Any:
     return unshard_dims(x.array, tuple(range(x.ndim)))
 
 
-def _new_axis(x: NamedArray, size: Any, op: str, *, replaced: str | None = None) -> Axis:
+def _new_axis(x: NamedArray, size: Any, caller: str, *, replaced: str | None = None) -> Axis:
     """The result's axis from ``size`` (an ``Axis`` or one-entry dict); its name must be new."""
     if isinstance(size, int) and not isinstance(size, bool):
         raise NamedTypeError(
-            f"{op}() needs size= as an Axis (the result's axis name and length), got {size!r}; "
-            f"e.g. size=Axis('{op}', {size})."
+            f"{caller}() needs size= as an Axis (the result's axis name and length), got {size!r}; "
+            f"e.g. size=Axis('{caller}', {size})."
         )
-    ax = single_axis(size, op)
+    ax = single_axis(size, caller)
     if ax.name != replaced and x.has_axis(ax.name):
         raise DuplicateAxisError(
-            f"{op}(): result axis {ax.name!r} is already an axis of "
+            f"{caller}(): result axis {ax.name!r} is already an axis of "
             f"NamedArray({format_axes(x.axes)}); pick a new name."
         )
     return ax
@@ -167,7 +167,7 @@ def _jnp_unique(
 
 
 def _unique(
-    op: str,
+    caller: str,
     x: Any,
     size: Any,
     axis: AxisSelector | None,
@@ -176,9 +176,9 @@ def _unique(
     inverse: bool,
     counts: bool,
 ) -> Any:
-    x = expect_named(x, op)
+    x = expect_named(x, caller)
     if axis is None:
-        new = _new_axis(x, size, op)
+        new = _new_axis(x, size, caller)
         out = _jnp_unique(_replicated(x), fill_value, index, inverse, counts, None, new.size)
         parts = list(out) if isinstance(out, tuple) else [out]
         result: list[Any] = [NamedArray(parts.pop(0), (new,))]
@@ -192,7 +192,7 @@ def _unique(
     # Unique slices along one axis: that axis is replaced, in place, by the result axis.
     i = find_axis(x.axes, axis)
     old = x.axes[i]
-    new = _new_axis(x, size, op, replaced=old.name)
+    new = _new_axis(x, size, caller, replaced=old.name)
     out = _jnp_unique(_replicated(x), fill_value, index, inverse, counts, i, new.size)
     parts = list(out) if isinstance(out, tuple) else [out]
     result = [NamedArray(parts.pop(0), x.axes[:i] + (new,) + x.axes[i + 1 :])]

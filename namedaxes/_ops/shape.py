@@ -307,14 +307,14 @@ def unbind(x: NamedArray, axis: AxisSelector) -> list[NamedArray]:
 # -- broadcast -------------------------------------------------------------------------------
 
 
-def _as_named_or_scalar(x: Any, op: str) -> NamedArray:
+def _as_named_or_scalar(x: Any, caller: str) -> NamedArray:
     """A NamedArray, or a scalar (Python number, 0-d array) wrapped as one with no axes."""
     if isinstance(x, NamedArray):
         return x
     array = jnp.asarray(x) if not hasattr(x, "shape") else x
     if getattr(array, "ndim", None) == 0:
         return NamedArray(array, ())
-    return expect_named(x, op)
+    return expect_named(x, caller)
 
 
 def broadcast_to(x: NamedArray | Any, axes: AxisSpec | Sequence[Axis | EllipsisType]) -> NamedArray:

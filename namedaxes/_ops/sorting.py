@@ -21,17 +21,17 @@ from ._common import expect_named, unshard_dims
 __all__ = ["argsort", "searchsorted", "sort", "top_k"]
 
 
-def _one_axis(x: NamedArray, axis: AxisSelector | None, op: str) -> int:
+def _one_axis(x: NamedArray, axis: AxisSelector | None, caller: str) -> int:
     """The position of ``axis`` (which may be omitted for a 1-axis array)."""
     if axis is None:
         if x.ndim != 1:
             raise AxisError(
-                f"{op}() needs axis= for NamedArray({format_axes(x.axes)}); pass one of "
+                f"{caller}() needs axis= for NamedArray({format_axes(x.axes)}); pass one of "
                 f"{format_names(x.axis_names)}."
             )
         return 0
     if not isinstance(axis, (str, Axis)):
-        raise NamedTypeError(f"{op}() works along exactly one axis; got {axis!r}.")
+        raise NamedTypeError(f"{caller}() works along exactly one axis; got {axis!r}.")
     return find_axis(x.axes, axis)
 
 

@@ -27,12 +27,12 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _per_axis(x: NamedArray, spec: Any, op: str, what: str) -> dict[int, Any]:
+def _per_axis(x: NamedArray, spec: Any, caller: str, what: str) -> dict[int, Any]:
     """``{position: value}`` from a ``{axis: value}`` mapping (names checked, each once)."""
     if not isinstance(spec, Mapping):
         raise NamedTypeError(
-            f"{op}() takes {what} as a {{axis: value}} dict, got {spec!r} ({type(spec).__name__}); "
-            f"e.g. {op}(x, {{{x.axis_names[0] if x.axes else 'seq'!r}: 2}})."
+            f"{caller}() takes {what} as a {{axis: value}} dict, got {spec!r} ({type(spec).__name__}); "
+            f"e.g. {caller}(x, {{{x.axis_names[0] if x.axes else 'seq'!r}: 2}})."
         )
     check_unique(list(spec))
     return {find_axis(x.axes, a): v for a, v in spec.items()}

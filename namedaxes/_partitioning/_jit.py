@@ -1,4 +1,5 @@
-"""``named_jit`` and ``fsdp``: ``jax.jit`` for functions of named pytrees, with mappings in force.
+"""What ``named_jit`` and ``fsdp`` return: ``jax.jit`` for functions of named pytrees, with mappings
+in force (the decorators themselves, which check their options, are in ``_named_jit``).
 
 Per call, the arguments are flattened once (C++), and a bounded cache keyed on (structure, leaf
 types, mapping) and then (static leaves, mesh) yields a ``jax.jit``-compiled *flat* function with
@@ -17,19 +18,17 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
 
 from .._caches import register_owner
-from .._errors import NamedTypeError, format_names
+from .._errors import NamedTypeError
 from .._logical._context import axis_mapping, current_mapping_and_rules
 from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._jit_args import (
-    JIT_OPTIONS,
-    RESERVED_JIT_KWARGS,
     check_donation,
     donation_flags,
     frozen_mapping,
@@ -56,15 +55,19 @@ from ._plan import plan_tree
 from ._shard import place_leaves
 from ._tree import walk
 
-__all__ = ["fsdp", "named_jit"]
+__all__ = ["NamedJitWrapped"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class NamedJitWrapped:
-    """The callable ``named_jit`` returns. Call it like the function; ``.lower`` to inspect."""
+class NamedJitWrapped(Generic[P, R]):
+    """The callable ``named_jit`` and ``fsdp`` return: call it like the function it wraps (its
+    signature is kept for type checkers); ``.lower`` to inspect."""
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, R],
         axis_resources: RulesLike | None,
         in_axis_resources: RulesLike | None,
         out_axis_resources: RulesLike | None,
@@ -100,7 +103,7 @@ class NamedJitWrapped:
 
     # -- the hot path -------------------------------------------------------------------------
 
-    def _entry(
+    def _lookup(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Layout, Compiled, tuple[Any, ...], list[Any]]:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -147,7 +150,7 @@ class NamedJitWrapped:
             lru_touch(layout.by_key, inner_key)
         return layout, compiled, dyn, leaves
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # Fast path: one flatten, one or two dict lookups, the jitted call, one unflatten.
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         if self._axis_rules is not None:
@@ -180,7 +183,7 @@ class NamedJitWrapped:
             return self._call_slow(args, kwargs, fast_key)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast_key: Any) -> Any:
-        layout, compiled, dyn, leaves = self._entry(args, kwargs)
+        layout, compiled, dyn, leaves = self._lookup(args, kwargs)
         if not compiled.shaped_targets and compiled.set_mesh is None and not fast_key[3].empty:
             # Eligible for the fast path: nothing depends on the leaves' shapes or on the
             # arguments' own mesh. With static leaves the entry is a dict keyed by their values.
@@ -204,18 +207,18 @@ class NamedJitWrapped:
             out = compiled.jitted(*dyn)
         return compiled.out_info(dyn).rebuild(out)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
+    def lower(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Lower for the given arguments (or ``ShapeDtypeStruct``s) and return JAX's ``Lowered``.
 
         Example:
             >>> import jax.numpy as jnp
-            >>> from namedaxes import named
+            >>> from namedaxes import named, named_jit
             >>> f = named_jit(lambda x: x.array * 2)
             >>> "multiply" in f.lower(named(jnp.ones(3), "a")).as_text()
             True
         """
         with self._lock:
-            layout, compiled, dyn, leaves = self._entry(args, kwargs)
+            layout, compiled, dyn, leaves = self._lookup(args, kwargs)
         if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if compiled.set_mesh is not None:
@@ -330,7 +333,7 @@ class NamedJitWrapped:
             tree_walk = walk(treedef.unflatten(leaves), treedef)
             if tree_walk.any_named:
                 caller = "fsdp" if self._fsdp else "named_jit(in_axis_resources=...)"
-                m = require_mesh(mesh, what=caller, has_mesh_arg=False)
+                m = require_mesh(mesh, caller=caller, has_mesh_arg=False)
                 compiled.mesh = m
                 if tree_walk.any_field:
                     compiled.shaped_targets = True  # targets depend on shapes: computed per call
@@ -355,186 +358,3 @@ class NamedJitWrapped:
         if obj is None:
             return self
         return functools.partial(self, obj)
-
-
-def named_jit(
-    fn: Callable[..., Any] | None = None,
-    axis_resources: RulesLike | None = None,
-    *,
-    in_axis_resources: RulesLike | None = None,
-    out_axis_resources: RulesLike | None = None,
-    donate_args: Any = None,
-    donate_kwargs: Any = None,
-    strict: bool = False,
-    **jit_kwargs: Any,
-) -> Any:
-    """``jax.jit`` for functions of pytrees with NamedArrays, with a mapping in force while tracing.
-
-    Array leaves of the arguments are traced; every other leaf is static (hashed by value where
-    possible), as with ``eqx.filter_jit``. Non-array outputs are returned as they are.
-
-    - ``axis_resources`` (default: the ``axis_mapping`` in force at call time) is in force while
-      tracing, so ``shard``/``auto_sharded`` inside the function use it.
-    - Named outputs are placed by ``out_axis_resources`` (default ``axis_resources``).
-    - With ``in_axis_resources``, named inputs are first placed by it (an argument committed with
-      another sharding is moved). Plain-array inputs and outputs keep their own shardings.
-    - The mesh is the one set with ``jax.set_mesh`` at call time, else the arguments' mesh.
-    - One trace per distinct call signature, which includes the mapping and the mesh.
-    - ``strict=True`` refuses, when tracing, a mapping entry that names no axis of the arguments
-      or outputs (a typo, or ``{"heads": ...}`` for a model whose axes are ``kv_heads`` and
-      ``q_per_kv``); entries meant only for intermediate values need ``strict=False``. Cached
-      calls pay nothing for it.
-
-    Args:
-        fn: The function; omit to get a decorator.
-        axis_resources: Mapping or ``AxisRules`` in force while tracing.
-        in_axis_resources: Mapping used to place named inputs before the call.
-        out_axis_resources: Mapping used to place named outputs.
-        donate_args: A pytree prefix of the positional arguments of bools (or ``leaf -> bool``).
-        donate_kwargs: The same for keyword arguments.
-        strict: Raise ``UnmatchedMappingError`` for mapping entries that match no axis of the
-            arguments or outputs (checked once per trace).
-        **jit_kwargs: Passed to ``jax.jit`` (``keep_unused``, ``inline``, ``compiler_options``...).
-
-    Returns:
-        The wrapped function (or a decorator when ``fn`` is omitted).
-
-    Raises:
-        NamedTypeError: if ``fn`` is not callable, or a ``jax.jit`` option that ``named_jit``
-            manages itself (``in_shardings``, ``static_argnums``, ...) is passed.
-        UnmatchedMappingError: with ``strict=True``, when called (traced) with a mapping entry
-            that matches nothing.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from namedaxes import named
-        >>> @named_jit
-        ... def double(x):
-        ...     return named(x.array * 2, x.axes)
-        >>> double(named(jnp.ones(3), "a")).array
-        Array([2., 2., 2.], dtype=float32)
-    """
-    unknown = sorted(k for k in jit_kwargs if k not in JIT_OPTIONS)
-    if unknown:
-        raise NamedTypeError(
-            f"named_jit got unknown option {format_names(unknown)}. It accepts axis_resources, "
-            "in_axis_resources, out_axis_resources, donate_args, donate_kwargs and jax.jit's "
-            f"options ({format_names(sorted(JIT_OPTIONS - set(RESERVED_JIT_KWARGS)))})."
-        )
-    bad = [k for k in RESERVED_JIT_KWARGS if k in jit_kwargs]
-    if bad:
-        raise NamedTypeError(
-            f"named_jit manages {', '.join(bad)} itself. Use in_axis_resources/out_axis_resources "
-            "for placement, donate_args/donate_kwargs for donation; non-array arguments are "
-            "static automatically."
-        )
-    for value in (axis_resources, in_axis_resources, out_axis_resources):
-        if value is not None:
-            as_rules(value)  # validate at decoration time
-
-    def wrap(f: Callable[..., Any]) -> NamedJitWrapped:
-        if not callable(f):
-            raise NamedTypeError(
-                f"named_jit expects a function, got {f!r} ({type(f).__name__}). To pass a mapping "
-                "use the keyword: named_jit(fn, axis_resources={...}) or "
-                "@named_jit(axis_resources={...})."
-            )
-        return NamedJitWrapped(
-            f,
-            axis_resources,
-            in_axis_resources,
-            out_axis_resources,
-            donate_args,
-            donate_kwargs,
-            jit_kwargs,
-            strict=strict,
-        )
-
-    if fn is None:
-        return wrap
-    return wrap(fn)
-
-
-def fsdp(
-    fn: Callable[..., Any] | None = None,
-    parameter_mapping: RulesLike | None = None,
-    compute_mapping: RulesLike | None = None,
-    *,
-    strict: bool = False,
-    **jit_kwargs: Any,
-) -> Any:
-    """``named_jit`` for the FSDP pattern: parameters stored by ``parameter_mapping``, the body
-    computed under ``compute_mapping``.
-
-    Placement rule: the **first positional argument** holds the parameters (a model, or a
-    ``(model, optimizer_state)`` tuple) and its named leaves are placed by ``parameter_mapping``.
-    Named leaves of the **other arguments** (optimizer state, the batch, ...) that are already on
-    the mesh are used where they are (optimizer state held by the parameter mapping stays put, a
-    batch sharded over ``data`` stays sharded); those not on the mesh yet are placed by
-    ``compute_mapping``. Named **outputs** are placed by their structure: a returned subtree with
-    the tree structure of the first argument (or, when that is a tuple or list, of one of its
-    elements), axis names and sizes included, is parameters (the updated model, gradients,
-    optax's ``mu``/``nu``) and is placed by ``parameter_mapping``; every other named output
-    (logits, per-token losses, metrics) by ``compute_mapping``, so activations stay sharded over
-    the batch. Cached calls take ``named_jit``'s fast path.
-
-    Args:
-        fn: The function; omit to get a decorator.
-        parameter_mapping: How parameters (and returned parameters/gradients/updates) are held.
-        compute_mapping: The mapping in force while the body runs, for non-parameter inputs, and
-            for outputs that are not shaped like the parameters.
-        strict: Raise ``UnmatchedMappingError`` (once per trace) for an entry of
-            ``parameter_mapping`` that matches no axis of the first argument, or of
-            ``compute_mapping`` that matches no axis of the arguments or outputs.
-        **jit_kwargs: Passed on to ``named_jit`` (``donate_args=``, ...).
-
-    Raises:
-        NamedTypeError: if a mapping is missing or ``fn`` is not callable.
-        UnmatchedMappingError: with ``strict=True``, as above.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> from namedaxes import named
-        >>> step = fsdp(lambda w, x: w, {"embed": "data"}, {"batch": "data"})
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))):
-        ...     step(named(jnp.ones(4), "embed"), named(jnp.ones(2), "batch")).array.sharding.spec
-        P('data',)
-    """
-    if isinstance(fn, (Mapping, AxisRules, list)) and compute_mapping is None:
-        # fsdp(parameter_mapping, compute_mapping) used as a decorator factory
-        fn, parameter_mapping, compute_mapping = None, fn, parameter_mapping
-    if parameter_mapping is None or compute_mapping is None:
-        raise NamedTypeError(
-            "fsdp needs parameter_mapping and compute_mapping, e.g. "
-            "fsdp(step, parameter_mapping={'embed': 'data'}, compute_mapping={'batch': 'data'})."
-        )
-    for key in ("axis_resources", "in_axis_resources", "out_axis_resources"):
-        if key in jit_kwargs:
-            raise NamedTypeError(
-                f"fsdp sets {key} itself from parameter_mapping and compute_mapping; use "
-                "named_jit directly for other placements."
-            )
-    named_jit(lambda: None, **jit_kwargs)  # validate the options now (unknown ones are refused)
-    as_rules(parameter_mapping), as_rules(compute_mapping)
-
-    def wrap(f: Callable[..., Any]) -> Any:
-        if not callable(f):
-            raise NamedTypeError(f"fsdp expects a function, got {f!r} ({type(f).__name__}).")
-        donate_args = jit_kwargs.get("donate_args")
-        donate_kwargs = jit_kwargs.get("donate_kwargs")
-        rest = {k: v for k, v in jit_kwargs.items() if k not in ("donate_args", "donate_kwargs")}
-        return NamedJitWrapped(
-            f,
-            compute_mapping,
-            parameter_mapping,
-            parameter_mapping,
-            donate_args,
-            donate_kwargs,
-            rest,
-            in_rules_rest=compute_mapping,
-            strict=strict,
-        )
-
-    if fn is None:
-        return wrap
-    return wrap(fn)

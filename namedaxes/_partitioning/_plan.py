@@ -232,10 +232,10 @@ def plan_tree(
     tree_walk = walk(tree, treedef)
     target: MeshLike | None
     if tree_walk.any_named:
-        target = require_mesh(mesh, what=caller, mappings=True)
+        target = require_mesh(mesh, caller=caller, mappings=True)
     else:
         known = mesh if mesh is not None else context_mesh()
-        target = None if known is None else require_mesh(known, what=caller, mappings=True)
+        target = None if known is None else require_mesh(known, caller=caller, mappings=True)
     mesh_key = target if target is None or isinstance(target, (Mesh, AbstractMesh)) else None
     if target is not None and mesh_key is None:
         mesh_key = mesh_shape(target)

@@ -20,7 +20,7 @@ from .._errors import ShardingError
 from .._logical._context import current_rules, rules_in_force
 from .._logical._rules import AxisRules, RulesLike
 from .._mesh import AnyMesh, context_mesh, require_mesh
-from .._spec import entry_axes
+from .._spec import entry_axes, entry_of
 from ._plan import check_matched, plan_tree
 
 __all__ = ["auto_sharded", "constrain", "place_leaves", "shard"]
@@ -43,8 +43,8 @@ def _split(spec: PartitionSpec, mesh: AnyMesh) -> tuple[NamedSharding | None, Na
         names = entry_axes(entry)
         e = tuple(n for n in names if types.get(n) == AxisType.Explicit)
         a = tuple(n for n in names if types.get(n) == AxisType.Auto)
-        explicit.append(None if not e else e[0] if len(e) == 1 else e)
-        auto.append(None if not a else a[0] if len(a) == 1 else a)
+        explicit.append(entry_of(e))
+        auto.append(entry_of(a))
     return (
         NamedSharding(mesh, PartitionSpec(*explicit)) if has_explicit else None,
         NamedSharding(mesh, PartitionSpec(*auto)) if has_auto else None,
@@ -118,7 +118,7 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
         check_matched(rules, planned.names, caller)
     if not planned.any_named:
         return x  # nothing to place (the plan has checked the mapping against a known mesh)
-    mesh = require_mesh(planned.mesh, what=caller)  # a Mesh or AbstractMesh, not sizes alone
+    mesh = require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
     if isinstance(mesh, AbstractMesh) and not _tracing(planned.leaves):
         raise ShardingError(
             f"{caller} was given an AbstractMesh outside jit, but placing arrays needs devices. "

@@ -362,12 +362,12 @@ def _global(x: NamedArray) -> NamedArray:
 # -- collectives by logical name ------------------------------------------------------------------
 
 
-def _mesh_axes(axis: AxisSelector | Sequence[AxisSelector], op: str) -> tuple[str, ...]:
+def _mesh_axes(axis: AxisSelector | Sequence[AxisSelector], caller: str) -> tuple[str, ...]:
     """The mesh axes the logical ``axis`` (or axes) are split over in the enclosing shard_map."""
     ctx = _PLACEMENT.get()
     if ctx is None:
         raise ShardingError(
-            f"{op}() by logical axis name only works inside namedaxes.shard_map (it needs to know "
+            f"{caller}() by logical axis name only works inside namedaxes.shard_map (it needs to know "
             "which mesh axes each name is split over). For mesh axes, use jax.lax directly."
         )
     placement, sizes = ctx
@@ -375,7 +375,7 @@ def _mesh_axes(axis: AxisSelector | Sequence[AxisSelector], op: str) -> tuple[st
     for name in axis_names(axis):
         if name not in placement:
             raise AxisError(
-                f"{op}(): logical axis {name!r} is not an axis of any shard_map argument, so its "
+                f"{caller}(): logical axis {name!r} is not an axis of any shard_map argument, so its "
                 f"placement is unknown. Known axes: {format_names(placement)}. (Mesh "
                 f"{format_mesh(sizes)} axes are used through jax.lax.)"
             )
@@ -383,8 +383,8 @@ def _mesh_axes(axis: AxisSelector | Sequence[AxisSelector], op: str) -> tuple[st
     return tuple(out)
 
 
-def _reduce(op: str, prim: Callable[..., Any], x: Any, axis: Any) -> Any:
-    mesh_axes = _mesh_axes(axis, op)
+def _reduce(caller: str, prim: Callable[..., Any], x: Any, axis: Any) -> Any:
+    mesh_axes = _mesh_axes(axis, caller)
     if not mesh_axes:  # one shard: reducing over it changes nothing
         return x
     if isinstance(x, NamedArray):
@@ -465,10 +465,10 @@ def pmin(x: Any, axis: AxisSelector | Sequence[AxisSelector]) -> Any:
     return _reduce("pmin", jax.lax.pmin, x, axis)
 
 
-def _own_axis(x: Any, axis: AxisSelector, op: str) -> int:
+def _own_axis(x: Any, axis: AxisSelector, caller: str) -> int:
     if not isinstance(x, NamedArray):
         raise NamedTypeError(
-            f"{op}() needs a NamedArray that has axis {axis_name(axis)!r}, got {type(x).__name__}."
+            f"{caller}() needs a NamedArray that has axis {axis_name(axis)!r}, got {type(x).__name__}."
         )
     return find_axis(x.axes, axis_name(axis))
 

@@ -94,7 +94,7 @@ def infer_resource_partitions(
         P('data',)
     """
     rules = rules_in_force(mapping, "infer_resource_partitions")
-    m = require_mesh(mesh, what="infer_resource_partitions")
+    m = require_mesh(mesh, caller="infer_resource_partitions")
     planned = plan_tree(tree, rules, m, caller="infer_resource_partitions")
     shardings = []
     for i, (info, leaf) in enumerate(zip(planned.walk.infos, planned.leaves)):
@@ -135,7 +135,7 @@ def _single_axis_spec(
     if known is None and len(candidates) == 1:
         sizes: MeshLike = {m: 1 for m in rules.mesh_axes}  # the rule decides; no mesh to check
     else:
-        sizes = mesh_axis_sizes(require_mesh(mesh, what=caller, mappings=True))
+        sizes = mesh_axis_sizes(require_mesh(mesh, caller=caller, mappings=True))
     if not isinstance(axis, Axis):
         missing = [m for m in candidates[0] if m not in sizes]
         size = 1 if missing else math.prod(sizes[m] for m in candidates[0])  # type: ignore[index]
@@ -195,7 +195,7 @@ def physical_axis_size(
     entry = _single_axis_spec(axis, mapping, mesh, "physical_axis_size")
     if entry is None:
         return 1
-    sizes = mesh_axis_sizes(require_mesh(mesh, what="physical_axis_size", mappings=True))
+    sizes = mesh_axis_sizes(require_mesh(mesh, caller="physical_axis_size", mappings=True))
     return math.prod(sizes[n] for n in entry_axes(entry))
 
 
@@ -221,7 +221,7 @@ def sharding_for_axis(
             f"{axis!r} ({type(axis).__name__}). Use e.g. Axis('batch', 8)."
         )
     rules = rules_in_force(mapping, "sharding_for_axis")
-    m = require_mesh(mesh, what="sharding_for_axis")
+    m = require_mesh(mesh, caller="sharding_for_axis")
     return NamedSharding(m, resolve(axes, rules, m))
 
 
@@ -249,7 +249,7 @@ def round_axis_for_partitioning(
     first = rules.candidates(axis.name)[:1]
     if not targets or first == (None,):
         return axis  # replicated: any size is placeable
-    sizes = mesh_axis_sizes(require_mesh(mesh, what="round_axis_for_partitioning", mappings=True))
+    sizes = mesh_axis_sizes(require_mesh(mesh, caller="round_axis_for_partitioning", mappings=True))
     check_rules_mesh_axes(rules, sizes)
     n = math.prod(sizes[m] for m in targets[0])
     padded = axis.resize(-(-axis.size // n) * n)

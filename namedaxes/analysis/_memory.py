@@ -244,7 +244,7 @@ class ShardingAnalyzer:
     @property
     def mesh(self) -> MeshLike:
         """The analyzer's mesh, or the context mesh when it was created without one."""
-        return rule_mesh(self._mesh, what="ShardingAnalyzer")
+        return rule_mesh(self._mesh, caller="ShardingAnalyzer")
 
     def __repr__(self) -> str:
         return f"ShardingAnalyzer(mesh={self._mesh!r})"

@@ -195,7 +195,7 @@ def memory_report(
             f"memory_report: top must be >= 0 (how many of the largest leaves to list), got {top}. "
             "Pass top=0 to list none."
         )
-    mesh = rule_mesh(mesh, what="memory_report")
+    mesh = rule_mesh(mesh, caller="memory_report")
     sizes = mesh_axis_sizes(mesh)
     rules = rules_in_force(mapping_or_rules, "memory_report")
     planned = plan_tree(tree, rules, mesh, caller="memory_report")

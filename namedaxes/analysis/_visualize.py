@@ -74,7 +74,7 @@ class _Planner:
 
     def mesh(self) -> Any:
         if self._mesh is None:
-            self._mesh = rule_mesh(self._mesh_arg, what=self._caller)
+            self._mesh = rule_mesh(self._mesh_arg, caller=self._caller)
         return self._mesh
 
     def __call__(self, leaf: Leaf) -> _Placement:

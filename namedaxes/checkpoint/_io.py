@@ -58,9 +58,9 @@ def complete_steps(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and is_complete(p))
 
 
-def check_step(step: Any, what: str) -> int:
+def check_step(step: Any, caller: str) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise NamedTypeError(f"{what} step must be an int >= 0, got {step!r}.")
+        raise NamedTypeError(f"{caller} step must be an int >= 0, got {step!r}.")
     return int(step)
 
 

@@ -81,7 +81,7 @@ def _context_mesh() -> Mesh | None:
     return None if mesh.empty else mesh
 
 
-def placement(mapping: Any, mesh: Any, *, needs_rules: bool, what: str = "restore") -> Placement:
+def placement(mapping: Any, mesh: Any, *, needs_rules: bool, caller: str = "restore") -> Placement:
     """The placement in force: ``mapping`` else the context mapping; ``mesh`` else the context mesh.
 
     Args:
@@ -97,7 +97,7 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, what: str = "restor
     """
     if mesh is not None and not isinstance(mesh, Mesh):
         raise MeshTypeError(
-            f"{what} needs a concrete jax.sharding.Mesh to read arrays onto, got "
+            f"{caller} needs a concrete jax.sharding.Mesh to read arrays onto, got "
             f"{type(mesh).__name__} {mesh!r}. Pass mesh=jax.make_mesh(...)."
         )
     if mesh is None:
@@ -105,7 +105,7 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, what: str = "restor
     rules = mapping if mapping is not None else current_axis_mapping()
     if rules is not None and mesh is None and needs_rules:
         raise MeshError(
-            f"{what} has a mapping ({rules!r}) to place NamedArrays with but no mesh. Pass "
+            f"{caller} has a mapping ({rules!r}) to place NamedArrays with but no mesh. Pass "
             f"mesh=..., or wrap the call in `with jax.set_mesh(mesh):`."
         )
     return Placement(rules, mesh)

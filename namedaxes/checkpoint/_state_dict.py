@@ -116,7 +116,7 @@ def _as_dtype(key: str, value: Any, dtype: Any, cast: bool) -> Any:
     return value.astype(dtype)
 
 
-def _entry(key: str, value: Any, axes: tuple[Axis, ...] | None) -> Any:
+def _aligned(key: str, value: Any, axes: tuple[Axis, ...] | None) -> Any:
     """A state-dict value as an array in ``axes``' order: a NamedArray entry is aligned by name
     (its axes must be ``axes``, in any order); other values are returned as they are."""
     if not isinstance(value, NamedArray):
@@ -202,7 +202,7 @@ def from_state_dict(
             axis = v.axis_index(stacked_axis)
             keys = _layer_keys(leaf, v.axis_size(stacked_axis))
             per_layer = tuple(a for a in v.axes if a.name != stacked_axis)
-            parts = [np.asarray(_entry(k, _take(state, k, used), per_layer)) for k in keys]
+            parts = [np.asarray(_aligned(k, _take(state, k, used), per_layer)) for k in keys]
             shapes = {p.shape for p in parts}
             if len(shapes) != 1:
                 raise CheckpointAxisError(
@@ -211,7 +211,7 @@ def from_state_dict(
                 )
             x = np.stack(parts, axis=axis)
         else:
-            x = _entry(
+            x = _aligned(
                 leaf.key, _take(state, leaf.key, used), v.axes if leaf.kind == "named" else None
             )
         shape = tuple(int(d) for d in wanted.shape)

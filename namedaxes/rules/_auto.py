@@ -23,6 +23,7 @@ from .._errors import (
     format_mesh,
 )
 from .._mesh import MeshLike
+from .._spec import entry_of
 from ._base import (
     Leaf,
     ShardingRule,
@@ -46,12 +47,12 @@ class MemoryBudgetWarning(ShardingWarning):
     """A leaf cannot be sharded to fit ``max_memory_per_device`` (``on_unfit="warn"``)."""
 
 
-def _check_min_size(value: Any, owner: str) -> int | None:
+def _check_min_size(value: Any, caller: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ShardingError(
-            f"{owner}: min_shard_size must be a non-negative int (number of elements) or None, got "
+            f"{caller}: min_shard_size must be a non-negative int (number of elements) or None, got "
             f"{value!r}."
         )
     return value
@@ -104,7 +105,7 @@ class AutoShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf of ``tree`` (see the class docstring for the algorithm)."""
-        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, owner="AutoShardingRule")
+        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, caller="AutoShardingRule")
         return map_shapes(tree, lambda shape: self._spec(shape, axes, sizes))
 
     def _spec(
@@ -127,7 +128,7 @@ class AutoShardingRule(ShardingRule):
 
 
 def _entries(assign: list[list[str]]) -> PartitionSpec:
-    return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else tuple(a) for a in assign])
+    return PartitionSpec(*[entry_of(a) for a in assign])
 
 
 class MemoryConstrainedShardingRule(ShardingRule):
@@ -227,7 +228,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf that fits the budget (see the class docstring)."""
         owner = "MemoryConstrainedShardingRule"
-        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, owner=owner)
+        sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, caller=owner)
         if self.scope == "device":
             return self._apply_device(tree, axes, sizes)
         cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}

@@ -46,7 +46,7 @@ __all__ = [
 # -- meshes ------------------------------------------------------------------------------------
 
 
-def rule_mesh(mesh: MeshLike | None, *, what: str) -> MeshLike:
+def rule_mesh(mesh: MeshLike | None, *, caller: str) -> MeshLike:
     """The mesh a rule or the analysis plans on: ``mesh`` (a ``{axis: size}`` dict will do), else
     the context mesh.
 
@@ -54,7 +54,7 @@ def rule_mesh(mesh: MeshLike | None, *, what: str) -> MeshLike:
         MeshError: if there is neither, or the mesh has no devices (``MeshTypeError`` if ``mesh``
             is not a mesh).
     """
-    return require_mesh(mesh, what=what, mappings=True)
+    return require_mesh(mesh, caller=caller, mappings=True)
 
 
 # -- leaves ------------------------------------------------------------------------------------
@@ -183,12 +183,12 @@ def planned_spec(planned: TreePlan, leaf: Leaf) -> PartitionSpec:
 # -- specs -------------------------------------------------------------------------------------
 
 
-def check_spec(leaf: Leaf, spec: PartitionSpec, sizes: Mapping[str, int], *, source: str) -> None:
-    """Raise ``ShardingError`` if ``spec`` (produced by ``source``) is invalid for ``leaf``."""
+def check_spec(leaf: Leaf, spec: PartitionSpec, sizes: Mapping[str, int], *, caller: str) -> None:
+    """Raise ``ShardingError`` if ``spec`` (produced by ``caller``) is invalid for ``leaf``."""
     problems = spec_problems(leaf.shape or (), spec, sizes)
     if problems:
         raise ShardingError(
-            f"{source} gives leaf {leaf.path!r} (shape {leaf.shape}) an invalid spec: "
+            f"{caller} gives leaf {leaf.path!r} (shape {leaf.shape}) an invalid spec: "
             + "; ".join(problems)
             + "."
         )
@@ -273,7 +273,7 @@ class ShardingRule(abc.ABC):
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
         """
-        target = require_mesh(mesh if mesh is not None else self.mesh, what="to_shardings")
+        target = require_mesh(mesh if mesh is not None else self.mesh, caller="to_shardings")
         specs = self.apply(tree)
         leaves, treedef = flatten_leaves(specs, keep_none=True)
         return treedef.unflatten(
@@ -327,7 +327,7 @@ def axis_names_arg(axis_names: str | Sequence[str] | None) -> tuple[str, ...] | 
 
 
 def rule_mesh_axes(
-    mesh: MeshLike | None, axis_names: str | Sequence[str] | None, *, owner: str
+    mesh: MeshLike | None, axis_names: str | Sequence[str] | None, *, caller: str
 ) -> tuple[dict[str, int], tuple[str, ...]]:
     """A shape-driven rule's mesh sizes (``rule_mesh``) and the mesh axes it may use, in the
     order it tries them; size-1 axes dropped.
@@ -335,7 +335,7 @@ def rule_mesh_axes(
     ``axis_names`` keeps its given order; by default the largest axes come first (ties in mesh
     order), which is deterministic whatever ``PYTHONHASHSEED`` is.
     """
-    sizes = mesh_axis_sizes(rule_mesh(mesh, what=owner))
+    sizes = mesh_axis_sizes(rule_mesh(mesh, caller=caller))
     given = axis_names_arg(axis_names)
     if given is None:
         names = sorted(sizes, key=lambda n: -sizes[n])  # stable: ties keep mesh order
@@ -344,13 +344,13 @@ def rule_mesh_axes(
         unknown = [n for n in names if n not in sizes]
         if unknown:
             raise ShardingError(
-                f"{owner} was given axis_names {format_names(unknown)}, which the mesh "
+                f"{caller} was given axis_names {format_names(unknown)}, which the mesh "
                 f"{format_mesh(sizes)} lacks. Available mesh "
                 f"axes: {format_names(sizes)}."
             )
         if len(set(names)) != len(names):
             raise ShardingError(
-                f"{owner} was given axis_names {format_names(names)}, which repeat a mesh axis. "
+                f"{caller} was given axis_names {format_names(names)}, which repeat a mesh axis. "
                 "List each mesh axis once."
             )
     return sizes, tuple(n for n in names if sizes[n] > 1)

@@ -30,19 +30,19 @@ __all__ = [
 
 
 def optional_mesh(
-    mesh: MeshLike | None, *, what: str
+    mesh: MeshLike | None, *, caller: str
 ) -> tuple[MeshLike | None, dict[str, int] | None]:
     """The rule's mesh (else the context mesh) and its sizes, or ``(None, None)`` if neither."""
     if mesh is None:
         mesh = context_mesh()
         if mesh is None:
             return None, None
-    mesh = rule_mesh(mesh, what=what)
+    mesh = rule_mesh(mesh, caller=caller)
     return mesh, mesh_axis_sizes(mesh)
 
 
 def check_pattern_specs(
-    owner: str, labelled: Sequence[tuple[str, Any]], mesh: MeshLike, sizes: Mapping[str, int]
+    caller: str, labelled: Sequence[tuple[str, Any]], mesh: MeshLike, sizes: Mapping[str, int]
 ) -> None:
     """Raise if any pattern's spec names a mesh axis the mesh lacks, matched by a leaf or not.
 
@@ -54,7 +54,7 @@ def check_pattern_specs(
             missing = [n for e in spec for n in entry_axes(e) if n not in sizes]
             if missing:
                 raise ShardingError(
-                    f"{owner} {label} has spec {spec}, which names mesh axis "
+                    f"{caller} {label} has spec {spec}, which names mesh axis "
                     f"{format_names(dict.fromkeys(missing))}, but {format_mesh(sizes)} has axes "
                     f"{format_names(sizes)} (every pattern is checked, whether a leaf matches it "
                     "or not). Fix the spec's mesh-axis name, or add the axis to the mesh."
@@ -63,10 +63,10 @@ def check_pattern_specs(
             try:
                 check_rules_mesh_axes(spec, mesh)
             except ShardingError as e:
-                raise type(e)(f"{owner} {label}: {e}") from e
+                raise type(e)(f"{caller} {label}: {e}") from e
 
 
-def check_same_mesh(owner: str, rules: Sequence[Any]) -> MeshLike | None:
+def check_same_mesh(caller: str, rules: Sequence[Any]) -> MeshLike | None:
     """The one mesh that ``rules`` (each with a ``mesh`` attribute, ``None``: context) plan on.
 
     Meshes agree when they have the same axes and sizes (a ``{axis: size}`` dict, an
@@ -90,7 +90,7 @@ def check_same_mesh(owner: str, rules: Sequence[Any]) -> MeshLike | None:
             same = _device_ids(mesh) == _device_ids(other)  # axis types do not change specs
         if not same:
             raise MeshError(
-                f"{owner} combines rules planned on different meshes: rule {j} "
+                f"{caller} combines rules planned on different meshes: rule {j} "
                 f"({type(rules[j]).__name__}) uses {_describe(other)} and rule {i} "
                 f"({type(rule).__name__}) uses {_describe(mesh)}. Give every rule the same mesh, "
                 "or leave mesh=None on all of them to use the context mesh."

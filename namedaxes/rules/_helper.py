@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import NamedTypeError, ShardingError, format_mesh, format_names
 from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
+from .._spec import entry_of
 from ._auto import _check_min_size
 from ._base import ShardingRule, place_tree, replicated, rule_mesh
 from ._flat import flatten_values, map_shapes, shape_dtype
@@ -23,7 +24,7 @@ from ._flat import flatten_values, map_shapes, shape_dtype
 __all__ = ["MeshPartitionHelper"]
 
 
-def _check_shape(shape: Any, owner: str) -> tuple[int, ...]:
+def _check_shape(shape: Any, caller: str) -> tuple[int, ...]:
     """``shape`` as a tuple of non-negative ints; a typed error for anything else (no truncation)."""
     if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
         return shape  # the common case, from an array's .shape
@@ -31,18 +32,18 @@ def _check_shape(shape: Any, owner: str) -> tuple[int, ...]:
         hasattr(shape, "__len__") and hasattr(shape, "__iter__")
     ):
         raise NamedTypeError(
-            f"{owner}: shape must be a sequence of ints, got {shape!r} ({type(shape).__name__}). "
+            f"{caller}: shape must be a sequence of ints, got {shape!r} ({type(shape).__name__}). "
             "Pass an array's .shape, e.g. (1024, 4096)."
         )
     for d in shape:
         if isinstance(d, bool) or not hasattr(d, "__index__"):
             raise NamedTypeError(
-                f"{owner}: shape {tuple(shape)!r} has dimension {d!r} ({type(d).__name__}); "
+                f"{caller}: shape {tuple(shape)!r} has dimension {d!r} ({type(d).__name__}); "
                 "dimension sizes must be ints. Pass an array's .shape."
             )
         if d < 0:
             raise ShardingError(
-                f"{owner}: shape {tuple(shape)!r} has negative dimension size {d}; sizes must be "
+                f"{caller}: shape {tuple(shape)!r} has negative dimension size {d}; sizes must be "
                 ">= 0. Pass an array's .shape."
             )
     return tuple(operator.index(d) for d in shape)
@@ -140,7 +141,7 @@ class MeshPartitionHelper(ShardingRule):
 
     def _axis_sizes(self) -> dict[str, int]:
         if self.mesh is None:
-            return mesh_axis_sizes(rule_mesh(None, what="MeshPartitionHelper"))
+            return mesh_axis_sizes(rule_mesh(None, caller="MeshPartitionHelper"))
         if self._sizes is None:
             self._sizes = mesh_axis_sizes(self.mesh)
         return self._sizes
@@ -234,7 +235,7 @@ class MeshPartitionHelper(ShardingRule):
             if not free:
                 continue
             d = min(free, key=lambda d: (-shape[d], d))
-            entries[d] = g[0] if len(g) == 1 else g
+            entries[d] = entry_of(g)
             used.update(g)
         return PartitionSpec(*entries)
 
@@ -258,7 +259,7 @@ class MeshPartitionHelper(ShardingRule):
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
         """
-        mesh = require_mesh(self.mesh, what="shard_array")
+        mesh = require_mesh(self.mesh, caller="shard_array")
         return place_tree(array, NamedSharding(mesh, spec))
 
     def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:

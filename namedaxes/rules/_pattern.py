@@ -94,7 +94,7 @@ class LogicalAxisRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf: resolved names for NamedArrays, replicated otherwise."""
-        mesh = rule_mesh(self.mesh, what="LogicalAxisRule")
+        mesh = rule_mesh(self.mesh, caller="LogicalAxisRule")
         rules = rules_in_force(self.rules, "LogicalAxisRule.apply")
         if self.unsatisfied is not None:
             rules = rules.replace(unsatisfied=self.unsatisfied)
@@ -126,7 +126,7 @@ def _checked_spec(
     spec: PartitionSpec,
     sizes: Mapping[str, int] | None,
     *,
-    source: str,
+    caller: str,
 ) -> PartitionSpec:
     """``spec`` after checking it for an array of ``shape``: fully on a mesh, else its rank only.
 
@@ -134,12 +134,12 @@ def _checked_spec(
     """
     if sizes is not None:
         if spec_problems(shape, spec, sizes):
-            check_spec(leaf(), spec, sizes, source=source)  # raises, naming the leaf
+            check_spec(leaf(), spec, sizes, caller=caller)  # raises, naming the leaf
         return spec
     problem = rank_problem(shape, spec)
     if problem:
         raise ShardingError(
-            f"{source} gives leaf {leaf().path!r} (shape {shape}) an invalid spec: {problem}."
+            f"{caller} gives leaf {leaf().path!r} (shape {shape}) an invalid spec: {problem}."
         )
     return spec
 
@@ -212,7 +212,7 @@ class ShapeBasedShardingRule(ShardingRule):
         )
         self.mesh = mesh
         if mesh is not None:  # a known mesh: fail at construction, not at the first apply
-            self._check_on(*optional_mesh(mesh, what="ShapeBasedShardingRule"))
+            self._check_on(*optional_mesh(mesh, caller="ShapeBasedShardingRule"))
 
     def __repr__(self) -> str:
         return f"ShapeBasedShardingRule({list(self.shape_patterns)!r}, mesh={self.mesh!r})"
@@ -244,7 +244,7 @@ class ShapeBasedShardingRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf: its first matching pattern's, else replicated."""
-        mesh, sizes = optional_mesh(self.mesh, what="ShapeBasedShardingRule")
+        mesh, sizes = optional_mesh(self.mesh, caller="ShapeBasedShardingRule")
         self._check_on(mesh, sizes)
         # Specs depend on the shape alone: match and check once per distinct shape, and build
         # nothing per leaf (a Leaf record only for a leaf a message names).
@@ -267,7 +267,7 @@ class ShapeBasedShardingRule(ShardingRule):
                         shape,
                         spec,
                         sizes,
-                        source="ShapeBasedShardingRule",
+                        caller="ShapeBasedShardingRule",
                     )
                 done[shape] = spec
             out.append(spec)
@@ -341,7 +341,7 @@ class PathRegexRule(ShardingRule):
         self.strict = bool(strict)
         self.mesh = mesh
         if mesh is not None:  # a known mesh: fail at construction, not at the first apply
-            self._check_on(*optional_mesh(mesh, what="PathRegexRule"))
+            self._check_on(*optional_mesh(mesh, caller="PathRegexRule"))
 
     def __repr__(self) -> str:
         shown = [(r.pattern, s) for r, s in self.rules]
@@ -354,7 +354,7 @@ class PathRegexRule(ShardingRule):
 
     def apply(self, tree: Any) -> Any:
         """Return a spec per array leaf from the first pattern its path matches."""
-        mesh, sizes = optional_mesh(self.mesh, what="PathRegexRule")
+        mesh, sizes = optional_mesh(self.mesh, caller="PathRegexRule")
         self._check_on(mesh, sizes)
         # Values and key paths (rebuilt from the structure), no Leaf record per leaf: records
         # (the engine's walk, field(axis_names=...) included) are made only when a pattern gives
@@ -396,7 +396,7 @@ class PathRegexRule(ShardingRule):
                 if (i, shape) not in checked:
                     source = f"PathRegexRule pattern {regex.pattern!r}"
                     record = lambda: Leaf(tuple(keys[j]), value)  # noqa: B023, E731 (used at once)
-                    _checked_spec(record, shape, spec, sizes, source=source)
+                    _checked_spec(record, shape, spec, sizes, caller=source)
                     checked.add((i, shape))
                 out.append(spec)
                 break
