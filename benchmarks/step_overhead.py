@@ -9,7 +9,9 @@ simulated CPU devices as (data=2, model=4). Three figures per mesh kind:
   own Python per call: flattening the arguments, the cache lookups, the input-placement check and
   rebuilding the outputs. Next to it, the floor any pytree wrapper pays (one ``tree_flatten`` of
   the arguments and one ``unflatten`` of the outputs, which ``jax.jit`` does too, in C++ calling
-  the same pytree callbacks): the difference is what namedaxes adds per call.
+  the same pytree callbacks): the difference is what namedaxes adds per call. A third line calls
+  it with arguments whose arrays carry new (equal) sharding objects every call, as a runtime that
+  builds fresh sharding objects for each step's outputs does.
 * **whole step, back to back**: the ``fsdp`` step against ``jax.jit`` of the same body (the same
   mapping in force, ``out_shardings`` set to what ``fsdp`` returns), each called ``--calls`` times
   back to back per round, rounds interleaved and alternating in order; the difference of the
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import equinox as eqx
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -84,6 +86,24 @@ def stub_programs(wrapped: Any) -> int:
             program.jitted = _Stub(program.jitted)
             n += 1
     return n
+
+
+def rewrapped(tree: Any) -> Any:
+    """``tree`` with every array a new ``jax.Array`` object over the same buffers, whose sharding is
+    a new object, equal in value, with trailing ``None`` spec entries dropped: what a runtime that
+    builds fresh sharding objects for a program's outputs hands the next step."""
+
+    def new(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or not isinstance(x.sharding, NamedSharding):
+            return x
+        entries = list(x.sharding.spec)
+        while entries and entries[-1] is None:
+            entries.pop()
+        sharding = NamedSharding(x.sharding.mesh, PartitionSpec(*entries))
+        shards = [s.data for s in x.addressable_shards]
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
+
+    return jax.tree.map(new, tree)
 
 
 def per_call(fn: Callable[[], Any], calls: int) -> float:
@@ -186,10 +206,20 @@ def run(cfg: tw.Config, kind: AxisType, calls: int, rounds: int) -> None:
             jax.tree_util.tree_flatten(args)
             return out_def.unflatten(out_leaves)
 
+        # Two copies of the arguments whose arrays carry new, equal sharding objects, alternated:
+        # a wrapper that trusts only the very same sharding object checks every leaf each call.
+        copies = [rewrapped((model, opt_state, batch)) for _ in range(2)]
+        turn = [0]
+
+        def fresh_shardings() -> Any:
+            turn[0] ^= 1
+            return stubbed_fsdp(*copies[turn[0]])
+
         w = interleaved(
             {
                 "fsdp, program stubbed": lambda: stubbed_fsdp(model, opt_state, batch),
                 "named_jit, program stubbed": lambda: stubbed_nj(model, opt_state, batch),
+                "fsdp, new sharding objects": fresh_shardings,
                 "flatten + unflatten only": floor,
             },
             calls * 20,

@@ -4,6 +4,7 @@ donation flags, donated buffers. Errors name the argument (``args[0]['w']``) and
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,8 +71,20 @@ def unhashable_static(
     return NamedTypeError("named_jit: an unhashable static argument.")  # pragma: no cover
 
 
+_IS_DELETED = operator.methodcaller("is_deleted")
+
+
 def check_donation(layout: Layout, dyn: Any, args: Any, kwargs: Any) -> None:
-    """Refuse donated buffers that are already deleted or also passed as another argument."""
+    """Refuse donated buffers that are already deleted or also passed as another argument.
+
+    The common case (nothing deleted, no array passed twice) is two C-level passes; the leaf at
+    fault is looked for only when one of them finds something."""
+    try:
+        deleted = any(map(_IS_DELETED, layout.get_donated(dyn)))
+    except AttributeError:  # not every donated leaf is a jax.Array: look at each
+        deleted = True
+    if not deleted and len(set(map(id, dyn))) == len(dyn):
+        return
     for i in layout.donate:
         x = dyn[i]
         if isinstance(x, jax.Array) and x.is_deleted():

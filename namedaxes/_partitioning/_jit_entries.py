@@ -83,26 +83,27 @@ def concrete_targets(dyn: Any, targets: Any) -> list[Any]:
     return out
 
 
+_SHARDING = operator.attrgetter("sharding")
+_MAX_PLACED = 8
+
+
 def place_inputs_fast(dyn: Any, compiled: Compiled) -> Any:
-    """Place inputs by the compiled entry's targets; skip the work when every leaf carries the
-    very sharding object it had last time it was found in place."""
-    seen, targets = compiled.seen, compiled.in_targets
-    if len(seen) == len(dyn):
-        # seen[i] is (concrete array type, sharding) or None; tracers never match the type.
-        for leaf, target, ok in zip(dyn, targets, seen):  # type: ignore[arg-type]
-            if target is not None and (
-                ok is None or type(leaf) is not ok[0] or leaf.sharding is not ok[1]
-            ):
-                break
-        else:
+    """Place inputs by the compiled entry's targets. The inputs' shardings, as one tuple, are
+    remembered when nothing had to move; a later call whose inputs have equal shardings (the
+    outputs of the previous step, in a training loop) skips the per-leaf check: one C-level pass
+    and one set lookup, however equal shardings were produced."""
+    try:
+        key = tuple(map(_SHARDING, dyn))
+    except AttributeError:  # NumPy inputs: placed every call
+        key = None
+    else:
+        if key in compiled.placed:
             return dyn
-    placed, _ = place_leaves(list(dyn), concrete_targets(dyn, targets))  # type: ignore[arg-type]
-    compiled.seen = [
-        (type(x), x.sharding)
-        if t is not None and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-        else None
-        for x, t in zip(placed, targets)  # type: ignore[arg-type]
-    ]
+    placed, changed = place_leaves(list(dyn), concrete_targets(dyn, compiled.in_targets))
+    if key is not None and not changed:  # tracers are constrained (changed) on every call
+        if len(compiled.placed) >= _MAX_PLACED:
+            compiled.placed.clear()
+        compiled.placed.add(key)
     return placed
 
 
@@ -127,14 +128,13 @@ class Compiled:
         "outs",
         "single",
         "set_mesh",
-        "seen",
+        "placed",
     )
 
     def __init__(self) -> None:
         self.outs: dict[Any, OutInfo] = {}
-        # Per input leaf, the last sharding object found already placed as its target: JAX reuses
-        # sharding objects across a program's outputs, so in a training loop the check is `is`.
-        self.seen: list[Any] = []
+        # Tuples of input shardings found already placed as the targets say (a few per entry).
+        self.placed: set[tuple[Any, ...]] = set()
         self.single: OutInfo | None = None  # set while every trace gave the same output info
         self.in_targets: list[Any] | None = None
         self.shaped_targets = False  # input targets depend on leaf shapes (fields): per call
@@ -166,7 +166,16 @@ def signature(dyn: Any) -> tuple[Any, ...]:
 class Layout:
     """Per (structure, leaf types, mapping): which leaves are dynamic, donation, compiled entries."""
 
-    __slots__ = ("treedef", "dyn_idx", "static_idx", "get_dyn", "get_static", "donate", "by_key")
+    __slots__ = (
+        "treedef",
+        "dyn_idx",
+        "static_idx",
+        "get_dyn",
+        "get_static",
+        "donate",
+        "get_donated",
+        "by_key",
+    )
 
     def __init__(self, treedef: Any, types: tuple[type, ...], donate: tuple[int, ...]) -> None:
         self.treedef = treedef
@@ -175,6 +184,7 @@ class Layout:
         self.get_dyn = getter(self.dyn_idx)
         self.get_static = getter(self.static_idx)
         self.donate = donate
+        self.get_donated = getter(donate)
         self.by_key: collections.OrderedDict[Any, Compiled] = collections.OrderedDict()
 
     def merge(self, dyn: Any, statics: tuple[Any, ...]) -> list[Any]:
