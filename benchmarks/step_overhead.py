@@ -121,7 +121,8 @@ def interleaved(
 ) -> dict[str, list[float]]:
     """Per-call times of each function over ``rounds`` rounds, the order alternating each round."""
     for fn in fns.values():
-        jax.block_until_ready(fn())  # warm
+        for _ in range(3):  # warm: a training loop's second step may compile for new layouts
+            jax.block_until_ready(fn())
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = list(fns)
     for r in range(rounds):
