@@ -18,7 +18,6 @@ Example:
     True
 """
 
-from .._errors import ModelConfigError as ModelConfigError
 from ._config import TransformerConfig as TransformerConfig
 from ._families import FAMILIES as _FAMILIES
 from ._hf import config_from_hf as config_from_hf
@@ -34,7 +33,6 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_FAMILIES))
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "DecoderLayer",
-    "ModelConfigError",
     "Transformer",
     "TransformerConfig",
     "config_from_hf",
