@@ -239,7 +239,7 @@ def process_local_indices(
         ([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2])
     """
     axes = to_axes(axes, what="process_local_indices axes")
-    mesh = require_mesh(mesh, what="process_local_indices", concrete=True)
+    mesh = require_mesh(mesh, caller="process_local_indices", concrete=True)
     rules = rules_in_force(mapping, "process_local_indices")
     _local_extents(mesh)  # the same checks as from_process_local: this process owns one block
     shape = tuple(a.size for a in axes)
