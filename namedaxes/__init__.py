@@ -69,6 +69,7 @@ from ._errors import CompileTargetError as CompileTargetError
 from ._errors import DeviceOutOfMemoryError as DeviceOutOfMemoryError
 from ._errors import DistributedError as DistributedError
 from ._errors import DuplicateAxisError as DuplicateAxisError
+from ._errors import GenerationError as GenerationError
 from ._errors import LayerError as LayerError
 from ._errors import MappingTypeError as MappingTypeError
 from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError

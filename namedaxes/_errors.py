@@ -243,6 +243,11 @@ class CheckpointDtypeError(CheckpointError):
     """A leaf's dtype differs between the checkpoint and ``like`` and no cast was asked for."""
 
 
+class GenerationError(NamedAxesError, ValueError):
+    """Generation cannot run with these options (``namedaxes.models.generate``): a bad sampling
+    option or length, or a model that cannot reach the positions asked for."""
+
+
 class ModelConfigError(NamedAxesError, ValueError):
     """A model configuration cannot be used: an unsupported ``model_type`` or option in a Hugging Face
     ``config.json``, or values that contradict each other (``namedaxes.models``)."""

@@ -20,6 +20,8 @@ Example:
 
 from ._config import TransformerConfig as TransformerConfig
 from ._families import FAMILIES as _FAMILIES
+from ._generate import filter_logits as filter_logits
+from ._generate import generate as generate
 from ._hf import config_from_hf as config_from_hf
 from ._hf import from_hf as from_hf
 from ._hf import hf_config as hf_config
@@ -36,7 +38,9 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "config_from_hf",
+    "filter_logits",
     "from_hf",
+    "generate",
     "hf_config",
     "save_hf",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import equinox as eqx
 import jax
@@ -10,9 +10,10 @@ import jax.numpy as jnp
 
 from .. import nn
 from .._array import NamedArray
-from .._axis import Axis
+from .._axis import Axis, AxisSpec
 from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_axes
 from .._ops.creation import arange
+from .._ops.hof import fold
 from .._ops.shape import rename
 from ._config import TransformerConfig
 
@@ -82,16 +83,23 @@ class DecoderLayer(eqx.Module):
         self.attn_out_norm, self.mlp_out_norm = after or (None, None)
 
     def __call__(
-        self, x: NamedArray, *, key_mask: NamedArray | None, positions: NamedArray
-    ) -> NamedArray:
-        h = self.attn(
-            x if self.attn_norm is None else self.attn_norm(x),
-            key_mask=key_mask,
-            positions=positions,
-        )
+        self,
+        x: NamedArray,
+        *,
+        key_mask: NamedArray | None,
+        positions: NamedArray,
+        cache: nn.KVCache | None = None,
+    ) -> Any:
+        """The layer's output; with ``cache`` (this layer's), ``(output, cache)``."""
+        a = x if self.attn_norm is None else self.attn_norm(x)
+        if cache is None:
+            h = self.attn(a, key_mask=key_mask, positions=positions)
+        else:
+            h, cache = self.attn(a, key_mask=key_mask, positions=positions, cache=cache)
         x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
         h = self.mlp(x if self.mlp_norm is None else self.mlp_norm(x))
-        return x + (h if self.mlp_out_norm is None else self.mlp_out_norm(h))
+        x = x + (h if self.mlp_out_norm is None else self.mlp_out_norm(h))
+        return x if cache is None else (x, cache)
 
 
 class Transformer(eqx.Module):
@@ -156,12 +164,59 @@ class Transformer(eqx.Module):
         )
         self.config = cfg
 
+    def init_cache(self, batch: AxisSpec, length: int, *, dtype: Any = None) -> nn.KVCache:
+        """An empty :class:`~namedaxes.nn.KVCache` for every layer: ``length`` slots per row.
+
+        Args:
+            batch: The ids' batch axes, e.g. ``{"batch": 4}``.
+            length: Slots per row: the prompt plus every position to generate.
+            dtype: The keys' dtype: default the precision policy's compute dtype, else the
+                embedding's.
+
+        Example:
+            >>> import jax
+            >>> from namedaxes.models import Transformer, TransformerConfig
+            >>> cfg = TransformerConfig("llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+            ...                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
+            >>> Transformer(cfg, key=jax.random.key(0)).init_cache({"batch": 2}, 10).keys
+            NamedArray(float32, layer=2, batch=2, key_position=10, kv_heads=2, head_dim=4)
+        """
+        cfg = self.config
+        if dtype is None:
+            dtype = nn.current_precision().compute or self.embed.weight.dtype
+        kv = cfg.axis("kv_heads") if cfg.grouped else cfg.axis("heads")
+        return nn.KVCache.zeros(
+            batch, kv, cfg.axis("head_dim"), length, Layer=cfg.axis("layer"), dtype=dtype
+        )
+
+    @overload
     def __call__(
         self,
         ids: NamedArray,
         attention_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
-    ) -> NamedArray:
+        *,
+        cache: None = None,
+    ) -> NamedArray: ...
+
+    @overload
+    def __call__(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
+        cache: nn.KVCache,
+    ) -> tuple[NamedArray, nn.KVCache]: ...
+
+    def __call__(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
+        cache: nn.KVCache | None = None,
+    ) -> NamedArray | tuple[NamedArray, nn.KVCache]:
         """Logits for every position: the ids' axes plus ``vocab``.
 
         Args:
@@ -171,7 +226,10 @@ class Transformer(eqx.Module):
                 ``False`` are never attended to. It goes to the attention kernel as its
                 ``key_mask``.
             positions: Integer position ids with the ``position`` axis (e.g. ``(batch,
-                position)``, counted from each row's first real token); default ``0 .. n-1``.
+                position)``, counted from each row's first real token); default ``0 .. n-1``
+                (with a cache: its ``index`` onwards).
+            cache: A :class:`~namedaxes.nn.KVCache` from :meth:`init_cache`: the ids are the
+                positions after those already in it; the call then returns ``(logits, cache)``.
 
         Raises:
             NamedTypeError: if ``ids``/``positions`` are not integer NamedArrays or the mask is
@@ -180,9 +238,50 @@ class Transformer(eqx.Module):
                 lack.
             AxisSizeError: if an input's ``position`` axis has another size than the ids'.
         """
+        if cache is None:
+            return self.logits(self.hidden_states(ids, attention_mask, positions))
+        h, cache = self.hidden_states(ids, attention_mask, positions, cache=cache)
+        return self.logits(h), cache
+
+    def logits(self, hidden: NamedArray) -> NamedArray:
+        """The output head: hidden states (after the final norm) ``(..., embed)`` -> ``(..., vocab)``."""
+        return self.embed.unembed(hidden) if self.lm_head is None else self.lm_head(hidden)
+
+    @overload
+    def hidden_states(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
+        cache: None = None,
+    ) -> NamedArray: ...
+
+    @overload
+    def hidden_states(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
+        cache: nn.KVCache,
+    ) -> tuple[NamedArray, nn.KVCache]: ...
+
+    def hidden_states(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
+        cache: nn.KVCache | None = None,
+    ) -> NamedArray | tuple[NamedArray, nn.KVCache]:
+        """The last layer's outputs after the final norm, ``(..., position, embed)``; the
+        arguments are those of calling the model (:meth:`logits` turns them into logits)."""
         pos = _position_axis(ids, "ids", integer=True)
+        if cache is not None and not isinstance(cache, nn.KVCache):
+            raise NamedTypeError(f"Transformer cache must be a KVCache or None, got {cache!r}.")
         if positions is None:
-            positions = arange(pos)
+            positions = arange(pos) if cache is None else arange(pos) + cache.index
         elif _position_axis(positions, "positions", integer=True) != pos:
             raise AxisSizeError(
                 f"Transformer: positions NamedArray({format_axes(positions.axes)}) and ids "
@@ -208,9 +307,40 @@ class Transformer(eqx.Module):
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.position_embed is not None:
             x = x + self.position_embed(positions)
-        x = self.layers(x, key_mask=key_mask, positions=positions)
-        x = self.final_norm(x)
-        return self.embed.unembed(x) if self.lm_head is None else self.lm_head(x)
+        if cache is None:
+            x = self.layers(x, key_mask=key_mask, positions=positions)
+            return self.final_norm(x)
+        x, cache = self._cached_layers(x, key_mask, positions, cache, pos.size)
+        return self.final_norm(x), cache
+
+    def _cached_layers(
+        self,
+        x: NamedArray,
+        key_mask: NamedArray | None,
+        positions: NamedArray,
+        cache: nn.KVCache,
+        n: int,
+    ) -> tuple[NamedArray, nn.KVCache]:
+        """The layer stack with a cache: one fold over ``layer``, each layer writing its own
+        slice of the stacked keys in place (``cache.at_layer(i)``)."""
+        Layer = self.layers.Layer
+        if cache.keys.ndim == 0 or cache.keys.axes[0] != Layer:
+            raise AxisSizeError(
+                f"Transformer: the cache's keys NamedArray({format_axes(cache.keys.axes)}) need "
+                f"the stack's {Layer} first; make the cache with model.init_cache(batch, length)."
+            )
+
+        def body(carry: Any, xs: Any) -> Any:
+            h, keys, values, mask = carry
+            layer, i = xs
+            view = nn.KVCache(keys, values, mask, cache.index, i)
+            h, view = layer(h, key_mask=key_mask, positions=positions, cache=view)
+            return h, view.keys, view.values, view.mask
+
+        init = (x, cache.keys, cache.values, cache.mask)
+        xs = (self.layers.stacked, jnp.arange(Layer.size, dtype=jnp.int32))
+        x, keys, values, mask = fold(body, Layer)(init, xs)
+        return x, nn.KVCache(keys, values, mask, cache.index + n)
 
 
 def _position_axis(x: Any, what: str, *, integer: bool) -> Axis:

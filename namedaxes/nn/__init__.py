@@ -19,6 +19,7 @@ from ._attention import causal_mask as causal_mask
 from ._dot_product_attention import dot_product_attention as dot_product_attention
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
+from ._kv_cache import KVCache as KVCache
 from ._linear import Linear as Linear
 
 # losses

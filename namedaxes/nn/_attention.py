@@ -8,7 +8,7 @@ grouped-query and multi-query attention are the same function with different axe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import equinox as eqx
 import jax
@@ -20,6 +20,7 @@ from .._ops.creation import arange
 from .._ops.shape import rename
 from ._common import expect_axes, place
 from ._dot_product_attention import dot_product_attention
+from ._kv_cache import KVCache, is_static_int
 from ._linear import Linear
 from ._norm import RmsNorm
 from ._rotary import RotaryEmbedding
@@ -215,6 +216,7 @@ class Attention(eqx.Module):
         self.scale = scale
         self.position = position
 
+    @overload
     def __call__(
         self,
         x: NamedArray,
@@ -222,25 +224,63 @@ class Attention(eqx.Module):
         mask: NamedArray | None = None,
         key_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
-    ) -> NamedArray:
+        cache: None = None,
+    ) -> NamedArray: ...
+
+    @overload
+    def __call__(
+        self,
+        x: NamedArray,
+        *,
+        mask: NamedArray | None = None,
+        key_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        cache: KVCache,
+    ) -> tuple[NamedArray, KVCache]: ...
+
+    def __call__(
+        self,
+        x: NamedArray,
+        *,
+        mask: NamedArray | None = None,
+        key_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        cache: KVCache | None = None,
+    ) -> NamedArray | tuple[NamedArray, KVCache]:
         """Attend over the ``position`` axis of ``x``; the output has ``x``'s axes.
+
+        With ``cache``, the keys and values of ``x``'s positions are written into the cache at its
+        ``index`` and the queries attend over every slot of the cache (the earlier positions and
+        themselves), as key positions ``index ..``: one call serves a prompt (many positions)
+        and a decoding step (one position). The call then returns ``(output, cache)``, the cache
+        advanced past ``x``'s positions. Causal and sliding-window masking go to the kernel with
+        the cache's ``index`` as the query offset and the cache's ``mask`` as the key mask; a
+        traced ``index`` (a decoding loop) runs the XLA kernel, since the fused ones need a
+        static offset.
 
         Args:
             x: ``(..., position, Embed)``.
             mask: A general boolean mask over the scores' axes (``True`` attends), combined with
-                the causal and sliding-window options. Only the XLA kernel takes it without
-                building it out; prefer ``key_mask`` for padding.
+                the causal and sliding-window options (with a cache: over the cache's slots).
+                Only the XLA kernel takes it without building it out; prefer ``key_mask`` for
+                padding.
             key_mask: Padding: boolean ``(batch..., key_position)``, ``True`` at real tokens, one
                 contiguous run of them per row (left or right padding); passed to the kernel.
+                With a cache, it marks ``x``'s positions and is kept in the cache's ``mask``.
             positions: Integer position ids for ``rotary``, with the ``position`` axis (e.g.
-                ``(batch, position)``); default ``0 .. n-1``.
+                ``(batch, position)``); default ``0 .. n-1`` (with a cache, ``index ..
+                index + n - 1``).
+            cache: A :class:`KVCache` (of this layer) to write to and attend over.
 
         Raises:
             AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``, ``positions`` lacks
                 ``position``, or a mask has an axis it may not have.
-            AxisSizeError: if ``positions``' ``position`` axis has another size than ``x``'s.
+            AxisSizeError: if ``positions``' ``position`` axis has another size than ``x``'s, or
+                the cache's axes differ from this layer's keys.
         """
         x = expect_axes(x, (self.Embed,), "Attention")
+        if cache is not None and not isinstance(cache, KVCache):
+            raise NamedTypeError(f"Attention cache must be a KVCache or None, got {cache!r}.")
         pos = x.resolve_axis(self.position)
         kpos = Axis("key_position", pos.size)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -248,10 +288,17 @@ class Attention(eqx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             if positions is None:
-                positions = arange(pos)
+                positions = arange(pos) if cache is None else arange(pos) + cache.index
             positions = expect_axes(positions, (pos,), "Attention", "positions")
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         k, v = rename(k, {pos.name: kpos.name}), rename(v, {pos.name: kpos.name})
+        offset = implementation = None
+        if cache is not None:
+            offset = cache.index
+            cache = cache.update(k, v, key_mask)
+            (k, v), key_mask = cache.read(), cache.mask
+            if self.causal and not is_static_int(offset):
+                implementation = "xla"  # cuDNN and splash take a static query offset only
         out = dot_product_attention(
             q,
             k,
@@ -265,5 +312,8 @@ class Attention(eqx.Module):
             causal=self.causal,
             sliding_window=self.sliding_window,
             key_mask=key_mask,
+            query_offset=offset,
+            implementation=implementation,
         )
-        return place(self.o_proj(out))
+        out = place(self.o_proj(out))
+        return out if cache is None else (out, cache)

@@ -1,0 +1,332 @@
+"""``generate``: tokens from a :class:`Transformer` with a KV cache, as ``transformers.generate`` does.
+
+Two compiled programs per shape bucket: the prefill (the prompt through the model into a fresh
+cache, the logits of its last position) and the decode loop (a ``lax.while_loop`` that samples a
+token, feeds it back through the model with the cache, and stops when every row has met an end of
+sequence). Python runs once per call, never per token. Prompts are left-padded to a bucket length
+(a power of two, at least 16) so that prompts of nearby lengths share both programs; padding is
+masked and each row's positions count from its first real token, so it changes no token.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import nn
+from .._array import NamedArray
+from .._axis import Axis
+from .._errors import AxisNotFoundError, GenerationError, NamedTypeError, format_axes
+from .._ops.creation import full
+from .._ops.dynamic import updated_slice
+from .._ops.elementwise import where
+from .._ops.join import concatenate
+from .._ops.reductions import argmax, cumsum, softmax
+from .._ops.sorting import sort
+from .._ops.sorting import top_k as _top_k
+from .._ops.tiling import pad
+from .._partitioning import auto_sharded, named_jit
+from ..random import categorical
+from ._transformer import Transformer
+
+__all__ = ["filter_logits", "generate"]
+
+POSITION, VOCAB = "position", "vocab"
+MIN_BUCKET = 16
+
+
+def _bucket(n: int) -> int:
+    """The padded prompt length: the next power of two, at least ``MIN_BUCKET``."""
+    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+
+
+def filter_logits(
+    logits: NamedArray, *, top_k: int | None = None, top_p: Any = None, axis: str = VOCAB
+) -> NamedArray:
+    """``logits`` with the tokens that top-k and then top-p sampling drop set to ``-inf``.
+
+    As ``transformers``' ``TopKLogitsWarper`` (keep the tokens at least as likely as the
+    ``k``-th) and ``TopPLogitsWarper`` (sort ascending, drop the tokens whose cumulative
+    probability is at most ``1 - top_p``; the most likely token always stays). Ties at the top-p
+    cutoff are all kept.
+
+    Args:
+        logits: Float logits with ``axis`` (already divided by the temperature).
+        top_k: Keep the ``top_k`` most likely tokens (``None``: all).
+        top_p: Keep the smallest set of most likely tokens whose probability exceeds ``top_p``
+            (a float in ``(0, 1]`` or a traced scalar; ``None``: all).
+        axis: The vocabulary axis.
+
+    Returns:
+        A NamedArray with ``logits``' axes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> from namedaxes.models import filter_logits
+        >>> x = na.named(jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05])), "vocab")
+        >>> filter_logits(x, top_p=0.75).array
+        Array([-0.6931472, -1.2039728,       -inf,       -inf], dtype=float32)
+    """
+    threshold = None
+    if top_p is not None:  # as transformers: 1 - top_p in double precision, then float32
+        threshold = 1.0 - top_p if isinstance(top_p, (int, float)) else 1 - top_p
+    return _filter(logits, top_k, threshold, axis)
+
+
+def _filter(logits: NamedArray, k: int | None, threshold: Any, axis: str) -> NamedArray:
+    """Top-k, then top-p with ``threshold = 1 - top_p`` (``None``: no top-p)."""
+    size = logits.axis_size(axis)
+    neg = jnp.asarray(-jnp.inf, logits.dtype)
+    if k is not None and k < size:
+        kth = _top_k(logits, axis, k)[0].min(axis)
+        logits = where(logits < kth, neg, logits)
+    if threshold is not None:
+        ascending = sort(logits, axis)
+        cum = cumsum(softmax(ascending, axis), axis)
+        removed = (cum <= jnp.asarray(threshold, cum.dtype)).sum(axis).astype(jnp.int32)
+        cutoff = ascending[axis, jnp.minimum(removed.array, size - 1)]
+        logits = where(logits < cutoff, neg, logits)
+    return logits
+
+
+def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: Any, top_k: Any,
+           top_p: Any, key: Any, eos: tuple[int, ...]) -> None:  # fmt: skip
+    if not isinstance(prompt, NamedArray) or not jnp.issubdtype(prompt.dtype, jnp.integer):
+        raise NamedTypeError(
+            "generate: prompt must be an integer NamedArray of token ids (batch, position), e.g. "
+            f"named(ids, ('batch', 'position')), got {prompt!r}."
+        )
+    if not prompt.has_axis(POSITION):
+        raise AxisNotFoundError(
+            f"generate: prompt NamedArray({format_axes(prompt.axes)}) has no {POSITION!r} axis. "
+            "Rename its sequence axis to 'position'."
+        )
+    if attention_mask is not None and (
+        not isinstance(attention_mask, NamedArray)
+        or attention_mask.dtype != jnp.bool_
+        or set(attention_mask.axis_names) != set(prompt.axis_names)
+        or any(attention_mask.axis_size(a.name) != a.size for a in prompt.axes)
+    ):
+        raise NamedTypeError(
+            "generate: attention_mask must be a boolean NamedArray with the prompt's axes "
+            f"({format_axes(prompt.axes)}), True at real tokens, got {attention_mask!r}."
+        )
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise GenerationError(
+            f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}."
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or temperature < 0
+    ):
+        raise GenerationError(
+            f"generate: temperature must be a float >= 0 (0 is greedy), got {temperature!r}."
+        )
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise GenerationError(f"generate: top_k must be a positive int or None, got {top_k!r}.")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
+    ):
+        raise GenerationError(f"generate: top_p must be a float in (0, 1] or None, got {top_p!r}.")
+    if temperature > 0 and key is None:
+        raise GenerationError(
+            f"generate: temperature={temperature} samples, which needs key=jax.random.key(...); "
+            "pass temperature=0.0 for greedy decoding."
+        )
+    if not all(_is_int(e) for e in eos):
+        raise GenerationError(
+            f"generate: eos_token_id must be an int or a sequence of ints, got {eos!r}."
+        )
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, str):
+        return tuple(eos_token_id)
+    return (eos_token_id,)
+
+
+def generate(
+    model: Transformer,
+    prompt: NamedArray,
+    *,
+    max_new_tokens: int,
+    attention_mask: NamedArray | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    key: jax.Array | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> NamedArray:
+    """The prompt followed by ``max_new_tokens`` tokens from ``model``, decoded with a KV cache.
+
+    ``temperature=0`` is greedy (the most likely token; ``top_k``/``top_p`` are then unused);
+    otherwise each token is drawn from ``softmax(logits / temperature)`` after top-k and top-p
+    filtering as in ``transformers`` (:func:`filter_logits`), with randomness from ``key`` only.
+    A row that emits ``eos_token_id`` stops: its later tokens are ``pad_token_id`` (default: the
+    first eos id), and the loop ends when every row has stopped. Rows are left-padded
+    (``attention_mask`` ``False`` at padding): positions count from each row's first real
+    token, as ``transformers.generate`` does, so a row gets the tokens it gets alone.
+
+    Compiled: the prompt is left-padded to a bucket length (a power of two, at least 16); one
+    program fills the cache from the prompt and one runs the whole decoding loop on the device,
+    each compiled once per (batch, bucket, ``max_new_tokens``, sampling options) and reused.
+    Inside an ``axis_mapping`` (with a mesh) the model runs as mapped: map ``batch`` for data
+    parallelism and ``heads``/``kv_heads``/``mlp``/``vocab`` for tensor parallelism; the cache is
+    placed by the same names. A precision policy in force applies (the cache holds its compute
+    dtype).
+
+    Args:
+        model: A :class:`Transformer`.
+        prompt: Integer token ids ``(batch, position)`` (any batch axes; ``(position,)`` too).
+        max_new_tokens: How many tokens to add.
+        attention_mask: Boolean, the prompt's axes, ``True`` at real tokens (left padding).
+        temperature: ``0`` for greedy, else the softmax temperature.
+        top_k: Sample among the ``top_k`` most likely tokens.
+        top_p: Sample among the most likely tokens whose probability exceeds ``top_p``.
+        key: A PRNG key; needed when ``temperature > 0``.
+        eos_token_id: The end-of-sequence id (or ids); ``None`` never stops early.
+        pad_token_id: What stopped rows emit; default the (first) eos id.
+
+    Returns:
+        An integer NamedArray with the prompt's axes, ``position`` grown by ``max_new_tokens``.
+
+    Raises:
+        NamedTypeError: if ``model`` is not a ``Transformer``, the prompt not integer ids, or
+            the mask not boolean with the prompt's axes.
+        AxisNotFoundError: if the prompt has no ``position`` axis.
+        GenerationError: for a bad option (non-positive ``max_new_tokens``, ``top_k``, a
+            ``top_p`` outside ``(0, 1]``, sampling without ``key``) or a model with learned
+            positions too short for the prompt plus the new tokens.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> from namedaxes import models
+        >>> cfg = models.TransformerConfig("llama", vocab_size=64, hidden_size=16,
+        ...                                intermediate_size=32, num_layers=2, num_heads=4,
+        ...                                num_kv_heads=2, head_dim=4)
+        >>> model = models.Transformer(cfg, key=jax.random.key(0))
+        >>> prompt = na.named(jnp.array([[5, 6, 7]]), ("batch", "position"))
+        >>> models.generate(model, prompt, max_new_tokens=4)
+        NamedArray(int32, batch=1, position=7)
+    """
+    if not isinstance(model, Transformer):
+        raise NamedTypeError(
+            f"generate needs a namedaxes.models.Transformer, got {type(model).__name__}."
+        )
+    eos = _eos_ids(eos_token_id)
+    _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p, key, eos)
+    if pad_token_id is not None and not _is_int(pad_token_id):
+        raise GenerationError(f"generate: pad_token_id must be an int, got {pad_token_id!r}.")
+    pad_id = int(pad_token_id if pad_token_id is not None else eos[0] if eos else 0)
+    n = prompt.axis_size(POSITION)
+    cfg = model.config
+    if cfg.learned_positions and n + max_new_tokens - 1 > cfg.max_position_embeddings:
+        raise GenerationError(
+            f"generate: a prompt of {n} positions and {max_new_tokens} new tokens need position "
+            f"ids up to {n + max_new_tokens - 2}, but this {cfg.model_type} model learned "
+            f"{cfg.max_position_embeddings} positions. Generate fewer tokens or shorten the "
+            "prompt."
+        )
+    mask = attention_mask if attention_mask is not None else full(prompt.axes, True)
+    bucket = _bucket(n)
+    ids = pad(prompt, {POSITION: (bucket - n, 0)}) if bucket > n else prompt
+    mask = pad(mask, {POSITION: (bucket - n, 0)}) if bucket > n else mask
+    policy = nn.current_precision()
+    length = bucket + max_new_tokens - 1
+    logits, cache, next_position = _prefill(model, ids, mask, length=length, policy=policy)
+    sample = temperature > 0
+    options = dict(steps=max_new_tokens, top_k=top_k if sample else None, policy=policy,
+                   sample=sample, top_p=top_p is not None and sample)  # fmt: skip
+    dynamic = (
+        jnp.asarray(temperature if sample else 1.0, jnp.float32),
+        jnp.asarray(1.0 - float(top_p) if top_p is not None else 0.0, jnp.float32),
+        key if sample else jax.random.key(0),
+        jnp.asarray(eos or (-1,), jnp.int32),  # -1 matches no token
+        jnp.asarray(pad_id, jnp.int32),
+    )
+    new, _ = _decode(model, cache, logits, next_position, dynamic, **options)
+    return concatenate(POSITION, [prompt, new.astype(prompt.dtype)])
+
+
+@named_jit
+def _prefill(
+    model: Transformer, ids: NamedArray, mask: NamedArray, *, length: int, policy: nn.Precision
+) -> tuple[NamedArray, nn.KVCache, NamedArray]:
+    """The prompt into a fresh cache: the last position's logits (float32), the cache and each
+    row's next position (its number of real tokens)."""
+    with nn.precision(policy):
+        ids, mask = auto_sharded(ids), auto_sharded(mask)
+        counted = cumsum(mask.astype(jnp.int32), POSITION)
+        positions = where(mask, counted - 1, 0)
+        batch = [a for a in ids.axes if a.name != POSITION]
+        cache = model.init_cache(batch, length)
+        hidden, cache = model.hidden_states(ids, mask, positions, cache=cache)
+        logits = model.logits(hidden[POSITION, -1]).astype(jnp.float32)
+    return logits, cache.with_index(jnp.asarray(cache.index, jnp.int32)), counted[POSITION, -1]
+
+
+def _choose(logits: NamedArray, step: Any, dynamic: tuple[Any, ...], *, sample: bool,
+            top_k: int | None, top_p: bool) -> NamedArray:  # fmt: skip
+    if not sample:
+        return argmax(logits, VOCAB)
+    temperature, threshold, key = dynamic[:3]
+    scaled = _filter(logits / temperature, top_k, threshold if top_p else None, VOCAB)
+    return categorical(jax.random.fold_in(key, step), scaled, VOCAB)
+
+
+# The cache is donated and returned (unused), so that the loop updates it in place.
+@functools.partial(named_jit, donate_args=(False, True, False, False, False))
+def _decode(
+    model: Transformer, cache: nn.KVCache, logits: NamedArray, next_position: NamedArray,
+    dynamic: tuple[Any, ...], *, steps: int, top_k: int | None, top_p: bool,
+    policy: nn.Precision, sample: bool,
+) -> tuple[NamedArray, nn.KVCache]:  # fmt: skip
+    """Every new token (``(batch..., position=steps)``) and the cache after them: sample, feed
+    the token back with the cache, until ``steps`` tokens or every row has ended."""
+    choose = dict(sample=sample, top_k=top_k, top_p=top_p)
+    eos = NamedArray(dynamic[3], (Axis("eos", dynamic[3].shape[0]),))
+    pad = dynamic[4]
+
+    def ended(token: NamedArray) -> NamedArray:
+        return (token == eos).any("eos")
+
+    with nn.precision(policy):
+        first = _choose(logits, 0, dynamic, **choose).astype(jnp.int32)
+        out = auto_sharded(full(first.axes + (Axis(POSITION, steps),), pad, jnp.int32))
+        out = updated_slice(out, {POSITION: 0}, first.broadcast_axis(Axis(POSITION, 1)))
+        done = ended(first)
+
+        def cond(carry: Any) -> Any:
+            step, _, _, _, done = carry
+            return (step < steps) & ~done.all().array
+
+        def body(carry: Any) -> Any:
+            step, out, cache, last, done = carry
+            ids = last.broadcast_axis(Axis(POSITION, 1))
+            positions = (next_position + (step - 1)).broadcast_axis(Axis(POSITION, 1))
+            hidden, cache = model.hidden_states(ids, None, positions, cache=cache)
+            logits = model.logits(hidden[POSITION, 0]).astype(jnp.float32)
+            token = _choose(logits, step, dynamic, **choose).astype(jnp.int32)
+            token = where(done, pad, token)
+            done = done | ended(token)
+            out = updated_slice(out, {POSITION: step}, token.broadcast_axis(Axis(POSITION, 1)))
+            return step + 1, out, cache, token, done
+
+        init = (jnp.asarray(1, jnp.int32), out, cache, first, done)
+        _, out, cache, _, _ = jax.lax.while_loop(cond, body, init)
+    return out, cache
