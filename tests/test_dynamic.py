@@ -175,3 +175,22 @@ def test_sharded(mesh_2x4):
     assert spec_of(got)[0] == "data"
     np.testing.assert_array_equal(us.array, _per_batch_update(A, jnp.ones((4, 2, 3)), POS))
     np.testing.assert_array_equal(got.array, _per_batch_slice(A, POS, 2))
+
+
+def test_sharded_update_into_replicated(mesh_2x4, axis_type):
+    """A batch-sharded update written into a replicated array (a token into a fresh buffer): the
+    values of the unsharded computation; on Explicit meshes the result stays replicated (JAX
+    refused the mixed shardings before)."""
+    upd = jax.device_put(jnp.ones((4, 2, 3)), NamedSharding(mesh_2x4, P("data")))
+    with jax.set_mesh(mesh_2x4):
+
+        @jax.jit
+        def run(u):
+            return na.updated_slice(na.named(A, AXES), {"seq": 5}, na.named(u, AXES))
+
+        out = run(upd)
+    if axis_type == jax.sharding.AxisType.Explicit:
+        assert spec_of(out) == P()
+    np.testing.assert_array_equal(
+        out.array, jax.lax.dynamic_update_slice(A, jnp.ones((4, 2, 3)), (0, 5, 0))
+    )

@@ -204,8 +204,10 @@ def updated_slice(
     inner = explicit_sharding(array)
     if inner is not None:
         upd = jax.sharding.reshard(upd, NamedSharding(inner[0], PartitionSpec(*inner[1])))
-    elif (sharded := explicit_sharding(upd)) is not None:  # into a replicated x: replicate
-        upd = jax.sharding.reshard(upd, NamedSharding(sharded[0], PartitionSpec()))
+    elif (sharded := explicit_sharding(upd)) is not None:  # into a replicated x: replicate both
+        replicated = NamedSharding(sharded[0], PartitionSpec())
+        array = jax.sharding.reshard(array, replicated)
+        upd = jax.sharding.reshard(upd, replicated)
     out = _update(array, upd, x.axes, starts, batch)
     if info is not None:
         out = jax.sharding.reshard(out, NamedSharding(info[0], PartitionSpec(*info[1])))

@@ -24,7 +24,7 @@ from .._axis import Axis
 from .._errors import AxisNotFoundError, GenerationError, NamedTypeError, format_axes
 from .._ops.creation import full
 from .._ops.dynamic import updated_slice
-from .._ops.elementwise import where
+from .._ops.elementwise import minimum, where
 from .._ops.join import concatenate
 from .._ops.reductions import argmax, cumsum, softmax
 from .._ops.sorting import sort
@@ -90,7 +90,7 @@ def _filter(logits: NamedArray, k: int | None, threshold: Any, axis: str) -> Nam
         ascending = sort(logits, axis)
         cum = cumsum(softmax(ascending, axis), axis)
         removed = (cum <= jnp.asarray(threshold, cum.dtype)).sum(axis).astype(jnp.int32)
-        cutoff = ascending[axis, jnp.minimum(removed.array, size - 1)]
+        cutoff = ascending[axis, minimum(removed, size - 1)]  # each row's smallest kept logit
         logits = where(logits < cutoff, neg, logits)
     return logits
 

@@ -1,0 +1,364 @@
+"""Generation speed: ``namedaxes.models.generate`` against a plain-JAX decode loop and recomputation.
+
+Run from the repository root:
+
+    python benchmarks/generate.py                 # CPU: a small model; GPU/TPU: ~100M parameters
+    python benchmarks/generate.py --budget 120 --rounds 5 --batches 1,16 --new-tokens 256
+
+One Llama-style :class:`namedaxes.models.Transformer` with random weights (on an accelerator ~101M
+parameters: vocabulary 32768, hidden 768, 12 layers, 12 heads of 64 with 4 key/value heads, MLP
+2048, tied head, bfloat16 weights; on a CPU ~5M parameters and fewer tokens, so that the run takes a
+minute or two: only ratios mean anything there), a prompt of random tokens, greedy decoding without
+eos (every row runs every step). For each batch size:
+
+* ``cached``: the compiled decode loop of :func:`namedaxes.models.generate` (its KV cache and
+  ``lax.while_loop``), timed without the prefill (the prefill runs before each round);
+* ``plain`` and ``plain A/A``: the same model written in plain JAX from the same arrays (a cache per
+  layer stacked into one ``(layer, batch, slot, kv_heads, head_dim)`` buffer, written with
+  ``jax.lax.dynamic_update_slice``, a ``lax.scan`` over the layers and its own ``lax.while_loop``),
+  compiled twice so that the A/A ratio shows the noise; the three timed interleaved, the order
+  rotating between rounds; the table gives medians per token and the ratios cached / plain and
+  plain A/A;
+* ``recompute``: no cache, one compiled ``while_loop`` in which every step runs the model over the
+  whole (prompt + new tokens) buffer and reads the logits of the last filled position: the cost of
+  recomputing the prefix; the speedup column is recompute / cached per token;
+* ``generate``: end-to-end calls of ``generate`` (prefill + decode + host work) in tokens/s;
+* token agreement between ``cached`` and ``plain`` (exact in float32; bfloat16 may differ at
+  near-ties of random weights), and log records of the ``namedaxes`` logger during the calls (none
+  expected: decoding asks for the XLA kernel itself).
+
+Each section stops when the time budget is spent (checked between rounds) and prints what it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import namedaxes as na  # noqa: E402
+from namedaxes import models  # noqa: E402
+from namedaxes.models import _generate as gen  # noqa: E402
+
+ACCEL = dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12,
+             num_heads=12, num_kv_heads=4, head_dim=64)  # fmt: skip
+CPU = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4,
+           num_kv_heads=2, head_dim=64)  # fmt: skip
+
+
+def on_accelerator() -> bool:
+    return jax.default_backend() in ("gpu", "tpu")
+
+
+def clock(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+# -- the plain twin ------------------------------------------------------------------------------
+
+
+def plain_params(model: models.Transformer) -> dict[str, jax.Array]:
+    """The named model's arrays in a fixed axis order (no copies of the values)."""
+    s = model.layers.stacked
+
+    def a(x: na.NamedArray, names: str) -> jax.Array:
+        return na.rearrange(x, tuple(names.split())).array
+
+    return {
+        "embed": a(model.embed.weight, "vocab embed"),
+        "attn_norm": a(s.attn_norm.weight, "layer embed"),
+        "wq": a(s.attn.q_proj.weight, "layer embed heads head_dim"),
+        "wk": a(s.attn.k_proj.weight, "layer embed kv_heads head_dim"),
+        "wv": a(s.attn.v_proj.weight, "layer embed kv_heads head_dim"),
+        "wo": a(s.attn.o_proj.weight, "layer heads head_dim embed"),
+        "mlp_norm": a(s.mlp_norm.weight, "layer embed"),
+        "gate": a(s.mlp.gate.weight, "layer embed mlp"),
+        "up": a(s.mlp.up.weight, "layer embed mlp"),
+        "down": a(s.mlp.down.weight, "layer mlp embed"),
+        "final_norm": a(model.final_norm.weight, "embed"),
+    }
+
+
+def plain_decoder(cfg: models.TransformerConfig) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(prefill, decode)`` in plain JAX: the Transformer's math for a tied Llama config."""
+    eps, theta, hd = cfg.norm_eps, cfg.rope_theta, cfg.head_dim
+    f32 = jnp.float32
+
+    def rms(x: jax.Array, w: jax.Array) -> jax.Array:
+        xf = x.astype(f32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+        return (y * w.astype(f32)).astype(x.dtype)
+
+    def rope(x: jax.Array, pos: jax.Array) -> jax.Array:  # x (B, T, heads, H), pos (B, T)
+        inv = 1.0 / theta ** (jnp.arange(0, hd, 2, dtype=f32) / hd)
+        ang = pos.astype(f32)[..., None] * inv
+        ang = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]
+        cos, sin = jnp.cos(ang).astype(x.dtype), jnp.sin(ang).astype(x.dtype)
+        half = hd // 2
+        rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rotated * sin
+
+    def forward(p: dict, tokens: jax.Array, pos: jax.Array, ck: jax.Array, cv: jax.Array,
+                index: Any) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+        """Hidden state of the last position, and the caches with ``tokens`` written at ``index``."""
+        x = p["embed"][tokens]
+        b, t = tokens.shape
+        s, kv = ck.shape[2], ck.shape[3]
+        allowed = jnp.arange(s)[None, :] <= jnp.arange(t)[:, None] + index  # (T, S)
+
+        def layer(carry: Any, xs: Any) -> Any:
+            x, ck, cv = carry
+            w, i = xs
+            h = rms(x, w["attn_norm"])
+            q = rope(jnp.einsum("bte,enh->btnh", h, w["wq"]), pos)
+            k = rope(jnp.einsum("bte,ekh->btkh", h, w["wk"]), pos)
+            v = jnp.einsum("bte,ekh->btkh", h, w["wv"])
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, index, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, index, 0, 0))
+            keys, values = ck[i], cv[i]
+            g = q.shape[2] // kv
+            scores = jnp.einsum("btkgh,bskh->bkgts", q.reshape(b, t, kv, g, hd), keys,
+                                preferred_element_type=f32) * jnp.asarray(hd**-0.5, f32)  # fmt: skip
+            scores = jnp.where(allowed, scores, jnp.finfo(f32).min)
+            weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+            out = jnp.einsum("bkgts,bskh->btkgh", weights, values).reshape(b, t, kv * g, hd)
+            x = x + jnp.einsum("btnh,nhe->bte", out, w["wo"])
+            h = rms(x, w["mlp_norm"])
+            gate = jnp.einsum("bte,em->btm", h, w["gate"])
+            up = jnp.einsum("bte,em->btm", h, w["up"])
+            x = x + jnp.einsum("btm,me->bte", jax.nn.silu(gate) * up, w["down"])
+            return (x, ck, cv), None
+
+        per_layer = {k: v for k, v in p.items() if k not in ("embed", "final_norm")}
+        xs = (per_layer, jnp.arange(cfg.num_layers))
+        (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), xs)
+        return rms(x[:, -1], p["final_norm"]), ck, cv
+
+    def logits(p: dict, h: jax.Array) -> jax.Array:
+        return jnp.einsum("be,ve->bv", h, p["embed"]).astype(f32)
+
+    def prefill(p: dict, tokens: jax.Array, length: int) -> tuple[Any, ...]:
+        b, t = tokens.shape
+        shape = (cfg.num_layers, b, length, cfg.num_kv_heads, hd)
+        ck = jnp.zeros(shape, p["embed"].dtype)
+        cv = jnp.zeros(shape, p["embed"].dtype)
+        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+        h, ck, cv = forward(p, tokens, pos, ck, cv, 0)
+        return logits(p, h), ck, cv
+
+    def decode(p: dict, first: jax.Array, ck: jax.Array, cv: jax.Array, start: int,
+               steps: int) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+        b = first.shape[0]
+        token = jnp.argmax(first, axis=-1).astype(jnp.int32)
+        out = jnp.zeros((b, steps), jnp.int32).at[:, 0].set(token)
+
+        def body(c: Any) -> Any:
+            step, out, ck, cv, last = c
+            index = start + step - 1
+            pos = jnp.full((b, 1), index, jnp.int32)
+            h, ck, cv = forward(p, last[:, None], pos, ck, cv, index)
+            token = jnp.argmax(logits(p, h), axis=-1).astype(jnp.int32)
+            out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
+            return step + 1, out, ck, cv, token
+
+        init = (jnp.asarray(1, jnp.int32), out, ck, cv, token)
+        _, out, ck, cv, _ = jax.lax.while_loop(lambda c: c[0] < steps, body, init)
+        return out, ck, cv
+
+    return prefill, decode
+
+
+# -- recomputation -------------------------------------------------------------------------------
+
+
+@na.named_jit
+def recompute(model: models.Transformer, prompt: na.NamedArray, *, steps: int) -> na.NamedArray:
+    """Greedy tokens without a cache: each step runs the model over the whole buffer."""
+    n = prompt.axis_size("position")
+    buf = na.pad(prompt, {"position": (0, steps)})
+
+    def body(c: Any) -> Any:
+        step, buf = c
+        hidden = model.hidden_states(buf)
+        last = hidden["position", na.ds(n + step - 1, 1)]
+        token = na.argmax(model.logits(last), "vocab").astype(buf.dtype)
+        return step + 1, na.updated_slice(buf, {"position": n + step}, token)
+
+    return jax.lax.while_loop(lambda c: c[0] < steps, body, (jnp.asarray(0, jnp.int32), buf))[1]
+
+
+# -- one batch size ------------------------------------------------------------------------------
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds: int,
+        budget: Budget, log: Records) -> list[str]:  # fmt: skip
+    cfg = model.config
+    tokens = jax.random.randint(jax.random.key(batch), (batch, prompt_len), 3, cfg.vocab_size)
+    prompt = na.named(tokens.astype(jnp.int32), ("batch", "position"))
+    mask = na.full(prompt.axes, True)
+    length = gen._bucket(prompt_len) + new - 1
+    policy = na.nn.current_precision()
+    options = dict(steps=new, top_k=None, top_p=False, policy=policy, sample=False)
+    dynamic = (jnp.float32(1), jnp.float32(0), jax.random.key(0), jnp.asarray([-1], jnp.int32),
+               jnp.asarray(0, jnp.int32))  # fmt: skip
+    bucket_ids = na.pad(prompt, {"position": (gen._bucket(prompt_len) - prompt_len, 0)})
+    bucket_mask = na.pad(mask, {"position": (gen._bucket(prompt_len) - prompt_len, 0)})
+    p = plain_params(model)
+    plain_prefill, plain_decode = plain_decoder(cfg)
+    pre = jax.jit(plain_prefill, static_argnums=2)
+    dec_a = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
+    dec_b = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
+    plain_len = prompt_len + new - 1
+
+    def cached() -> Any:
+        logits, cache, nxt = gen._prefill(model, bucket_ids, bucket_mask, length=length,
+                                          policy=policy)  # fmt: skip
+        jax.block_until_ready(cache)
+        start = time.perf_counter()
+        out, _ = gen._decode(model, cache, logits, nxt, dynamic, **options)
+        jax.block_until_ready(out)
+        return time.perf_counter() - start, out
+
+    def plain(dec: Callable[..., Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            first, ck, cv = pre(p, tokens.astype(jnp.int32), plain_len)
+            jax.block_until_ready(ck)
+            start = time.perf_counter()
+            out, _, _ = dec(p, first, ck, cv, prompt_len, new)
+            jax.block_until_ready(out)
+            return time.perf_counter() - start, out
+
+        return run
+
+    slots = {"cached": cached, "plain": plain(dec_a), "plain A/A": plain(dec_b)}
+    first_call = {}
+    outs = {}
+    for name, fn in slots.items():  # compile (first calls, not timed as decode)
+        start = time.perf_counter()
+        _, outs[name] = fn()
+        first_call[name] = time.perf_counter() - start
+    times: dict[str, list[float]] = {n: [] for n in slots}
+    names = list(slots)
+    for r in range(rounds):
+        if r >= 2 and budget.left() <= 0:
+            break
+        for n in names[r % 3 :] + names[: r % 3]:
+            times[n].append(slots[n]()[0])
+    med = {n: statistics.median(t) for n, t in times.items()}
+    per_token = {n: med[n] / (new - 1) for n in med}
+    agree = float(jnp.mean(outs["cached"].array == outs["plain"]))
+
+    # Recompute the prefix (no cache), and end-to-end generate.
+    recompute(model, prompt, steps=new)  # compile
+    rec = []
+    e2e = []
+    for r in range(max(2, rounds // 2)):
+        if r >= 1 and budget.left() <= 0:
+            break
+        rec.append(clock(lambda: recompute(model, prompt, steps=new)))
+        e2e.append(clock(lambda: models.generate(model, prompt, max_new_tokens=new)))
+    rec_token = statistics.median(rec) / new
+    e2e_s = statistics.median(e2e)
+    return [
+        f"{batch}",
+        f"{per_token['cached'] * 1e3:.3f}",
+        f"{per_token['plain'] * 1e3:.3f}",
+        f"{med['cached'] / med['plain']:.3f}",
+        f"{med['plain A/A'] / med['plain']:.3f}",
+        f"{batch / per_token['cached']:.0f}",
+        f"{rec_token * 1e3:.3f}",
+        f"{rec_token / per_token['cached']:.1f}",
+        f"{batch * new / e2e_s:.0f}",
+        f"{agree:.3f}",
+        f"{first_call['cached']:.1f} / {first_call['plain']:.1f}",
+        f"{len(times['cached'])}",
+        f"{len(log.messages)}",
+    ]
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    rows = [r + [""] * (len(header) - len(r)) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = "  ".join("-" * w for w in widths)
+    print(f"\n{title}\n{line}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    print(line)
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    accel = on_accelerator()
+    parser.add_argument("--batches", default="1,16", help="comma-separated batch sizes")
+    parser.add_argument("--prompt", type=int, default=128 if accel else 32, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=256 if accel else 64)
+    parser.add_argument("--rounds", type=int, default=7 if accel else 5)
+    parser.add_argument("--budget", type=float, default=300.0 if accel else 100.0,
+                        help="total seconds (checked between rounds)")  # fmt: skip
+    args = parser.parse_args()
+    budget = Budget(args.budget)
+    sizes = ACCEL if accel else CPU
+    dtype = jnp.bfloat16 if accel else jnp.float32
+    cfg = models.TransformerConfig("llama", tie_word_embeddings=True,
+                                   max_position_embeddings=4096, **sizes)  # fmt: skip
+    model = models.Transformer(cfg, key=jax.random.key(0), dtype=dtype)
+    params = sum(x.size for x in jax.tree.leaves(model) if hasattr(x, "size"))
+    device = jax.devices()[0]
+    print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
+          f"namedaxes {na.__version__}; model {params / 1e6:.1f}M parameters ({dtype.__name__}), "
+          f"prompt {args.prompt}, {args.new_tokens} new tokens, greedy")  # fmt: skip
+    log = Records()
+    logging.getLogger("namedaxes").addHandler(log)
+    header = ["batch", "cached ms/tok", "plain ms/tok", "cached/plain", "A/A", "cached tok/s",
+              "recompute ms/tok", "recompute/cached", "generate tok/s", "agree",
+              "first call s cached/plain", "rounds", "log records"]  # fmt: skip
+    rows = []
+    for b in (int(x) for x in args.batches.split(",")):
+        if budget.left() <= 0:
+            rows.append([f"{b}", "skipped (budget)"])
+            continue
+        try:
+            rows.append(row(model, b, args.prompt, args.new_tokens, args.rounds, budget, log))
+        except Exception as e:  # noqa: BLE001 - one batch size failing must not lose the others
+            rows.append([f"{b}", f"{type(e).__name__}: {str(e)[:100]}"])
+        print(f"batch {b} done ({budget.left():.0f} s of the budget left)", flush=True)
+    table("generation: decode per token (median, interleaved) of namedaxes generate vs plain JAX "
+          "and vs recomputing the prefix (no cache)", header, rows)  # fmt: skip
+    for m in sorted(set(log.messages)):
+        print(f"log: {m}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

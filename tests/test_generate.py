@@ -1,0 +1,259 @@
+"""models.generate and nn.KVCache against transformers (tests/fixtures/hf: each fixture's greedy
+continuation in reference.npz; generation.npz: left-padded batches and the sampling filters, made by
+make_generation_refs.py), on one device and on (data=2, model=4) meshes; traces per bucket; errors."""
+
+import collections
+import functools
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import spec_of
+from jax.sharding import PartitionSpec as P
+
+import namedaxes as na
+from namedaxes import models
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+ALL = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"] + [
+    "llama_linear", "llama_dynamic", "llama_llama3", "llama_yarn"
+]  # fmt: skip
+REFS = np.load(FIXTURES / "generation.npz")
+MAPPING = {"batch": "data", "heads": "model", "mlp": "model", "vocab": "model"}
+
+
+@functools.cache
+def load(name):
+    return models.from_hf(FIXTURES / name)
+
+
+def ids(a):
+    return na.named(jnp.asarray(a, jnp.int32), ("batch", "position"))
+
+
+def mask_of(a):
+    return na.named(jnp.asarray(a == 1), ("batch", "position"))
+
+
+def greedy_reference(name):
+    r = np.load(FIXTURES / name / "reference.npz")
+    return r["prompt"], r["greedy"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_greedy_matches_transformers(name):
+    prompt, want = greedy_reference(name)
+    out = models.generate(load(name), ids(prompt), max_new_tokens=12)
+    assert out.axis_names == ("batch", "position") and out.dtype == jnp.int32
+    np.testing.assert_array_equal(out.array, want)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_left_padded_batch_matches_transformers_and_each_row_alone(name):
+    """Rows of 8, 5 and 2 real tokens left-padded to 8: transformers' tokens, and each row's
+    tokens are those it gets generated alone (no padding)."""
+    prompt, mask, want = REFS[f"{name}_prompt"], REFS[f"{name}_mask"], REFS[f"{name}_greedy"]
+    out = models.generate(load(name), ids(prompt), attention_mask=mask_of(mask), max_new_tokens=12)
+    np.testing.assert_array_equal(out.array, want)
+    for row in range(3):
+        real = prompt[row][mask[row] == 1]
+        alone = models.generate(load(name), ids(real[None]), max_new_tokens=12)
+        np.testing.assert_array_equal(alone.array[0], np.concatenate([real, want[row, 8:]]))
+
+
+def test_eos_rows_stop_and_emit_pad():
+    prompt, mask, want = REFS["llama_prompt"], REFS["llama_mask"], REFS["llama_greedy"]
+    new = want[:, 8:]
+    assert 109 in new[1] and 403 in new[2] and not {109, 403} & set(new[0])
+    out = models.generate(load("llama"), ids(prompt), attention_mask=mask_of(mask),
+                          max_new_tokens=12, eos_token_id=[109, 403], pad_token_id=7)  # fmt: skip
+    got = np.asarray(out.array)[:, 8:]
+    np.testing.assert_array_equal(got[0], new[0])  # never ends
+    for row, eos in ((1, 109), (2, 403)):
+        end = list(new[row]).index(eos)
+        np.testing.assert_array_equal(got[row, : end + 1], new[row, : end + 1])
+        assert (got[row, end + 1 :] == 7).all()
+    # One row, default pad (the eos id): everything after the eos is the eos id.
+    prompt, want = greedy_reference("llama")
+    eos = int(want[0, 10])
+    out = models.generate(load("llama"), ids(prompt), max_new_tokens=12, eos_token_id=eos)
+    stop = list(want[0, 8:]).index(eos) + 8
+    np.testing.assert_array_equal(out.array[0, : stop + 1], want[0, : stop + 1])
+    assert (np.asarray(out.array)[0, stop + 1 :] == eos).all()
+
+
+def test_sampling_top_k_1_is_greedy_and_a_key_fixes_the_samples():
+    prompt, want = greedy_reference("llama")
+    model, p = load("llama"), ids(prompt)
+    one = models.generate(model, p, max_new_tokens=12, temperature=1.0, top_k=1,
+                          key=jax.random.key(3))  # fmt: skip
+    np.testing.assert_array_equal(one.array, want)
+
+    def sample(seed, temperature=1.5):
+        out = models.generate(model, p, max_new_tokens=12, temperature=temperature, top_p=0.9,
+                              key=jax.random.key(seed))  # fmt: skip
+        return np.asarray(out.array)
+
+    a = sample(0)
+    np.testing.assert_array_equal(a, sample(0))
+    np.testing.assert_array_equal(a[:, :8], prompt)
+    assert not np.array_equal(a, sample(1))
+    assert not np.array_equal(a, want)
+
+
+@pytest.mark.parametrize("case", range(len(REFS["top_k"])))
+def test_filters_match_transformers_warpers(case):
+    """Temperature, then top-k, then top-p, as transformers' warpers (generation.npz): the same
+    tokens dropped (-inf) and the same values kept."""
+    t, k, p = (REFS[n][case] for n in ("temperature", "top_k", "top_p"))
+    logits = na.named(jnp.asarray(REFS["logits"]) / jnp.float32(t), ("batch", "vocab"))
+    got = models.filter_logits(logits, top_k=int(k) or None, top_p=float(p) if p < 1 else None)
+    want = REFS["filtered"][case]
+    np.testing.assert_array_equal(np.isinf(got.array), np.isinf(want))
+    np.testing.assert_allclose(
+        np.asarray(got.array)[~np.isinf(want)], want[~np.isinf(want)], rtol=1e-6
+    )
+    assert 0 < np.isinf(want).sum() < want.size
+
+
+def test_cache_prefill_and_steps_match_transformers_logits():
+    """Mistral (sliding window 8 over 24 positions), one row left-padded: a 16-position prefill
+    into the cache, then 8 one-position steps (one trace with a traced cache index), give
+    transformers' logits at every real position."""
+    r = np.load(FIXTURES / "mistral" / "reference.npz")
+    model, tokens, mask = load("mistral"), ids(r["input_ids"]), mask_of(r["attention_mask"])
+    positions = na.arange(na.Axis("position", 24))  # transformers' positions for these logits
+
+    traced = []
+
+    @eqx.filter_jit
+    def run(model, cache, tokens, mask, positions):
+        traced.append(tokens.axis_size("position"))
+        return model(tokens, mask, positions, cache=cache)
+
+    cache = model.init_cache({"batch": 2}, 24)
+    first, cache = run(model, cache, tokens["position", :16], mask["position", :16],
+                       positions["position", :16])  # fmt: skip
+    assert cache.index == 16
+    cache = cache.with_index(jnp.asarray(cache.index, jnp.int32))
+    steps = [first]
+    for t in range(16, 24):
+        s = slice(t, t + 1)
+        logits, cache = run(model, cache, tokens["position", s], mask["position", s],
+                            positions["position", s])  # fmt: skip
+        steps.append(logits)
+    assert traced == [16, 1]  # the prefill and one step
+    got = np.asarray(na.concatenate("position", steps).array)
+    real = r["attention_mask"] == 1
+    assert np.abs(got - r["logits_padded"])[real].max() < 1e-4
+    np.testing.assert_array_equal(np.asarray(cache.mask.array), real)
+
+
+def test_attention_layer_with_cache_equals_full_attention():
+    """Grouped-query heads, rotary, sliding window 3: a 4-position prefill and 2 one-position
+    steps with the layer's default positions (the cache index on) equal attention over all 6."""
+    Embed, HeadDim = na.Axis("embed", 8), na.Axis("head_dim", 4)
+    KV = na.Axis("kv_heads", 2)
+    attn = na.nn.Attention(Embed, na.Axis("heads", 4), HeadDim, KVHeads=KV, sliding_window=3,
+                           rotary=na.nn.RotaryEmbedding(HeadDim), key=jax.random.key(0))  # fmt: skip
+    x = na.random.normal(jax.random.key(1), {"batch": 2, "position": 6, "embed": 8})
+
+    @jax.jit
+    def run(x):
+        cache = na.nn.KVCache.zeros({"batch": 2}, KV, HeadDim, 7)
+        out, cache = attn(x["position", :4], cache=cache)
+        outs = [out]
+        for t in (4, 5):
+            out, cache = attn(x["position", t : t + 1], cache=cache)
+            outs.append(out)
+        return attn(x), na.concatenate("position", outs), cache
+
+    full, cached, cache = run(x)
+    assert cache.index == 6 and cache.keys.axis_names == ("batch", "key_position", "kv_heads",
+                                                          "head_dim")  # fmt: skip
+    np.testing.assert_allclose(cached.array, full.array, atol=1e-6)
+    np.testing.assert_array_equal(cache.mask.array, np.arange(7)[None, :].repeat(2, 0) < 6)
+
+
+def test_generate_sharded(mesh_2x4):
+    """Data-parallel batch and tensor-parallel heads/mlp/vocab: transformers' tokens; the cache is
+    placed by its names (kv_heads unmapped for Llama's 2 key/value heads, heads on model for
+    GPT-2's multi-head cache)."""
+    rows = [0, 2]
+    prompt, mask = REFS["llama_prompt"][rows], REFS["llama_mask"][rows]
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPING):
+        model = models.from_hf(FIXTURES / "llama", mapping=MAPPING)
+        assert spec_of(model.init_cache({"batch": 2}, 8).keys) == P(None, "data")
+        gpt2 = models.from_hf(FIXTURES / "gpt2", mapping=MAPPING)
+        cache = gpt2.init_cache({"batch": 2}, 8)
+        assert spec_of(cache.keys) == P(None, "data", None, "model")
+        assert spec_of(cache.mask) == P("data")
+        out = models.generate(model, ids(prompt), attention_mask=mask_of(mask), max_new_tokens=12)
+    np.testing.assert_array_equal(out.array, REFS["llama_greedy"][rows])
+    assert spec_of(out)[0] == "data"
+
+
+def test_decode_traces_once_per_bucket():
+    """Prompts of 3, 9 and 16 positions share the bucket 16: one trace of the prefill and one of
+    the decode loop, whatever the eos, pad and temperature values."""
+    traces = collections.Counter()
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traces[kwargs.get("fun_name")] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        model = load("llama")
+        for n, options in ((3, {}), (9, {"eos_token_id": 5}), (16, {"pad_token_id": 1})):
+            p = ids(np.arange(1, n + 1)[None])
+            out = models.generate(model, p, max_new_tokens=5, temperature=0.5 * n,
+                                  key=jax.random.key(n), **options)  # fmt: skip
+            assert out.shape == {"batch": 1, "position": n + 5}
+    finally:
+        jax.monitoring.clear_event_listeners()
+    assert traces["_prefill"] == 1 and traces["_decode"] == 1
+
+
+def test_errors():
+    model, p = load("llama"), ids([[1, 2, 3]])
+    gen = functools.partial(models.generate, model, p, max_new_tokens=2)
+    with pytest.raises(na.NamedTypeError, match="needs a namedaxes.models.Transformer"):
+        models.generate(object(), p, max_new_tokens=2)
+    with pytest.raises(na.NamedTypeError, match="prompt must be an integer NamedArray"):
+        models.generate(model, jnp.ones((1, 3), jnp.int32), max_new_tokens=2)
+    with pytest.raises(na.AxisNotFoundError, match="has no 'position' axis"):
+        models.generate(model, na.named(jnp.ones((1, 3), jnp.int32), ("batch", "seq")),
+                        max_new_tokens=2)  # fmt: skip
+    with pytest.raises(na.NamedTypeError, match="attention_mask must be a boolean NamedArray"):
+        gen(attention_mask=na.named(jnp.ones((1, 3), jnp.int32), ("batch", "position")))
+    with pytest.raises(na.GenerationError, match="max_new_tokens must be a positive int, got 0"):
+        models.generate(model, p, max_new_tokens=0)
+    with pytest.raises(na.GenerationError, match=r"temperature must be a float >= 0"):
+        gen(temperature=-1.0)
+    with pytest.raises(na.GenerationError, match=r"top_p must be a float in \(0, 1\]"):
+        gen(top_p=1.5)
+    with pytest.raises(na.GenerationError, match="top_k must be a positive int or None, got 0"):
+        gen(top_k=0)
+    with pytest.raises(na.GenerationError, match=r"needs key=jax.random.key"):
+        gen(temperature=0.8)
+    with pytest.raises(na.GenerationError, match="eos_token_id must be an int or a sequence"):
+        gen(eos_token_id="</s>")
+    with pytest.raises(na.GenerationError, match="learned 256 positions"):
+        models.generate(load("gpt2"), p, max_new_tokens=255)
+    # The cache.
+    kv, hd = na.Axis("kv_heads", 2), na.Axis("head_dim", 4)
+    one = na.nn.KVCache.zeros({"batch": 1}, kv, hd, 4)
+    new = na.zeros({"batch": 1, "key_position": 3, "kv_heads": 2, "head_dim": 4})
+    with pytest.raises(na.AxisSizeError, match="3 new positions at index 3 overrun the cache's 4"):
+        one.update(new, new).update(new, new)
+    with pytest.raises(na.LayerError, match="have no layer axis"):
+        one.at_layer(0)
+    stacked = na.nn.KVCache.zeros({"batch": 1}, kv, hd, 4, Layer=na.Axis("layer", 2))
+    with pytest.raises(na.LayerError, match=r"write one layer's view: cache.at_layer\(i\)"):
+        stacked.update(new, new)
+    with pytest.raises(na.NamedTypeError, match="length must be a positive int"):
+        na.nn.KVCache.zeros({"batch": 1}, kv, hd, 0)
