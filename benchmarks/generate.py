@@ -344,15 +344,18 @@ def main() -> int:
               "recompute ms/tok", "recompute/cached", "generate tok/s", "agree",
               "first call s cached/plain", "rounds", "log records"]  # fmt: skip
     rows = []
-    for b in (int(x) for x in args.batches.split(",")):
-        if budget.left() <= 0:
+    batches = [int(x) for x in args.batches.split(",")]
+    for i, b in enumerate(batches):
+        share = Budget(budget.left() / (len(batches) - i))
+        if share.left() <= 0:
             rows.append([f"{b}", "skipped (budget)"])
             continue
         try:
-            rows.append(row(model, b, args.prompt, args.new_tokens, args.rounds, budget, log))
+            rows.append(row(model, b, args.prompt, args.new_tokens, args.rounds, share, log))
         except Exception as e:  # noqa: BLE001 - one batch size failing must not lose the others
             rows.append([f"{b}", f"{type(e).__name__}: {str(e)[:100]}"])
-        print(f"batch {b} done ({budget.left():.0f} s of the budget left)", flush=True)
+        print(f"batch {b}: " + ", ".join(f"{h} {c}" for h, c in zip(header[1:], rows[-1][1:])),
+              flush=True)  # fmt: skip
     table("generation: decode per token (median, interleaved) of namedaxes generate vs plain JAX "
           "and vs recomputing the prefix (no cache)", header, rows)  # fmt: skip
     for m in sorted(set(log.messages)):

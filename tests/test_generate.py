@@ -51,6 +51,14 @@ def test_greedy_matches_transformers(name):
     np.testing.assert_array_equal(out.array, want)
 
 
+def test_prompt_without_batch_axis():
+    prompt, want = greedy_reference("llama")
+    out = models.generate(load("llama"), na.named(jnp.asarray(prompt[0]), "position"),
+                          max_new_tokens=3)  # fmt: skip
+    assert out.axis_names == ("position",)
+    np.testing.assert_array_equal(out.array, want[0, :11])
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_left_padded_batch_matches_transformers_and_each_row_alone(name):
     """Rows of 8, 5 and 2 real tokens left-padded to 8: transformers' tokens, and each row's
@@ -242,6 +250,9 @@ def test_errors():
         gen(temperature=0.8)
     with pytest.raises(na.GenerationError, match="eos_token_id must be an int or a sequence"):
         gen(eos_token_id="</s>")
+    right = na.named(jnp.array([[True, True, False]]), ("batch", "position"))
+    with pytest.raises(na.GenerationError, match="padding after real tokens \\(row 0"):
+        gen(attention_mask=right)
     with pytest.raises(na.GenerationError, match="learned 256 positions"):
         models.generate(load("gpt2"), p, max_new_tokens=255)
     # The cache.

@@ -146,6 +146,21 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         )
 
 
+def _check_left_padded(mask: NamedArray) -> None:
+    """Refuse a right-padded row (checked on the host when the mask is a concrete local array)."""
+    array = mask.array
+    if isinstance(array, jax.core.Tracer) or not getattr(array, "is_fully_addressable", True):
+        return
+    rows = np.asarray(mask.rearrange((..., POSITION)).array).reshape(-1, mask.axis_size(POSITION))
+    bad = np.flatnonzero((rows[:, 1:] < rows[:, :-1]).any(axis=1))
+    if bad.size:
+        raise GenerationError(
+            f"generate: attention_mask has padding after real tokens (row {int(bad[0])} of the "
+            "batch flattened); decoder-only generation needs left padding: put each row's "
+            "padding before its tokens."
+        )
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
@@ -242,6 +257,8 @@ def generate(
             f"{cfg.max_position_embeddings} positions. Generate fewer tokens or shorten the "
             "prompt."
         )
+    if attention_mask is not None:
+        _check_left_padded(attention_mask)
     mask = attention_mask if attention_mask is not None else full(prompt.axes, True)
     bucket = _bucket(n)
     ids = pad(prompt, {POSITION: (bucket - n, 0)}) if bucket > n else prompt
