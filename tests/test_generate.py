@@ -4,6 +4,7 @@ make_generation_refs.py), on one device and on (data=2, model=4) meshes; traces 
 
 import collections
 import functools
+import logging
 from pathlib import Path
 
 import equinox as eqx
@@ -16,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import models
+from namedaxes.nn import _attention_kernels as kernels
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 ALL = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"] + [
@@ -161,29 +163,47 @@ def test_cache_prefill_and_steps_match_transformers_logits():
 
 
 def test_attention_layer_with_cache_equals_full_attention():
-    """Grouped-query heads, rotary, sliding window 3: a 4-position prefill and 2 one-position
-    steps with the layer's default positions (the cache index on) equal attention over all 6."""
-    Embed, HeadDim = na.Axis("embed", 8), na.Axis("head_dim", 4)
-    KV = na.Axis("kv_heads", 2)
-    attn = na.nn.Attention(Embed, na.Axis("heads", 4), HeadDim, KVHeads=KV, sliding_window=3,
-                           rotary=na.nn.RotaryEmbedding(HeadDim), key=jax.random.key(0))  # fmt: skip
-    x = na.random.normal(jax.random.key(1), {"batch": 2, "position": 6, "embed": 8})
+    """Mistral's first attention layer (grouped-query heads, rotary, sliding window 8): a
+    7-position prefill and 3 one-position steps with the layer's default positions (the cache
+    index on) equal attention over all 10 positions."""
+    attn = load("mistral").layers.unstacked()[0].attn
+    x = na.named(jnp.sin(jnp.arange(2 * 10 * 64, dtype=jnp.float32)).reshape(2, 10, 64),
+                 ("batch", "position", "embed"))  # fmt: skip
 
     @jax.jit
     def run(x):
-        cache = na.nn.KVCache.zeros({"batch": 2}, KV, HeadDim, 7)
-        out, cache = attn(x["position", :4], cache=cache)
+        cache = na.nn.KVCache.zeros({"batch": 2}, attn.KVHeads, attn.HeadDim, 11)
+        out, cache = attn(x["position", :7], cache=cache)
         outs = [out]
-        for t in (4, 5):
+        for t in (7, 8, 9):
             out, cache = attn(x["position", t : t + 1], cache=cache)
             outs.append(out)
         return attn(x), na.concatenate("position", outs), cache
 
     full, cached, cache = run(x)
-    assert cache.index == 6 and cache.keys.axis_names == ("batch", "key_position", "kv_heads",
-                                                          "head_dim")  # fmt: skip
-    np.testing.assert_allclose(cached.array, full.array, atol=1e-6)
-    np.testing.assert_array_equal(cache.mask.array, np.arange(7)[None, :].repeat(2, 0) < 6)
+    assert cache.index == 10
+    assert cache.keys.axis_names == ("batch", "key_position", "kv_heads", "head_dim")
+    np.testing.assert_allclose(cached.array, full.array, atol=1e-5)
+    np.testing.assert_array_equal(cache.mask.array, np.arange(11)[None, :].repeat(2, 0) < 10)
+
+
+def test_prefill_takes_the_fused_kernel_and_decoding_asks_for_xla(monkeypatch, caplog):
+    """As on a GPU (cuDNN preferred; its mapping emulated on the CPU): the prefill, at the static
+    query offset 0, runs cuDNN's mapping of a left-padded row; the decoding loop, at a traced
+    offset, asks for XLA itself, so nothing falls back and nothing is logged."""
+    calls = []
+    run = kernels.run
+    monkeypatch.setattr(kernels, "_EMULATE", True)
+    monkeypatch.setattr(kernels, "preferred", lambda: "cudnn")
+    monkeypatch.setattr(kernels, "run", lambda impl, c: calls.append((impl, c.q.shape[1], c.static_offset)) or run(impl, c))  # fmt: skip
+    prompt, mask, want = REFS["llama_prompt"], REFS["llama_mask"], REFS["llama_greedy"]
+    with caplog.at_level(logging.WARNING, logger="namedaxes"):
+        out = models.generate(
+            load("llama"), ids(prompt[1:]), attention_mask=mask_of(mask[1:]), max_new_tokens=4
+        )  # fmt: skip  (shapes no other test compiles)
+    np.testing.assert_array_equal(out.array, want[1:, :12])
+    assert calls == [("cudnn", 16, 0), ("xla", 1, None)]
+    assert not caplog.records
 
 
 def test_generate_sharded(mesh_2x4):

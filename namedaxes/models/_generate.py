@@ -24,13 +24,15 @@ from .._axis import Axis
 from .._errors import AxisNotFoundError, GenerationError, NamedTypeError, format_axes
 from .._ops.creation import full
 from .._ops.dynamic import updated_slice
-from .._ops.elementwise import minimum, where
+from .._ops.elementwise import minimum
 from .._ops.join import concatenate
 from .._ops.reductions import argmax, cumsum, softmax
+from .._ops.sets import where
 from .._ops.sorting import sort
 from .._ops.sorting import top_k as _top_k
 from .._ops.tiling import pad
-from .._partitioning import auto_sharded, named_jit
+from .._partitioning._named_jit import named_jit
+from .._partitioning._shard import auto_sharded
 from ..random import categorical
 from ._transformer import Transformer
 

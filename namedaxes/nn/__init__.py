@@ -43,6 +43,7 @@ __all__ = [
     "Attention",
     "Dropout",
     "Embedding",
+    "KVCache",
     "LayerNorm",
     "Linear",
     "RmsNorm",
