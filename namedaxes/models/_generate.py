@@ -61,7 +61,7 @@ def filter_logits(
         logits: Float logits with ``axis`` (already divided by the temperature).
         top_k: Keep the ``top_k`` most likely tokens (``None``: all).
         top_p: Keep the smallest set of most likely tokens whose probability exceeds ``top_p``
-            (a float in ``(0, 1]`` or a traced scalar; ``None``: all).
+            (a float in ``(0, 1]`` or a traced scalar; ``None`` or ``1``: all).
         axis: The vocabulary axis.
 
     Returns:
@@ -76,8 +76,10 @@ def filter_logits(
         Array([-0.6931472, -1.2039728,       -inf,       -inf], dtype=float32)
     """
     threshold = None
-    if top_p is not None:  # as transformers: 1 - top_p in double precision, then float32
-        threshold = 1.0 - top_p if isinstance(top_p, (int, float)) else 1 - top_p
+    if isinstance(top_p, (int, float)):  # as transformers: 1 - top_p in double, then float32
+        threshold = 1.0 - top_p if top_p < 1 else None  # top_p = 1 keeps every token
+    elif top_p is not None:
+        threshold = 1 - top_p
     return _filter(logits, top_k, threshold, axis)
 
 
@@ -270,7 +272,7 @@ def generate(
     logits, cache, next_position = _prefill(model, ids, mask, length=length, policy=policy)
     sample = temperature > 0
     options = dict(steps=max_new_tokens, top_k=top_k if sample else None, policy=policy,
-                   sample=sample, top_p=top_p is not None and sample)  # fmt: skip
+                   sample=sample, top_p=top_p is not None and top_p < 1 and sample)  # fmt: skip
     dynamic = (
         jnp.asarray(temperature if sample else 1.0, jnp.float32),
         jnp.asarray(1.0 - float(top_p) if top_p is not None else 0.0, jnp.float32),

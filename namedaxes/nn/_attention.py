@@ -77,7 +77,8 @@ class Attention(eqx.Module):
     (each query sees only the last ``sliding_window`` keys, itself included) go to the attention
     kernel as options, as do padding (``key_mask=`` per call) and ``scale``; no mask of positions x
     positions is built for them. ``use_bias`` puts biases on all four projections; ``out_bias``
-    overrides it for ``o_proj`` (Qwen2: biases on q, k, v only).
+    overrides it for ``o_proj`` (Qwen2: biases on q, k, v only). For decoding, a call with
+    ``cache=`` (a :class:`KVCache`) writes the new keys and values into it and attends over it.
 
     Args:
         Embed: The model axis (input and output).
