@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, overload
 
 import equinox as eqx
@@ -119,6 +120,10 @@ class Transformer(eqx.Module):
         config: The model's configuration.
         key: PRNG key.
         dtype: The parameters' float dtype (JAX's default float when ``None``).
+        gradient_checkpointing: What the backward pass keeps of each layer, as for
+            ``nn.Stacked``: ``False`` (everything), ``"dots"``, ``"carry"`` (``True``),
+            ``"offload"``, ``"full"``, or a ``jax.checkpoint_policies`` policy. Gradients are the
+            same for all; it is not part of the config (nor of a checkpoint).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -141,7 +146,14 @@ class Transformer(eqx.Module):
     lm_head: nn.Linear | None
     config: TransformerConfig = eqx.field(static=True)
 
-    def __init__(self, config: TransformerConfig, *, key: jax.Array, dtype: Any = None):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        *,
+        key: jax.Array,
+        dtype: Any = None,
+        gradient_checkpointing: bool | str | Callable[..., Any] = False,
+    ):
         if not isinstance(config, TransformerConfig):
             raise NamedTypeError(f"Transformer needs a TransformerConfig, got {config!r}.")
         cfg = config
@@ -154,7 +166,10 @@ class Transformer(eqx.Module):
             else None
         )
         self.layers = nn.Stacked(
-            cfg.axis("layer"), lambda k: DecoderLayer(cfg, key=k, dtype=dtype), key=k_layers
+            cfg.axis("layer"),
+            lambda k: DecoderLayer(cfg, key=k, dtype=dtype),
+            key=k_layers,
+            gradient_checkpointing=gradient_checkpointing,
         )
         self.final_norm = _norm(cfg, Embed, dtype)
         self.lm_head = (
