@@ -138,6 +138,26 @@ def test_layer_norm_matches_formula_and_keeps_layout():
     close(plain(x).array, (a - mu) / jnp.sqrt(var + 1e-5))
 
 
+def test_parameters_are_not_weakly_typed():
+    """A weakly typed parameter comes back strongly typed from an update, and jit retraces (and
+    recompiles) the second step: every layer's parameters are created strongly typed."""
+    layers = [
+        na.nn.RmsNorm(E),
+        na.nn.RmsNorm(E, weight_offset=1.0),
+        na.nn.LayerNorm(E),
+        na.nn.Linear(E, {"mlp": 8}, key=KEY),
+        na.nn.Embedding({"vocab": 8}, E, key=KEY),
+    ]
+    weak = [
+        (type(layer).__name__, path)
+        for layer in layers
+        for path, leaf in jax.tree_util.tree_leaves_with_path(layer)
+        if leaf.weak_type
+    ]
+    assert weak == []
+    assert na.nn.RmsNorm(E).weight.dtype == jnp.float32
+
+
 def test_rms_norm_matches_formula_over_two_axes():
     H, D = Axis("heads", 2), Axis("head_dim", 4)
     norm = na.nn.RmsNorm((H, D), eps=1e-6, use_bias=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
@@ -44,8 +45,10 @@ class _Norm(eqx.Module):
         self.eps = float(eps)
         self.weight_offset = float(weight_offset)
         dt = check_dtype_float(dtype, name)
-        # The scale starts at 1: weight + weight_offset == 1.
-        self.weight = full(self.axis, 1.0 - self.weight_offset, dt) if use_weight else None
+        # The scale starts at 1: weight + weight_offset == 1. In JAX's default float when no dtype
+        # is given, not weakly typed (a step's updated weight would not be, and jit would retrace).
+        scale_dtype = dt if dt is not None else jnp.result_type(float)
+        self.weight = full(self.axis, 1.0 - self.weight_offset, scale_dtype) if use_weight else None
         self.bias = zeros(self.axis, dt) if use_bias else None
 
     def _normalize(self, x: NamedArray, names: tuple[str, ...]) -> NamedArray:
