@@ -1,13 +1,18 @@
-"""One GPT-style language model written twice: with ``namedaxes.nn`` and in plain JAX.
+"""The main example's language model written twice: ``namedaxes.models`` and plain JAX.
 
-Imported by ``benchmarks/model_step.py`` (speed and compiled collectives) and by
-``tests/test_model_twin.py`` (loss agreement and identical collectives on a tiny config). Nothing
-here sets up devices: the caller does (8 simulated CPU devices, a (data=2, model=4) mesh).
+Imported by ``benchmarks/model_step.py`` and ``benchmarks/accelerator.py`` (speed, compiled
+collectives) and by ``tests/test_model_twin.py`` (loss agreement and identical collectives on a
+tiny config). Nothing here sets up devices: the caller does (8 simulated CPU devices, a (data=2,
+model=4) mesh, or one accelerator).
 
-The plain twin is what a careful JAX user writes for the same FSDP + tensor-parallel layout: a dict
-of arrays with hand-written ``PartitionSpec``s for storage (``PARAM_SPECS``), the weights gathered
-to their compute layout where they are used, activations constrained, ``out_sharding=`` where an
-Explicit mesh needs it, ``jax.jit`` with ``in_shardings``/``out_shardings``. It starts from the
+The named side is ``examples/train_lm.py`` itself: its Llama-style ``Transformer`` config, loss,
+optimizer and ``na.fsdp`` training step. The plain twin is what a careful JAX user writes for the
+same FSDP + tensor-parallel layout: a dict of arrays with hand-written ``PartitionSpec``\\s for
+storage (``PARAM_SPECS``), the weights gathered to their compute layout where they are used
+(``COMPUTE_SPECS``), activations constrained, ``out_sharding=`` where an Explicit mesh needs it,
+attention per shard (``jax.shard_map`` around ``jax.nn.dot_product_attention``, each device
+keeping the one key/value head its query heads use when the key/value heads are fewer than the
+devices of ``model``), and ``jax.jit`` with ``in_shardings``/``out_shardings``. It starts from the
 named model's own arrays, so both runs start from the same values.
 """
 
@@ -15,12 +20,10 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
@@ -29,70 +32,59 @@ from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 
-# The model is the main example's (examples/train_lm.py): the benchmark measures what users run.
+# The model is the main example's (examples/train_lm.py): the benchmarks measure what users run.
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 if str(_EXAMPLES) not in sys.path:
     sys.path.insert(0, str(_EXAMPLES))
 
 import train_lm  # noqa: E402
 
+Size = train_lm.Size
 TENSOR_PARALLEL = train_lm.TENSOR_PARALLEL
 PARAMS = train_lm.PARAMS
 COMPUTE = train_lm.COMPUTE
-Block = train_lm.Block
-GPT = train_lm.GPT
-named_loss = train_lm.loss_fn
+SIZES = train_lm.SIZES
+model_config = train_lm.model_config
+flops_per_token = train_lm.flops_per_token
+
+TINY = Size(hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4, mlp=32, vocab=128, seq=8,
+            batch=4, steps=20, lr=3e-3, eval_every=10)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Config(train_lm.Config):
-    lr: float = 3e-3
+def optimizer(size: Size, counter: Counter | None = None, key: str = "") -> Any:
+    """The example's optimizer; ``counter[key]`` counts the traces of a step that uses it."""
+    opt = train_lm.make_optimizer(size, size.steps)
+
+    def update(grads: Any, state: Any, params: Any = None) -> Any:
+        if counter is not None:
+            counter[key] += 1  # runs once per trace of the step
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int counts
+            return opt.update(grads, state, params)
+
+    return optax.GradientTransformation(opt.init, update)
 
 
-TINY = Config(vocab=8, seq=8, embed=16, heads=4, head_dim=4, mlp=32, layers=2, batch=4)
-
-
-def optimizer(cfg: Config) -> optax.GradientTransformation:
-    return optax.adamw(cfg.lr, weight_decay=0.01)
-
-
-def batches(cfg: Config, n: int, seed: int = 1) -> list[jax.Array]:
-    """``n`` copy-task batches (int32 ``(batch, seq)``): random first half, the same again."""
-    out = []
-    key = jax.random.key(seed)
-    for _ in range(n):
-        key, k = jax.random.split(key)
-        half = jax.random.randint(k, (cfg.batch, cfg.seq // 2), 0, cfg.vocab)
-        out.append(jnp.concatenate([half, half], axis=1))
-    return out
+def batches(size: Size, n: int, seed: int = 1) -> list[jax.Array]:
+    """``n`` batches of random token ids, int32 ``(batch, seq + 1)``."""
+    keys = jax.random.split(jax.random.key(seed), n)
+    vocab = model_config(size, size.vocab).vocab_size
+    return [jax.random.randint(k, (size.batch, size.seq + 1), 0, vocab) for k in keys]
 
 
 # -- namedaxes ------------------------------------------------------------------------------------
 
 
-def named_step(cfg: Config, counter: Counter | None = None) -> Any:
-    """The training step as a namedaxes user writes it: ``na.fsdp`` with the two mappings."""
-    opt = optimizer(cfg)
-
-    @na.fsdp(parameter_mapping=PARAMS, compute_mapping=COMPUTE)
-    def step(model: GPT, opt_state: Any, batch: na.NamedArray) -> Any:
-        if counter is not None:
-            counter["named"] += 1  # runs once per trace
-        loss, grads = eqx.filter_value_and_grad(named_loss)(model, batch)
-        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int counts
-            updates, opt_state = opt.update(grads, opt_state, model)
-        return eqx.apply_updates(model, updates), opt_state, loss
-
-    return step
+def named_step(size: Size, counter: Counter | None = None) -> Any:
+    """The example's training step (``na.fsdp`` with its two mappings)."""
+    return train_lm.make_steps(optimizer(size, counter, "named"), None)[0]
 
 
-def named_init(cfg: Config, mesh: Any) -> tuple[GPT, Any]:
-    """The model and optimizer state, stored by ``PARAMS`` on ``mesh``."""
+def named_init(size: Size, mesh: Any) -> tuple[Any, Any]:
+    """The example's model and optimizer state, stored by ``PARAMS`` on ``mesh``."""
+    cfg = model_config(size, size.vocab)
     with jax.set_mesh(mesh):
-        init = na.named_jit(lambda k: GPT(cfg, key=k), out_axis_resources=PARAMS)
-        model = init(jax.random.key(0))
-        opt_state = na.named_jit(optimizer(cfg).init, out_axis_resources=PARAMS)(model)
-    return model, opt_state
+        state = train_lm.init_state(cfg, size, optimizer(size), seed=0)
+    return state["model"], state["opt_state"]
 
 
 def named_batch(tokens: jax.Array) -> na.NamedArray:
@@ -101,160 +93,196 @@ def named_batch(tokens: jax.Array) -> na.NamedArray:
 
 # -- plain JAX ------------------------------------------------------------------------------------
 
-# Storage: the hand-written FSDP + TP layout (embed over data, heads/mlp over model).
-PARAM_SPECS: dict[str, P] = {
-    "tok": P(None, "data"),
-    "pos": P(None, "data"),
-    "ln1_w": P(None, "data"),
-    "ln1_b": P(None, "data"),
-    "q": P(None, "data", "model", None),
-    "k": P(None, "data", "model", None),
-    "v": P(None, "data", "model", None),
-    "o": P(None, "model", None, "data"),
-    "ln2_w": P(None, "data"),
-    "ln2_b": P(None, "data"),
-    "up_w": P(None, "data", "model"),
-    "up_b": P(None, "model"),
-    "down_w": P(None, "model", "data"),
-    "down_b": P(None, "data"),
-    "lnf_w": P("data"),
-    "lnf_b": P("data"),
+# Storage: the hand-written FSDP + TP layout (embed over data; heads, mlp and vocab over model).
+PARAM_SPECS: dict[str, P] = OrderedDict(
+    {
+        "embed": P("model", "data"),  # (vocab, embed), also the output head
+        "attn_norm": P(None, "data"),  # (layer, embed)
+        "q": P(None, "data", "model", None),  # (layer, embed, heads, head_dim)
+        "k": P(None, "data", None, None),  # (layer, embed, kv_heads, head_dim)
+        "v": P(None, "data", None, None),
+        "o": P(None, "model", None, "data"),  # (layer, heads, head_dim, embed)
+        "mlp_norm": P(None, "data"),
+        "up": P(None, "data", "model"),  # (layer, embed, mlp)
+        "down": P(None, "model", "data"),  # (layer, mlp, embed)
+        "gate": P(None, "data", "model"),
+        "final_norm": P("data"),  # (embed,)
+    }
+)
+# Compute: the same weights with `embed` gathered (one layer of the stacked ones).
+COMPUTE_SPECS: dict[str, tuple] = {
+    "embed": ("model", None),
+    "norm": (None,),
+    "q": (None, "model", None),
+    "kv": (None, None, None),
+    "o": ("model", None, None),
+    "up": (None, "model"),
+    "down": ("model", None),
 }
 BATCH_SPEC = P("data", None)
-STACKED = (
-    "ln1_w",
-    "ln1_b",
-    "q",
-    "k",
-    "v",
-    "o",
-    "ln2_w",
-    "ln2_b",
-    "up_w",
-    "up_b",
-    "down_w",
-    "down_b",
-)
+STACKED = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
 
 
-def plain_params(model: GPT) -> dict[str, jax.Array]:
+def plain_params(model: Any) -> dict[str, jax.Array]:
     """The named model's arrays under plain names (same values, same layouts)."""
-    b = model.blocks.stacked
-    return {
-        "tok": model.tokens.weight.array,
-        "pos": model.positions.array,
-        "ln1_w": b.ln1.weight.array,
-        "ln1_b": b.ln1.bias.array,
-        "q": b.attn.q_proj.weight.array,
-        "k": b.attn.k_proj.weight.array,
-        "v": b.attn.v_proj.weight.array,
-        "o": b.attn.o_proj.weight.array,
-        "ln2_w": b.ln2.weight.array,
-        "ln2_b": b.ln2.bias.array,
-        "up_w": b.mlp.up.weight.array,
-        "up_b": b.mlp.up.bias.array,
-        "down_w": b.mlp.down.weight.array,
-        "down_b": b.mlp.down.bias.array,
-        "lnf_w": model.ln_f.weight.array,
-        "lnf_b": model.ln_f.bias.array,
+    layer = model.layers.stacked
+    arrays = {
+        "embed": model.embed.weight.array,
+        "attn_norm": layer.attn_norm.weight.array,
+        "q": layer.attn.q_proj.weight.array,
+        "k": layer.attn.k_proj.weight.array,
+        "v": layer.attn.v_proj.weight.array,
+        "o": layer.attn.o_proj.weight.array,
+        "mlp_norm": layer.mlp_norm.weight.array,
+        "gate": layer.mlp.gate.weight.array,
+        "up": layer.mlp.up.weight.array,
+        "down": layer.mlp.down.weight.array,
+        "final_norm": model.final_norm.weight.array,
     }
+    return OrderedDict((name, arrays[name]) for name in PARAM_SPECS)
 
 
 def _explicit(mesh: Any) -> bool:
     return all(t == AxisType.Explicit for t in mesh.axis_types)
 
 
-def plain_forward(params: dict[str, jax.Array], tokens: jax.Array, explicit: bool) -> jax.Array:
-    """Logits ``(batch, seq, vocab)``. Weights are gathered to their compute layout where used."""
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """In float32 at least, then back in ``x``'s dtype (as ``transformers``' Llama)."""
+    xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)
+    return (y * w.astype(xf.dtype)[None, None]).astype(x.dtype)
+
+
+def rotary(x: jax.Array, theta: float) -> jax.Array:
+    """RoPE on ``(batch, seq, heads, head_dim)``: halves rotated, tables in float32."""
+    t, d = x.shape[1], x.shape[-1]
+    inv = 1.0 / theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv[None, :]
+    angles = jnp.concatenate([angles, angles], axis=-1)[None, :, None, :]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    first, second = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + jnp.concatenate([-second, first], axis=-1) * sin
+
+
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mesh: Any, implementation: str | None = None
+) -> jax.Array:
+    """Causal grouped-query attention, per shard: batch over ``data``, query heads over ``model``.
+
+    Key/value heads that the devices of ``model`` divide are split with the query heads; fewer
+    key/value heads stay whole on each device, which keeps the one its query heads use.
+    """
+    split = 1 if mesh is None else mesh.shape["model"]
+    kv = k.shape[2]
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        if split > 1 and kv % split and kv > 1:
+            i = jax.lax.axis_index("model") // (split // kv)
+            k = jax.lax.dynamic_slice_in_dim(k, i, 1, axis=2)
+            v = jax.lax.dynamic_slice_in_dim(v, i, 1, axis=2)
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+    if mesh is None or mesh.size == 1:
+        return local(q, k, v)
+    q_spec = P("data", None, "model", None)
+    kv_spec = P("data", None, "model" if kv % split == 0 else None, None)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False
+    )(q, k, v)
+
+
+# nn.Stacked's policies: what jax.checkpoint keeps of each layer (None: its input only).
+REMAT = {"carry": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def plain_forward(
+    params: dict[str, jax.Array],
+    tokens: jax.Array,
+    cfg: Any,
+    mesh: Any = None,
+    *,
+    compute: Any = None,
+    remat: str = "none",
+    implementation: str | None = None,
+) -> jax.Array:
+    """Logits ``(batch, seq, vocab)``. Weights are gathered to their compute layout where used.
+
+    ``compute`` casts the weights where they are used (the residual stream follows), norms and the
+    RoPE tables stay in float32; ``remat`` checkpoints each layer (``"carry"``: keep its input,
+    ``"dots"``: and its matmuls' outputs); ``implementation`` goes to
+    ``jax.nn.dot_product_attention`` (``"cudnn"`` on GPUs). Without a mesh (or on one device)
+    nothing is constrained.
+    """
+    sharded = mesh is not None and mesh.size > 1
+    explicit = sharded and _explicit(mesh)
 
     def put(x: jax.Array, *spec: Any) -> jax.Array:
+        if not sharded:
+            return x
         if explicit:
             return jax.sharding.reshard(x, P(*spec))
         return jax.lax.with_sharding_constraint(x, P(*spec))
 
-    def dense(
-        eq: str,
-        x: jax.Array,
-        w: jax.Array,
-        w_spec: tuple,
-        out_spec: tuple,
-        b: Any = None,
-        b_spec: tuple = (),
-        contracts_sharded: bool = False,
-    ) -> jax.Array:
-        """A linear layer: weight gathered to its compute layout, bias, output constrained."""
-        w = put(w, *w_spec)
-        if explicit and contracts_sharded:  # Explicit meshes ask for the result's sharding
-            y = jnp.einsum(eq, x, w, out_sharding=P(*out_spec))
-        else:
-            y = jnp.einsum(eq, x, w)
-        if b is not None:
-            y = y + put(b, *b_spec)[None, None]
-        return put(y, *out_spec)
+    def cast(w: jax.Array) -> jax.Array:  # before the gather, so that it moves the compute dtype
+        return w if compute is None else w.astype(compute)
 
-    def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
-        centered = x - jnp.mean(x, -1, keepdims=True)
-        y = centered * jax.lax.rsqrt(jnp.mean(centered * centered, -1, keepdims=True) + 1e-5)
-        return y * put(w, None)[None, None] + put(b, None)[None, None]
+    def dense(eq: str, x: jax.Array, w: jax.Array, w_spec: str, out: tuple) -> jax.Array:
+        """A linear layer: weight gathered to its compute layout, output constrained."""
+        w = put(cast(w), *COMPUTE_SPECS[w_spec])
+        kw = {"out_sharding": P(*out)} if explicit else {}  # Explicit meshes ask for the result's
+        return put(jnp.einsum(eq, x, w, **kw), *out)
+
+    def norm(x: jax.Array, w: jax.Array) -> jax.Array:
+        return put(rms_norm(x, put(w, *COMPUTE_SPECS["norm"]), cfg.norm_eps), *act)
 
     act = ("data", None, None)
     heads = ("data", None, "model", None)
+    kv_heads = ("data", None, None, None)
 
-    def block(h: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, None]:
-        x = layer_norm(h, p["ln1_w"], p["ln1_b"])
-        q = dense("bte,ehd->bthd", x, p["q"], (None, "model", None), heads)
-        k = dense("bte,ehd->bthd", x, p["k"], (None, "model", None), heads)
-        v = dense("bte,ehd->bthd", x, p["v"], (None, "model", None), heads)
-        scores = jnp.einsum("bthd,bshd->bths", q * q.shape[-1] ** -0.5, k)
-        t = scores.shape[1]
-        causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
-        scores = jnp.where(causal[None, :, None, :], scores, float(jnp.finfo(scores.dtype).min))
-        o = jnp.einsum("bths,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)
-        o = dense("bthd,hde->bte", o, p["o"], ("model", None, None), act, contracts_sharded=True)
-        h = h + put(o, *act)
-        x = layer_norm(h, p["ln2_w"], p["ln2_b"])
-        u = dense(
-            "bte,em->btm",
-            x,
-            p["up_w"],
-            (None, "model"),
-            ("data", None, "model"),
-            p["up_b"],
-            ("model",),
-        )
-        d = dense(
-            "btm,me->bte",
-            jax.nn.gelu(u),
-            p["down_w"],
-            ("model", None),
-            act,
-            p["down_b"],
-            (None,),
-            contracts_sharded=True,
-        )
-        return h + d, None
+    def layer(h: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, None]:
+        x = norm(h, p["attn_norm"])
+        q = rotary(dense("bte,ehd->bthd", x, p["q"], "q", heads), cfg.rope_theta)
+        k = rotary(dense("bte,ehd->bthd", x, p["k"], "kv", kv_heads), cfg.rope_theta)
+        v = dense("bte,ehd->bthd", x, p["v"], "kv", kv_heads)
+        o = attention(q, k, v, mesh if sharded else None, implementation)
+        h = h + dense("bthd,hde->bte", o, p["o"], "o", act)
+        x = norm(h, p["mlp_norm"])
+        g = dense("bte,em->btm", x, p["gate"], "up", ("data", None, "model"))
+        u = dense("bte,em->btm", x, p["up"], "up", ("data", None, "model"))
+        return h + dense("btm,me->bte", jax.nn.silu(g) * u, p["down"], "down", act), None
 
-    tok = put(params["tok"], None, None)
-    if explicit:  # a gather with sharded indices needs its output sharding on Explicit meshes
-        looked_up = tok.at[tokens].get(out_sharding=P(*act))
+    if remat != "none":
+        layer = jax.checkpoint(layer, policy=REMAT[remat], prevent_cse=False)
+    table = put(cast(params["embed"]), *COMPUTE_SPECS["embed"])
+    if explicit:  # a gather from a sharded table: replicate it, ask for the output's sharding
+        looked_up = put(table, None, None).at[tokens].get(out_sharding=P(*act))
     else:
-        looked_up = jnp.take(tok, tokens, axis=0)
-    h = put(looked_up, *act) + put(params["pos"], None, None)[None]
-    h, _ = jax.lax.scan(block, h, {name: params[name] for name in STACKED})
-    h = layer_norm(h, params["lnf_w"], params["lnf_b"])
-    return put(jnp.einsum("bte,ve->btv", h, tok), *act)
+        looked_up = jnp.take(table, tokens, axis=0)
+    h = put(looked_up, *act)
+    h, _ = jax.lax.scan(layer, h, {name: params[name] for name in STACKED})
+    h = norm(h, params["final_norm"])
+    return dense("bte,ve->btv", h, params["embed"], "embed", ("data", None, "model"))
 
 
-def plain_loss(params: dict[str, jax.Array], tokens: jax.Array, explicit: bool) -> jax.Array:
-    logits = plain_forward(params, tokens, explicit)[:, :-1]
-    targets = tokens[:, 1:]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    t = nll.shape[1]
-    copied = jnp.arange(1, t + 1) >= (t + 1) // 2
-    total = jnp.sum(nll, where=jnp.broadcast_to(copied[None, :], nll.shape))
-    count = jnp.sum(copied.astype(nll.dtype)) * float(nll.shape[0])
-    return total / jnp.maximum(count, 1.0)
+def plain_loss(
+    params: dict[str, jax.Array], tokens: jax.Array, cfg: Any, mesh: Any = None, **options: Any
+) -> jax.Array:
+    """Mean next-token cross-entropy in float32 (``options`` go to ``plain_forward``)."""
+    logits = plain_forward(params, tokens[:, :-1], cfg, mesh, **options)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    if mesh is not None and mesh.size > 1 and _explicit(mesh):
+        logp = jax.sharding.reshard(logp, P("data", None, None))  # gathered along: replicated
+    # Per position, the log-probability of its target: jnp.take_along_axis's batched gather,
+    # without the trailing dimension of size 1.
+    along = jax.lax.GatherDimensionNumbers(
+        offset_dims=(),
+        collapsed_slice_dims=(2,),
+        start_index_map=(2,),
+        operand_batching_dims=(0, 1),
+        start_indices_batching_dims=(0, 1),
+    )
+    picked = jax.lax.gather(logp, tokens[:, 1:, None], along, (1, 1, 1), mode="promise_in_bounds")
+    return -jnp.mean(picked)
 
 
 def _state_shardings(state: Any, mesh: Any) -> Any:
@@ -267,25 +295,24 @@ def _state_shardings(state: Any, mesh: Any) -> Any:
     return jax.tree_util.tree_map_with_path(spec, state)
 
 
-def plain_step(cfg: Config, mesh: Any, counter: Counter | None = None) -> tuple[Any, Any]:
+def plain_step(size: Size, mesh: Any, counter: Counter | None = None) -> tuple[Any, Any]:
     """``(init, step)``: ``init(params) -> (params, opt_state)`` placed by ``PARAM_SPECS``, and the
     jitted step ``(params, opt_state, tokens) -> (params, opt_state, loss)``."""
-    opt = optimizer(cfg)
-    explicit = _explicit(mesh)
-    param_sh = {name: NamedSharding(mesh, spec) for name, spec in PARAM_SPECS.items()}
-    abstract_state = jax.eval_shape(opt.init, {n: jnp.zeros(()) for n in PARAM_SPECS})
+    opt = optimizer(size, counter, "plain")
+    cfg = model_config(size, size.vocab)
+    param_sh = OrderedDict((name, NamedSharding(mesh, spec)) for name, spec in PARAM_SPECS.items())
+    abstract_state = jax.eval_shape(opt.init, OrderedDict((n, jnp.zeros(())) for n in PARAM_SPECS))
     state_sh = _state_shardings(abstract_state, mesh)
 
     def init(params: dict[str, jax.Array]) -> tuple[Any, Any]:
-        params = jax.device_put(params, param_sh)
+        # Copies: the named step donates the arrays these come from.
+        params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=param_sh)(params)
         return params, jax.jit(opt.init, out_shardings=state_sh)(params)
 
     def step(params: Any, opt_state: Any, tokens: jax.Array) -> Any:
-        if counter is not None:
-            counter["plain"] += 1
-        loss, grads = jax.value_and_grad(plain_loss)(params, tokens, explicit)
-        with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int counts
-            updates, opt_state = opt.update(grads, opt_state, params)
+        with jax.numpy_dtype_promotion("standard"):  # jax.nn.dot_product_attention's backward
+            loss, grads = jax.value_and_grad(plain_loss)(params, tokens, cfg, mesh)
+        updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     jitted = jax.jit(

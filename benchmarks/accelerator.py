@@ -1,4 +1,4 @@
-"""Accelerator speed: the example's GPT in namedaxes against the same GPT in plain JAX, and attention.
+"""Accelerator speed: the example's language model in namedaxes against its plain-JAX twin, and attention.
 
 Run on a GPU (or TPU) machine from the repository root:
 
@@ -9,28 +9,31 @@ Run on a GPU (or TPU) machine from the repository root:
 
 On a CPU it runs tiny sizes (the same code) in well under a minute; only ratios mean anything there.
 
-Both models are ``examples/train_lm.py``'s GPT (token + learned position embeddings, pre-norm
-LayerNorm blocks with multi-head causal attention and a GELU MLP, a tied output head), trained with
-optax AdamW on random tokens: namedaxes under ``Precision(param=float32, compute=bfloat16)`` with
-``nn.Stacked`` remat, its plain twin with the same float32 parameters (the named model's arrays)
-cast to bfloat16 where used, ``lax.scan`` + ``jax.checkpoint`` with the same policy, and
-``jax.nn.dot_product_attention`` (cuDNN on GPUs). Sections, each with a hard time budget (checked
-between rounds; a section out of time reports what it measured):
+Both models are ``examples/train_lm.py``'s Llama-style ``namedaxes.models.Transformer`` (RMSNorm,
+rotary embeddings, SwiGLU, grouped-query attention, a tied output head), trained with the example's
+optax AdamW on random tokens: namedaxes runs the example's own ``na.fsdp`` step on a one-device mesh
+under ``Precision(param=float32, compute=bfloat16)`` with ``Transformer(gradient_checkpointing=)``;
+its plain twin (``benchmarks/_twin.py``) starts from the same float32 parameters (the named model's
+arrays), casts them to bfloat16 where used, and runs ``lax.scan`` + ``jax.checkpoint`` with the same
+policy and ``jax.nn.dot_product_attention`` on the same grouped-query layout (cuDNN on GPUs).
+Sections, each with a hard time budget (checked between rounds; a section out of time reports what
+it measured):
 
 * peak: the device's measured bfloat16 matmul throughput (the MFU denominator);
 * attention: forward + backward of causal bfloat16 attention, 16 heads x 64, at 4k and 16k tokens:
   ``namedaxes.nn.dot_product_attention`` against a direct ``jax.nn.dot_product_attention`` call;
-* one row per model size (on an accelerator the example's model gets a vocabulary of 4096, as
-  for real text, not its copy task's 16: see ``GPU_SIZES``): step time, tokens/s, model FLOP/s (6 x parameters x tokens plus causal
-  attention; remat recomputation not counted), MFU, the interleaved median step-time ratio
-  namedaxes / plain and plain / plain (A/A: the plain step timed in a second slot of every round),
-  and both first losses.
+* one row per model size (the example's presets ``small`` as "example", ``100m`` and ``1b``, at
+  2048 tokens per row: see ``GPU_SIZES``): step time, tokens/s, model FLOP/s (the example's
+  ``flops_per_token``: 6 x the matmuls' parameters plus causal attention; remat recomputation not
+  counted), MFU, the interleaved median step-time ratio namedaxes / plain and plain / plain (A/A:
+  the plain step timed in a second slot of every round), and both first losses.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import io
 import logging
@@ -41,39 +44,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _twin as tw  # noqa: E402  (the example's GPT and the plain parameter names)
+import _twin as tw  # noqa: E402  (the example's model and its plain twin)
 
 import namedaxes as na  # noqa: E402
 from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
 
-POLICY = na.nn.Precision(param=jnp.float32, compute=jnp.bfloat16)
+POLICY = tw.train_lm.MIXED  # the example's on accelerators: float32 parameters, bfloat16 compute
 BF16, F32 = jnp.bfloat16, jnp.float32
 
+
+def _at(name: str, **changes: Any) -> tw.Size:
+    return dataclasses.replace(tw.SIZES[name], **changes)
+
+
 GPU_SIZES = {
-    # The example's model (examples/train_lm.py) at a real sequence length and with a BPE-sized
-    # vocabulary (4096; the example trains on real text with a vocabulary of a few thousand). Its
-    # copy task's 16 tokens would make the step a scatter-add of the embedding gradient into 16
-    # rows, whose atomics take 11-23 ms from run to run on an H100 (same HLO for both twins).
-    "example": dict(
-        vocab=4096, embed=64, heads=4, head_dim=16, mlp=256, layers=2, seq=2048, batch=16
-    ),
-    "100m": dict(
-        vocab=32768, embed=768, heads=12, head_dim=64, mlp=3072, layers=12, seq=2048, batch=8
-    ),  # noqa: E501
-    "1b": dict(
-        vocab=32768, embed=2048, heads=16, head_dim=128, mlp=8192, layers=16, seq=2048, batch=4
-    ),  # noqa: E501
+    # The example's presets at a real sequence length; the default one ("small") has a
+    # vocabulary of 4096 (a BPE trained on the standard library's source).
+    "example": _at("small", seq=2048, batch=16),
+    "100m": _at("100m", seq=2048, batch=8),
+    "1b": _at("1b", seq=2048, batch=4),
 }
 CPU_SIZES = {
-    "example": dict(vocab=16, embed=64, heads=4, head_dim=16, mlp=256, layers=2, seq=64, batch=8),
-    "small": dict(vocab=256, embed=128, heads=4, head_dim=32, mlp=512, layers=2, seq=128, batch=4),
+    "example": _at("small", seq=64, batch=8),
+    "wide": _at("small", hidden=256, heads=8, kv_heads=4, mlp=768, seq=128, batch=4),
 }
 
 
@@ -243,94 +242,45 @@ def attention_fwd_bwd(budget: Budget, tokens: list[int], rounds: int) -> list[li
 # -- the model ------------------------------------------------------------------------------------
 
 
-def model_flops_per_step(c: tw.Config) -> float:
-    e, hd, m, layers, v, t = c.embed, c.heads * c.head_dim, c.mlp, c.layers, c.vocab, c.seq
-    per_token = layers * (2 * e * 3 * hd + 2 * hd * e + 2 * 2 * e * m + 2 * t * hd) + 2 * e * v
-    return 3.0 * per_token * c.batch * c.seq
-
-
-def parameter_count(c: tw.Config) -> int:
-    e, hd, m = c.embed, c.heads * c.head_dim, c.mlp
-    per_layer = 4 * e * hd + 2 * e * m + m + e + 4 * e
-    return c.layers * per_layer + c.vocab * e + c.seq * e + 2 * e
-
-
-def plain_loss(params: dict[str, jax.Array], tokens: jax.Array, remat: Any) -> jax.Array:
-    """The named model's math in plain JAX: bfloat16 compute, float32 norms and loss."""
-
-    def cast(x: jax.Array) -> jax.Array:
-        return x.astype(BF16)
-
-    def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
-        xf = x.astype(F32)
-        centered = xf - jnp.mean(xf, -1, keepdims=True)
-        y = centered * jax.lax.rsqrt(jnp.mean(centered * centered, -1, keepdims=True) + 1e-5)
-        return (y * w + b).astype(x.dtype)
-
-    def block(h: jax.Array, p: dict[str, jax.Array]) -> tuple[jax.Array, None]:
-        x = layer_norm(h, p["ln1_w"], p["ln1_b"])
-        q, k, v = (jnp.einsum("bte,ehd->bthd", x, cast(p[n])) for n in ("q", "k", "v"))
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention_kernel())
-        h = h + jnp.einsum("bthd,hde->bte", o, cast(p["o"]))
-        x = layer_norm(h, p["ln2_w"], p["ln2_b"])
-        u = jnp.einsum("bte,em->btm", x, cast(p["up_w"])) + cast(p["up_b"])
-        d = jnp.einsum("btm,me->bte", jax.nn.gelu(u), cast(p["down_w"])) + cast(p["down_b"])
-        return h + d, None
-
-    if remat in (True, "carry"):
-        block = jax.checkpoint(block, prevent_cse=False)
-    elif remat == "dots":
-        policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        block = jax.checkpoint(block, policy=policy, prevent_cse=False)
-    tok = cast(params["tok"])
-    h = jnp.take(tok, tokens, axis=0) + cast(params["pos"])[None]
-    h, _ = jax.lax.scan(block, h, {n: params[n] for n in tw.STACKED})
-    logits = jnp.einsum("bte,ve->btv", layer_norm(h, params["lnf_w"], params["lnf_b"]), tok)
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(F32), axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-
-@na.nn.precision(POLICY)
-def named_loss(model: tw.GPT, ids: na.NamedArray) -> jax.Array:
-    logits = model(ids)["position", :-1]
-    return na.nn.cross_entropy(logits, "vocab", ids["position", 1:]).scalar()
-
-
-def steps(opt: optax.GradientTransformation, remat: Any) -> tuple[Any, Any]:
-    def named(model: Any, state: Any, ids: na.NamedArray) -> Any:
-        loss, grads = eqx.filter_value_and_grad(named_loss)(model, ids)
-        updates, state = opt.update(grads, state, model)
-        return eqx.apply_updates(model, updates), state, loss
+def steps(size: tw.Size, remat: str) -> tuple[Any, Any, Any]:
+    """``(optimizer, named step, plain step)``: the example's step and the plain twin's."""
+    opt = tw.optimizer(size)
+    named = tw.train_lm.make_steps(opt, POLICY)[0]
+    cfg = tw.model_config(size, size.vocab)
+    options = dict(compute=BF16, remat=remat, implementation=attention_kernel())
 
     def plain(params: Any, state: Any, tokens: jax.Array) -> Any:
-        loss, grads = jax.value_and_grad(plain_loss)(params, tokens, remat)
+        with jax.numpy_dtype_promotion("standard"):
+            loss, grads = jax.value_and_grad(tw.plain_loss)(params, tokens, cfg, **options)
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
-    return (
-        na.named_jit(named, donate_args=(True, True, False)),
-        jax.jit(plain, donate_argnums=(0, 1)),
-    )
+    return opt, named, jax.jit(plain, donate_argnums=(0, 1))
 
 
 def model_row(
-    name: str, c: tw.Config, peak: float, budget: Budget, rounds: int, per_round: int
+    name: str, size: tw.Size, peak: float, budget: Budget, rounds: int, per_round: int
 ) -> list[str]:  # noqa: E501
-    opt = optax.adamw(1e-4, weight_decay=0.01)
-    named_step, plain_step = steps(opt, c.remat)
-    model = eqx.filter_jit(lambda k: tw.GPT(c, key=k))(jax.random.key(0))
-    params = jax.tree.map(jnp.copy, tw.plain_params(model))
-    n_state, p_state = opt.init(eqx.filter(model, eqx.is_array)), opt.init(params)
-    tokens = [
-        jax.random.randint(jax.random.key(i), (c.batch, c.seq), 0, c.vocab)
+    opt, named_step, plain_step = steps(size, size.remat)
+    cfg = tw.model_config(size, size.vocab)
+    mesh = na.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+    with jax.set_mesh(mesh):
+        state = tw.train_lm.init_state(cfg, size, opt, seed=0)
+    model = state["model"]
+    params = jax.tree.map(jnp.copy, tw.plain_params(model))  # the named step donates the model
+    p_state = jax.jit(opt.init)(params)
+    count = sum(x.size for x in jax.tree.leaves(model))
+    tokens = [  # seq + 1 per row: the model runs on seq positions, as in the example
+        jax.random.randint(jax.random.key(i), (size.batch, size.seq + 1), 0, cfg.vocab_size)
         for i in range(per_round)
     ]
     ids = [na.named(t, ("batch", "position")) for t in tokens]
-    state = {"model": model, "n": n_state, "params": params, "p": p_state}
+    state = {"model": model, "n": state["opt_state"], "params": params, "p": p_state}
 
     def run_named() -> Any:
-        for b in ids:
-            state["model"], state["n"], loss = named_step(state["model"], state["n"], b)
+        with jax.set_mesh(mesh):
+            for b in ids:
+                state["model"], state["n"], loss = named_step(state["model"], state["n"], b)
         return loss
 
     def run_plain() -> Any:
@@ -339,7 +289,8 @@ def model_row(
         return loss
 
     t0 = time.perf_counter()
-    state["model"], state["n"], loss_n = named_step(state["model"], state["n"], ids[0])
+    with jax.set_mesh(mesh):
+        state["model"], state["n"], loss_n = named_step(state["model"], state["n"], ids[0])
     first_named = float(loss_n)
     compile_named = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -352,12 +303,12 @@ def model_row(
     step = {n: statistics.median(ts) / per_round for n, ts in times.items()}
     ratio = statistics.median(a / b for a, b in zip(times["named"], times["plain"]))
     aa = statistics.median(a / b for a, b in zip(times["plain2"], times["plain"]))
-    flops = model_flops_per_step(c)
-    tokens_per_step = c.batch * c.seq
+    tokens_per_step = size.batch * size.seq
+    flops = tw.flops_per_token(cfg, size.seq) * tokens_per_step
     return [
         name,
-        f"{parameter_count(c) / 1e6:.1f}M",
-        f"{c.batch}x{c.seq}",
+        f"{count / 1e6:.1f}M",
+        f"{size.batch}x{size.seq}",
         f"{step['named'] * 1e3:.2f} / {step['plain'] * 1e3:.2f}",
         f"{tokens_per_step / step['named']:,.0f}",
         f"{flops / step['named'] / 1e12:.2f}",
@@ -498,7 +449,9 @@ def main() -> int:
     parser.add_argument("--sizes", default=None, help="comma-separated: " + ", ".join(GPU_SIZES))
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per section")
     parser.add_argument("--steps", type=int, default=None, help="steps per round")
-    parser.add_argument("--remat", default="dots", help="Stacked remat policy (none/dots/carry)")
+    parser.add_argument(
+        "--remat", default="dots", choices=("none", "dots", "carry"), help="Stacked remat policy"
+    )
     parser.add_argument(
         "--budget",
         type=float,
@@ -537,18 +490,18 @@ def main() -> int:
     header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
               "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
               "first call s", "rounds"]  # fmt: skip
-    vocab = (GPU_SIZES if accel else CPU_SIZES)["example"]["vocab"]
+    vocab = (GPU_SIZES if accel else CPU_SIZES)["example"].vocab
     title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
     out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
     for name in chosen:
-        spec = (GPU_SIZES if accel else CPU_SIZES).get(name) or {**CPU_SIZES, **GPU_SIZES}[name]
-        c = tw.Config(**spec, remat=False if args.remat == "none" else args.remat)
+        size = (GPU_SIZES if accel else CPU_SIZES).get(name) or {**CPU_SIZES, **GPU_SIZES}[name]
+        size = dataclasses.replace(size, remat=args.remat)
         left = total.left()
         if left <= 0:
             out.row([name, "skipped (budget)"])
             continue
         try:
-            out.row(model_row(name, c, peak, Budget(min(180.0, left)), rounds, per_round))
+            out.row(model_row(name, size, peak, Budget(min(180.0, left)), rounds, per_round))
         except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
             why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
             out.row([name, why])

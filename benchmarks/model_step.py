@@ -1,10 +1,10 @@
-"""A GPT-style training step, namedaxes against its plain-JAX twin, on Auto and Explicit meshes.
+"""The main example's training step, namedaxes against its plain-JAX twin, on Auto and Explicit meshes.
 
-Run: ``python benchmarks/model_step.py`` (defaults: the example's model, 20 steps, 30 timing rounds,
-both mesh kinds; ``--config tiny --rounds 3`` for a quick check). Both programs start from the same
-values (the plain parameters are the named model's arrays), use the same optax AdamW and the same
-batches, on 8 simulated CPU devices as (data=2, model=4) with FSDP + tensor parallelism. Reported
-per mesh kind:
+Run: ``python benchmarks/model_step.py`` (defaults: the example's default model and batch, 20 steps,
+30 timing rounds, both mesh kinds; ``--config tiny --rounds 3`` for a quick check). Both programs
+start from the same values (the plain parameters are the named model's arrays), use the example's
+optax AdamW and the same batches of random tokens, on 8 simulated CPU devices as (data=2, model=4)
+with FSDP + tensor parallelism. Reported per mesh kind:
 
 * loss agreement over ``--steps`` steps (max absolute difference);
 * the interleaved median step-time ratio namedaxes / plain, and plain / plain (an A/A run with a
@@ -52,15 +52,15 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def run(cfg: tw.Config, kind: AxisType, steps: int, rounds: int) -> dict[str, Any]:
+def run(size: tw.Size, kind: AxisType, steps: int, rounds: int) -> dict[str, Any]:
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
     traces: Counter = Counter()
-    model, n_state = tw.named_init(cfg, mesh)
-    init, p_step = tw.plain_step(cfg, mesh, traces)
-    _, p_step_b = tw.plain_step(cfg, mesh)  # the A/A copy: same program, compiled separately
+    model, n_state = tw.named_init(size, mesh)
+    init, p_step = tw.plain_step(size, mesh, traces)
+    _, p_step_b = tw.plain_step(size, mesh)  # the A/A copy: same program, compiled separately
     params, p_state = init(tw.plain_params(model))
-    n_step = tw.named_step(cfg, traces)
-    tokens = tw.batches(cfg, steps)
+    n_step = tw.named_step(size, traces)
+    tokens = tw.batches(size, steps)
     out: dict[str, Any] = {"mesh": f"{dict(mesh.shape)} {kind.name}"}
 
     with jax.set_mesh(mesh):
@@ -84,16 +84,25 @@ def run(cfg: tw.Config, kind: AxisType, steps: int, rounds: int) -> dict[str, An
         out["max_loss_diff"] = max(abs(a - b) for a, b in zip(n_losses, p_losses))
         out["traces_per_step"] = {k: v / steps for k, v in traces.items()}
 
-        # Interleaved timing; which program goes first alternates between rounds.
-        params_b, p_state_b = params, p_state
-        jax.block_until_ready(p_step_b(params_b, p_state_b, p_batches[0]))  # compile the A/A copy
+        # Interleaved timing; which program goes first alternates between rounds. Each call
+        # continues from its own state (the named step donates its arguments, as the example's).
+        state = {"n": (model, n_state), "p": (params, p_state), "b": init(tw.plain_params(model))}
+        jax.block_until_ready(p_step_b(*state["b"], p_batches[0]))  # compile the A/A copy
+
+        def call(name: str, step: Any, batch: Any) -> Callable[[], Any]:
+            def run_step() -> Any:
+                *state[name], loss = step(*state[name], batch)
+                return loss
+
+            return run_step
+
         ratios, aa, t_named, t_plain = [], [], [], []
         for r in range(rounds):
             nb, pb = n_batches[r % steps], p_batches[r % steps]
             calls = [
-                ("n", lambda: n_step(model, n_state, nb)),
-                ("p", lambda: p_step(params, p_state, pb)),
-                ("b", lambda: p_step_b(params_b, p_state_b, pb)),
+                ("n", call("n", n_step, nb)),
+                ("p", call("p", p_step, pb)),
+                ("b", call("b", p_step_b, pb)),
             ]
             if r % 2:
                 calls.reverse()
@@ -107,8 +116,8 @@ def run(cfg: tw.Config, kind: AxisType, steps: int, rounds: int) -> dict[str, An
         out["named_ms"] = statistics.median(t_named) * 1e3
         out["plain_ms"] = statistics.median(t_plain) * 1e3
 
-        n_hlo = n_step.lower(model, n_state, n_batches[0]).compile().as_text()
-        p_hlo = p_step.lower(params, p_state, p_batches[0]).compile().as_text()
+        n_hlo = n_step.lower(*state["n"], n_batches[0]).compile().as_text()
+        p_hlo = p_step.lower(*state["p"], p_batches[0]).compile().as_text()
     out["collectives"] = (tw.collectives(n_hlo), tw.collectives(p_hlo))
     return out
 
@@ -145,13 +154,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--mesh", choices=("auto", "explicit", "both"), default="both")
     args = parser.parse_args()
-    cfg = tw.TINY if args.config == "tiny" else tw.Config()
+    size = tw.TINY if args.config == "tiny" else tw.SIZES["small"]
     kinds = {"auto": [AxisType.Auto], "explicit": [AxisType.Explicit]}.get(
         args.mesh, [AxisType.Auto, AxisType.Explicit]
     )
-    print(f"config {cfg}\nparameters {tw.PARAMS}\ncompute    {tw.COMPUTE}")
+    print(f"size {size}\nmodel {tw.model_config(size, size.vocab)}")
+    print(f"parameters {tw.PARAMS}\ncompute    {tw.COMPUTE}")
     for kind in kinds:
-        report(run(cfg, kind, args.steps, args.rounds))
+        report(run(size, kind, args.steps, args.rounds))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The GPT-style model of benchmarks/_twin.py, namedaxes against its plain-JAX twin (tiny config):
-hand-written specs equal what namedaxes resolves, losses agree step by step, and the compiled
-training steps contain the same collectives. Speed is measured by benchmarks/model_step.py."""
+"""The main example's model (benchmarks/_twin.py: examples/train_lm.py's Llama-style Transformer,
+loss, optimizer and na.fsdp step) against its plain-JAX twin on a tiny config: hand-written specs
+equal what namedaxes resolves, losses agree step by step, and the compiled training steps contain
+the same collectives. Speed is measured by benchmarks/model_step.py and benchmarks/accelerator.py."""
 
 import sys
 from pathlib import Path
@@ -24,18 +25,18 @@ def twin_run(kind):
     """Train both for STEPS steps from the same values; compiled HLO of both steps. Cached per kind."""
     if kind in _RESULTS:
         return _RESULTS[kind]
-    cfg = tw.TINY
+    size = tw.TINY
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
-    model, n_state = tw.named_init(cfg, mesh)
+    model, n_state = tw.named_init(size, mesh)
     specs = {
         name: na.pspec_for(x, tw.PARAMS, mesh=mesh) for name, x in _named_leaves(model).items()
     }
-    init, p_step = tw.plain_step(cfg, mesh)
+    init, p_step = tw.plain_step(size, mesh)
     params, p_state = init(tw.plain_params(model))
-    n_step = tw.named_step(cfg)
+    n_step = tw.named_step(size)
     n_losses, p_losses = [], []
     with jax.set_mesh(mesh):
-        for tokens in tw.batches(cfg, STEPS):
+        for tokens in tw.batches(size, STEPS):
             batch = na.shard(tw.named_batch(tokens), tw.COMPUTE)
             model, n_state, loss = n_step(model, n_state, batch)
             n_losses.append(float(loss))
@@ -83,11 +84,11 @@ def test_twin_specs_and_losses_agree(kind):
     np.testing.assert_allclose(res["n_losses"], res["p_losses"], rtol=1e-5)
     assert res["n_losses"][-1] < res["n_losses"][0]  # it trains
     # After training, the parameters still agree and keep the hand-written layout.
-    up = res["model"].blocks.stacked.mlp.up.weight.array
+    up = res["model"].layers.stacked.mlp.up.weight.array
     np.testing.assert_allclose(
-        np.asarray(up), np.asarray(res["params"]["up_w"]), rtol=1e-4, atol=1e-6
+        np.asarray(up), np.asarray(res["params"]["up"]), rtol=1e-4, atol=1e-6
     )
-    assert _trim(up.sharding.spec) == _trim(tw.PARAM_SPECS["up_w"])
+    assert _trim(up.sharding.spec) == _trim(tw.PARAM_SPECS["up"])
 
 
 @pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])

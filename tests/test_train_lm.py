@@ -1,0 +1,249 @@
+"""The main example's pieces (examples/train_lm.py) on a tiny corpus and a tiny model.
+
+Two processes train the same run as one (same losses), a run resumed from a checkpoint on the other
+mesh kind continues with the same losses, the FLOPs behind MFU are the model's matmuls, the mesh
+follows the devices, samples come from held-out prompts, and the export loads back. The full run is
+the README's first command (and CI's short version of it), not a test.
+"""
+
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import run_two_processes
+from jax.sharding import AxisType
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("optax")
+pytest.importorskip("rich")
+
+import namedaxes as na
+from namedaxes import models
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+import text_data as td
+import train_lm
+
+WORKER = Path(__file__).with_name("train_lm_worker.py")
+SIZE = train_lm.Size(hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, mlp=64, vocab=300,
+                     seq=16, batch=8, steps=4, lr=1e-2, eval_every=2)  # fmt: skip
+SEED = 3  # the worker's
+STDLIB_TEXTS = ["json/decoder.py", "json/encoder.py", "textwrap.py", "string.py", "keyword.py"]
+
+
+def heldout_names(n):
+    """The first ``n`` names doc{i}.txt that the split rule holds out."""
+    return [f"doc{i}.txt" for i in range(1000) if td.is_heldout(f"doc{i}.txt")][:n]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    names = ["a.py", "b.py", "c.py", *heldout_names(2)]
+    for name, source in zip(names, STDLIB_TEXTS):
+        (folder / name).write_text((td.stdlib_folder() / source).read_text())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def text(corpus, cache):
+    return td.load_text(corpus, vocab_size=SIZE.vocab, cache_dir=cache)
+
+
+def mesh_of(kind):
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
+
+
+def train(text, kind=AxisType.Auto, **kwargs):
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes Python floats and int counts
+        return train_lm.train(text, SIZE, mesh_of(kind), seed=SEED, eval_batches=2, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    pytest.importorskip("orbax.checkpoint")
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="module")
+def one_process(text, checkpoints):
+    """The reference run: one process, 8 devices, an Auto mesh; checkpoints at steps 1 and 3."""
+    return train(text, checkpoint_dir=str(checkpoints), checkpoint_every=2)
+
+
+def test_two_processes_train_like_one(one_process, text, corpus, cache):
+    """Each process reads only its rows of every batch; the global batches, and so the losses, are
+    those of one process with all 8 devices."""
+    size = json.dumps(dataclasses.asdict(SIZE))
+    results = run_two_processes(WORKER, corpus, cache, size, "auto", timeout=120)
+    want = [one_process.losses[s] for s in range(SIZE.steps)]
+    assert want[-1] < want[0]  # it trains
+    for r in results:
+        assert (r["devices"], r["local_devices"]) == (8, 4)
+        np.testing.assert_allclose(r["losses"], want, rtol=0, atol=1e-5)
+        got = {int(s): v for s, v in r["heldout"].items()}
+        assert sorted(got) == [1, 3]  # every eval_every steps and at the end
+        np.testing.assert_allclose([got[1], got[3]], [one_process.heldout[s] for s in (1, 3)],
+                                   rtol=0, atol=1e-5)  # fmt: skip
+
+
+def test_resuming_on_the_other_mesh_kind_continues_the_same_run(one_process, text, checkpoints,
+                                                                tmp_path):  # fmt: skip
+    """Checkpoints at steps 1 and 3; without the last one, a run on an Explicit mesh resumes after
+    step 1 and trains steps 2 and 3 with the same data and state: the same losses."""
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) == ["1", "3"]
+    shutil.copytree(checkpoints, tmp_path, dirs_exist_ok=True)
+    shutil.rmtree(tmp_path / "3")
+    resumed = train(text, AxisType.Explicit, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    assert sorted(resumed.losses) == [2, 3]
+    np.testing.assert_allclose([resumed.losses[2], resumed.losses[3]],
+                               [one_process.losses[2], one_process.losses[3]],
+                               rtol=0, atol=1e-5)  # fmt: skip
+    spec = resumed.model.layers.stacked.mlp.up.weight.array.sharding.spec
+    assert tuple(spec)[:3] == (None, "data", "model")  # restored into the parameter layout
+
+
+def _dot_flops(jaxpr):
+    """FLOPs of every dot_general in ``jaxpr`` (scan bodies times their length)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            k = np.prod([eqn.invars[0].aval.shape[d] for d in lhs_contract])
+            total += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(k)
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            total += times * _dot_flops(sub)
+    return total
+
+
+def test_flops_per_token_are_three_times_the_forward_matmuls():
+    """6 x (matmul parameters) + causal attention: three times the forward pass's dot FLOPs
+    (counted in its jaxpr: projections, MLP, the tied head, attention scores and values), with
+    half of the attention's scores and values masked."""
+    cfg = train_lm.model_config(SIZE, 300)
+    model = jax.eval_shape(lambda: models.Transformer(cfg, key=jax.random.key(0)))
+    ids = na.named(jnp.zeros((2, SIZE.seq), jnp.int32), ("batch", "position"))
+    forward = _dot_flops(jax.make_jaxpr(lambda m: m(ids).array)(model).jaxpr) / ids.size
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * SIZE.seq  # scores + values
+    assert train_lm.flops_per_token(cfg, SIZE.seq) == pytest.approx(3 * (forward - attention / 2))
+
+
+def test_presets_are_the_sizes_they_say():
+    counts = {}
+    for name, size in train_lm.SIZES.items():
+        cfg = train_lm.model_config(size, size.vocab)
+        abstract = jax.eval_shape(lambda cfg=cfg: models.Transformer(cfg, key=jax.random.key(0)))
+        counts[name] = sum(x.size for x in jax.tree.leaves(abstract))
+        assert cfg.vocab_size % 128 == 0 and cfg.grouped and cfg.model_type == "llama"
+    assert 0.5e6 < counts["small"] < 2e6
+    assert 0.08e9 < counts["100m"] < 0.13e9
+    assert 0.9e9 < counts["1b"] < 1.2e9
+
+
+def test_mesh_follows_the_devices_and_the_flag():
+    auto = train_lm.make_mesh(None, explicit=False)
+    assert dict(auto.shape) == {"data": 2, "model": 4}  # 8 CPU devices
+    assert set(auto.axis_types) == {AxisType.Auto}
+    given = train_lm.make_mesh("data=4,model=2", explicit=True)
+    assert dict(given.shape) == {"data": 4, "model": 2}
+    assert set(given.axis_types) == {AxisType.Explicit}
+
+
+def test_vocabulary_is_rounded_up_to_split_over_any_model_axis():
+    assert train_lm.model_config(SIZE, 300).vocab_size == 384
+    assert train_lm.model_config(SIZE, 50257).vocab_size == 50304
+    assert train_lm.model_config(SIZE, 4096).vocab_size == 4096
+
+
+def test_prompts_are_the_starts_of_heldout_documents(text):
+    prompts = train_lm.heldout_prompts(text, 2, 12)
+    assert prompts.shape == (2, 12) and prompts.dtype == np.int32
+    docs = [doc for _, doc in text_data_documents(text)]
+    starts = [text.decode(row) for row in prompts]
+    assert all(any(doc.startswith(s) for doc in docs) for s in starts)
+    assert starts[0] != starts[1]  # two documents, spread over the split
+
+
+def text_data_documents(text):
+    return td.discover(text.meta["source"]).documents("heldout")
+
+
+def fake_generate(model, prompt, *, max_new_tokens, attention_mask=None, temperature=0.0,
+                  top_k=None, top_p=None, key=None, eos_token_id=None, pad_token_id=None):  # fmt: skip
+    """The signature of ``namedaxes.models.generate``, done slowly: one compiled forward over a
+    fixed buffer per new token (causal attention: later positions do not change earlier logits)."""
+    calls.append(dict(temperature=temperature, top_k=top_k, key=key, eos=eos_token_id,
+                      axes=prompt.axis_names, shape=prompt.array.shape))  # fmt: skip
+    n, p = prompt.array.shape
+    buf = jnp.zeros((n, p + max_new_tokens), jnp.int32).at[:, :p].set(np.asarray(prompt.array))
+    for i in range(max_new_tokens):
+        logits = logits_at(model, buf, p + i - 1)
+        if temperature == 0.0:
+            token = jnp.argmax(logits, -1)
+        else:
+            token = jax.random.categorical(jax.random.fold_in(key, i), logits / temperature)
+        buf = buf.at[:, p + i].set(token.astype(jnp.int32))
+    return na.named(buf, ("batch", "position"))
+
+
+@jax.jit
+def logits_at(model, ids, i):
+    return model(na.named(ids, ("batch", "position"))).array[:, i]
+
+
+calls = []
+
+
+def test_continuations_of_heldout_prompts(one_process, text, monkeypatch):
+    """Greedy and sampled continuations through ``models.generate``'s signature, decoded up to the
+    first end-of-text token."""
+    monkeypatch.setattr(models, "generate", fake_generate, raising=False)
+    calls.clear()
+    with jax.set_mesh(mesh_of(AxisType.Auto)):
+        samples = train_lm.continuations(one_process.model, text, n=2, prompt_tokens=8,
+                                         new_tokens=6)  # fmt: skip
+    assert [c["temperature"] for c in calls] == [0.0, 0.8]
+    assert calls[1]["top_k"] == 40 and calls[1]["key"] is not None
+    assert all(c["axes"] == ("batch", "position") and c["shape"] == (2, 8) for c in calls)
+    assert all(c["eos"] == text.eos_id for c in calls)
+    prompts = train_lm.heldout_prompts(text, 2, 8)
+    with jax.set_mesh(mesh_of(AxisType.Auto)):
+        greedy = fake_generate(one_process.model, na.named(jnp.asarray(prompts), ("batch", "position")),
+                               max_new_tokens=6)  # fmt: skip
+    for (prompt, got, _), row, full in zip(samples, prompts, np.asarray(greedy.array)):
+        assert prompt == text.decode(row)
+        new = full[8:]
+        cut = list(new).index(text.eos_id) if text.eos_id in new else len(new)
+        assert got == text.decode(new[:cut])
+
+
+def test_export_loads_back_with_its_tokenizer(one_process, text, tmp_path):
+    train_lm.save_for_transformers(one_process.model, text, str(tmp_path))
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == td.EOS
+    again = models.from_hf(tmp_path)
+    ids = na.named(jnp.asarray(train_lm.heldout_prompts(text, 2, 8)), ("batch", "position"))
+    with jax.set_mesh(mesh_of(AxisType.Auto)):
+        want = jax.jit(lambda m, x: m(x))(one_process.model, ids)
+    got = again(ids)
+    np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-5)
+    reloaded = td.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    sample = "def f(x):\n    return x\n"
+    assert reloaded.encode(sample).ids == list(text.encode(sample))
