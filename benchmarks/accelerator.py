@@ -65,7 +65,7 @@ def _at(name: str, **changes: Any) -> tw.Size:
 
 GPU_SIZES = {
     # The example's presets at a real sequence length; the default one ("small") has a
-    # vocabulary of 4096 (a BPE trained on the standard library's source).
+    # vocabulary of 2048 (a BPE trained on the standard library's source).
     "example": _at("small", seq=2048, batch=16),
     "100m": _at("100m", seq=2048, batch=8),
     "1b": _at("1b", seq=2048, batch=4),

@@ -1,8 +1,12 @@
 """Train a small MLP with named axes, sharded FSDP-style over 8 simulated CPU devices.
 
-Run from the repository root (the README's first command does):
+Run from the repository root:
 
     python examples/train.py
+
+The main example (``examples/train_lm.py``) trains a language model from ``namedaxes.models``;
+this one is the same machinery with nothing else around it: your own equinox module with
+NamedArray parameters, two mappings and ``na.fsdp``, in a few seconds.
 
 What it shows:
   * parameters and data as NamedArrays inside an equinox Module;

@@ -84,9 +84,9 @@ class Size:
 
 
 SIZES = {
-    # About a minute and a half on 2 CPU cores as 8 simulated devices.
-    "small": Size(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, mlp=384, vocab=4096,
-                  seq=128, batch=16, steps=200, lr=1e-2, eval_every=50),
+    # About a minute on 2 CPU cores as 8 simulated devices: 800k tokens.
+    "small": Size(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, mlp=384, vocab=2048,
+                  seq=128, batch=16, steps=400, lr=1e-2, eval_every=100),
     # For accelerators (parameters float32, compute bfloat16).
     "100m": Size(hidden=768, layers=12, heads=12, kv_heads=4, head_dim=64, mlp=2048, vocab=32768,
                  seq=2048, batch=8, steps=2000, lr=1e-3, eval_every=250),
