@@ -263,7 +263,7 @@ def model_row(
 ) -> list[str]:  # noqa: E501
     opt, named_step, plain_step = steps(size, size.remat)
     cfg = tw.model_config(size, size.vocab)
-    mesh = na.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+    mesh = na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
     with jax.set_mesh(mesh):
         state = tw.train_lm.init_state(cfg, size, opt, seed=0)
     model = state["model"]

@@ -216,7 +216,9 @@ def make_mesh(spec: str | None, explicit: bool) -> jax.sharding.Mesh:
         n = jax.device_count()
         spec = "data:2,model:4" if jax.default_backend() == "cpu" and n == 8 else f"data:{n}"
     kind = AxisType.Explicit if explicit else AxisType.Auto
-    return na.parse_mesh_from_string(spec.replace("=", ":"), ("data", "model"), axis_types=kind)
+    return na.mesh.parse_mesh_from_string(
+        spec.replace("=", ":"), ("data", "model"), axis_types=kind
+    )
 
 
 # -- training -----------------------------------------------------------------------------------------
@@ -257,7 +259,9 @@ def train(
     with jax.set_mesh(mesh):
         # Plan before allocating: parameters, optimizer state, bytes per device.
         abstract = jax.eval_shape(lambda: init_state(cfg, size, optimizer, seed))
-        console.print(na.plan(abstract, mesh, PARAMS, params="model", top=4), highlight=False)
+        console.print(
+            na.analysis.plan(abstract, mesh, PARAMS, params="model", top=4), highlight=False
+        )
         state = init_state(cfg, size, optimizer, seed)
 
         start, manager = 0, None
@@ -344,7 +348,9 @@ def continuations(
     continuation draws at temperature 0.8 from the 40 likeliest tokens. Call under the mesh.
     """
     ids = na.named(heldout_prompts(text, n, prompt_tokens), ("batch", "position"))
-    prompt = na.from_process_local(ids, SAMPLING)  # every process passes the same prompts
+    prompt = na.distributed.from_process_local(
+        ids, SAMPLING
+    )  # every process passes the same prompts
     options = dict(max_new_tokens=new_tokens, eos_token_id=text.eos_id, pad_token_id=text.eos_id)
     with na.axis_mapping(SAMPLING), na.nn.precision(policy):
         greedy = models.generate(model, prompt, **options)
@@ -352,7 +358,7 @@ def continuations(
                                   key=jax.random.key(seed), **options)  # fmt: skip
 
     def texts(out: na.NamedArray) -> list[str]:
-        rows = np.asarray(na.process_allgather(out).array)[:, prompt_tokens:]
+        rows = np.asarray(na.distributed.process_allgather(out).array)[:, prompt_tokens:]
         return [text.decode(r[: _until_eos(r, text.eos_id)]) for r in rows]
 
     prompts = [text.decode(r) for r in np.asarray(ids.array)]
@@ -439,6 +445,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{text.summary()}\n           ({time.perf_counter() - t0:.1f} s)", highlight=False
     )
 
+    cfg = model_config(size, text.vocab_size)
+    console.print(
+        f"model:     Llama-style Transformer, {cfg.num_layers} layers of width {cfg.hidden_size}, "
+        f"{cfg.num_heads} heads ({cfg.num_kv_heads} key/value) of {cfg.head_dim}, SwiGLU MLP of "
+        f"{cfg.intermediate_size}, vocabulary {cfg.vocab_size} (tied head); {size.batch} rows of "
+        f"{size.seq} tokens per step, {size.steps} steps",
+        highlight=False,
+    )
     result = train(
         text, size, mesh, seed=args.seed, policy=policy, eval_batches=args.eval_batches,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
@@ -454,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.save_hf:
         save_for_transformers(result.model, text, args.save_hf)
         console.print(f"saved for transformers in {args.save_hf}")
-    if args.samples and hasattr(models, "generate"):
+    if args.samples:
         with jax.set_mesh(mesh):
             prompt = min(24, size.seq // 4)  # prompt and continuation within the trained length
             samples = continuations(result.model, text, n=args.samples, prompt_tokens=prompt,
@@ -467,13 +481,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_samples(console: Console, samples: list[tuple[str, str, str]]) -> None:
-    for prompt, greedy, sampled in samples:
-        for how, continuation in (("greedy", greedy), ("sampled", sampled)):
-            console.rule(
-                f"[dim]held-out prompt[/dim] + [bold]{how}[/bold] continuation", align="left"
-            )
-            console.print(f"[dim]{escape(prompt)}[/dim][bold]{escape(continuation)}[/bold]")
-    console.rule()
+    for i, (prompt, greedy, sampled) in enumerate(samples, 1):
+        console.rule(f"held-out prompt {i}", align="left", style="dim")
+        console.print(escape(prompt), style="dim")
+        for how, continuation in (
+            ("greedy", greedy),
+            ("sampled: temperature 0.8, top 40", sampled),
+        ):
+            console.rule(f"continued ({how})", align="left", style="dim")
+            console.print(escape(continuation), style="bold")
+    console.rule(style="dim")
 
 
 if __name__ == "__main__":

@@ -184,22 +184,14 @@ def text_data_documents(text):
     return td.discover(text.meta["source"]).documents("heldout")
 
 
-def fake_generate(model, prompt, *, max_new_tokens, attention_mask=None, temperature=0.0,
-                  top_k=None, top_p=None, key=None, eos_token_id=None, pad_token_id=None):  # fmt: skip
-    """The signature of ``namedaxes.models.generate``, done slowly: one compiled forward over a
-    fixed buffer per new token (causal attention: later positions do not change earlier logits)."""
-    calls.append(dict(temperature=temperature, top_k=top_k, key=key, eos=eos_token_id,
-                      axes=prompt.axis_names, shape=prompt.array.shape))  # fmt: skip
-    n, p = prompt.array.shape
-    buf = jnp.zeros((n, p + max_new_tokens), jnp.int32).at[:, :p].set(np.asarray(prompt.array))
-    for i in range(max_new_tokens):
-        logits = logits_at(model, buf, p + i - 1)
-        if temperature == 0.0:
-            token = jnp.argmax(logits, -1)
-        else:
-            token = jax.random.categorical(jax.random.fold_in(key, i), logits / temperature)
-        buf = buf.at[:, p + i].set(token.astype(jnp.int32))
-    return na.named(buf, ("batch", "position"))
+def greedy_reference(model, ids, new_tokens):
+    """Greedy decoding done slowly, without a cache: one compiled forward over a fixed buffer per
+    new token (attention is causal: later positions do not change earlier logits)."""
+    n, p = ids.shape
+    buf = jnp.zeros((n, p + new_tokens), jnp.int32).at[:, :p].set(ids)
+    for i in range(new_tokens):
+        buf = buf.at[:, p + i].set(jnp.argmax(logits_at(model, buf, p + i - 1), -1))
+    return np.asarray(buf)
 
 
 @jax.jit
@@ -207,30 +199,29 @@ def logits_at(model, ids, i):
     return model(na.named(ids, ("batch", "position"))).array[:, i]
 
 
-calls = []
-
-
 def test_continuations_of_heldout_prompts(one_process, text, monkeypatch):
-    """Greedy and sampled continuations through ``models.generate``'s signature, decoded up to the
-    first end-of-text token."""
-    monkeypatch.setattr(models, "generate", fake_generate, raising=False)
-    calls.clear()
+    """Greedy and sampled continuations through ``models.generate``: greedy as a decoder without
+    cache has it, decoded up to the first end-of-text token."""
+    calls, generate = [], models.generate
+
+    def recording(model, prompt, **options):
+        calls.append(dict(options, axes=prompt.axis_names, shape=prompt.array.shape))
+        return generate(model, prompt, **options)
+
+    monkeypatch.setattr(models, "generate", recording)
     with jax.set_mesh(mesh_of(AxisType.Auto)):
         samples = train_lm.continuations(one_process.model, text, n=2, prompt_tokens=8,
                                          new_tokens=6)  # fmt: skip
-    assert [c["temperature"] for c in calls] == [0.0, 0.8]
+        want = greedy_reference(one_process.model, train_lm.heldout_prompts(text, 2, 8), 6)
+    assert [c.get("temperature", 0.0) for c in calls] == [0.0, 0.8]
     assert calls[1]["top_k"] == 40 and calls[1]["key"] is not None
     assert all(c["axes"] == ("batch", "position") and c["shape"] == (2, 8) for c in calls)
-    assert all(c["eos"] == text.eos_id for c in calls)
-    prompts = train_lm.heldout_prompts(text, 2, 8)
-    with jax.set_mesh(mesh_of(AxisType.Auto)):
-        greedy = fake_generate(one_process.model, na.named(jnp.asarray(prompts), ("batch", "position")),
-                               max_new_tokens=6)  # fmt: skip
-    for (prompt, got, _), row, full in zip(samples, prompts, np.asarray(greedy.array)):
-        assert prompt == text.decode(row)
-        new = full[8:]
-        cut = list(new).index(text.eos_id) if text.eos_id in new else len(new)
-        assert got == text.decode(new[:cut])
+    assert all(c["eos_token_id"] == text.eos_id for c in calls)
+    for (prompt, greedy, sampled), row in zip(samples, want):
+        assert prompt == text.decode(row[:8])
+        new = list(row[8:])
+        assert greedy == text.decode(new[: new.index(text.eos_id) if text.eos_id in new else 6])
+        assert isinstance(sampled, str)
 
 
 def test_export_loads_back_with_its_tokenizer(one_process, text, tmp_path):

@@ -43,7 +43,7 @@ def main() -> None:
 
         text = text_data.load_text(corpus_dir, vocab_size=300, cache_dir=cache_dir)
         size = train_lm.Size(**json.loads(size_json))
-        mesh = na.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
+        mesh = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
         result = train_lm.train(text, size, mesh, seed=3, eval_batches=2)
         out["losses"] = [result.losses[s] for s in sorted(result.losses)]
         out["heldout"] = {str(s): v for s, v in result.heldout.items()}
