@@ -433,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=120, quiet=jax.process_index() != 0)
 
     mesh = make_mesh(args.mesh, args.explicit)
+    if size.batch % mesh.shape["data"]:  # every device of `data` gets the same number of rows
+        size = dataclasses.replace(
+            size, batch=-(-size.batch // mesh.shape["data"]) * mesh.shape["data"]
+        )
     device = jax.devices()[0]
     console.print(
         f"devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), "
