@@ -53,7 +53,7 @@ TINY = Size(hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4, mlp=32, vocab=
 
 def optimizer(size: Size, counter: Counter | None = None, key: str = "") -> Any:
     """The example's optimizer; ``counter[key]`` counts the traces of a step that uses it."""
-    opt = train_lm.make_optimizer(size, size.steps)
+    opt = train_lm.make_optimizer(size)
 
     def update(grads: Any, state: Any, params: Any = None) -> Any:
         if counter is not None:

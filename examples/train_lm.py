@@ -147,12 +147,12 @@ def loss_fn(model: models.Transformer, tokens: na.NamedArray) -> jax.Array:
     return na.nn.cross_entropy(logits, "vocab", tokens["position", 1:]).scalar()
 
 
-def make_optimizer(size: Size, steps: int) -> optax.GradientTransformation:
-    """AdamW with a linear warmup and a cosine decay to a tenth, gradients clipped at norm 1."""
-    warmup = max(1, min(100, steps // 10))
-    lr = optax.warmup_cosine_decay_schedule(
-        0.0, size.lr, warmup, max(steps, warmup + 1), size.lr / 10
-    )
+def make_optimizer(size: Size) -> optax.GradientTransformation:
+    """AdamW with a linear warmup and a cosine decay to a tenth over ``size.steps``, gradients
+    clipped at norm 1 (weight decay on every parameter, norms included: short runs)."""
+    warmup = max(1, min(100, size.steps // 10))
+    end = max(size.steps, warmup + 1)
+    lr = optax.warmup_cosine_decay_schedule(0.0, size.lr, warmup, end, size.lr / 10)
     return optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=0.1)
     )
@@ -252,7 +252,7 @@ def train(
     steps = size.steps
     console = console or Console(quiet=True)
     cfg = model_config(size, text.vocab_size)
-    optimizer = make_optimizer(size, steps)
+    optimizer = make_optimizer(size)
     train_step, eval_step = make_steps(optimizer, policy)
     flops, peak = flops_per_token(cfg, size.seq), peak_flops(mesh.devices.flat[0])
     tokens_per_step = size.batch * size.seq
