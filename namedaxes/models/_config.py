@@ -9,6 +9,7 @@ from typing import Any
 from .._axis import Axis
 from .._errors import ModelConfigError
 from ..nn import RopeScaling, activation
+from ..nn._context_parallel import STRATEGIES
 
 __all__ = ["TransformerConfig"]
 
@@ -61,6 +62,11 @@ class TransformerConfig:
         embed_scale: Multiplies the embeddings (Gemma: ``sqrt(hidden_size)``, in the parameters'
             dtype).
         tie_word_embeddings: The output head is the embedding table.
+        context_strategy: How attention exchanges keys and values when a mapping splits
+            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
+            choose by length (see ``namedaxes.nn.dot_product_attention``). A way to run the
+            model, not part of the checkpoint: ``save_hf`` does not write it (nor do configs
+            compare by it).
         hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
             writes it back); not compared.
 
@@ -102,6 +108,7 @@ class TransformerConfig:
     attention_scale: float | None = None
     embed_scale: float = 1.0
     tie_word_embeddings: bool = False
+    context_strategy: str | None = field(default=None, compare=False)
     hf_config: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +149,12 @@ class TransformerConfig:
             raise ModelConfigError(
                 "TransformerConfig.sliding_window must be a positive integer or None, got "
                 f"{self.sliding_window!r}."
+            )
+        if self.context_strategy is not None and self.context_strategy not in STRATEGIES:
+            raise ModelConfigError(
+                "TransformerConfig.context_strategy must be one of "
+                f"{', '.join(map(repr, STRATEGIES))} or None (chosen by length), got "
+                f"{self.context_strategy!r}."
             )
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ModelConfigError(

@@ -67,6 +67,7 @@ class DecoderLayer(eqx.Module):
             sliding_window=cfg.sliding_window,
             rotary=rotary,
             scale=cfg.attention_scale,
+            context_strategy=cfg.context_strategy,
             dtype=dtype,
         )
         self.mlp = nn.MLP(

@@ -19,6 +19,7 @@ from .._errors import AxisSizeError, LayerError, NamedTypeError
 from .._ops.creation import arange
 from .._ops.shape import rename
 from ._common import expect_axes, place
+from ._context_parallel import STRATEGIES
 from ._dot_product_attention import dot_product_attention
 from ._kv_cache import KVCache, is_static_int
 from ._linear import Linear
@@ -97,13 +98,17 @@ class Attention(eqx.Module):
         rotary: A :class:`RotaryEmbedding` over ``HeadDim``, or ``None``.
         scale: Multiplies the scores (default ``HeadDim.size ** -0.5``).
         position: The name of the input's sequence axis.
+        context_strategy: How the shards exchange keys and values when a mapping splits
+            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
+            choose by length (see :func:`dot_product_attention`).
         init_scale: Passed to every ``Linear``.
         dtype: The parameters' float dtype.
 
     Raises:
         AxisSizeError: if ``KVHeads.size`` does not divide ``Heads.size``.
-        LayerError: for an unknown ``qk_norm``, a ``sliding_window`` below 1 or without
-            ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named like ``Heads``.
+        LayerError: for an unknown ``qk_norm`` or ``context_strategy``, a ``sliding_window``
+            below 1 or without ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named
+            like ``Heads``.
 
     Example:
         >>> import jax
@@ -131,6 +136,7 @@ class Attention(eqx.Module):
     sliding_window: int | None = eqx.field(static=True)
     scale: float | None = eqx.field(static=True)
     position: str = eqx.field(static=True)
+    context_strategy: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -149,6 +155,7 @@ class Attention(eqx.Module):
         rotary: RotaryEmbedding | None = None,
         scale: float | None = None,
         position: str = "position",
+        context_strategy: str | None = None,
         init_scale: float = 1.0,
         dtype: Any = None,
     ):
@@ -188,6 +195,11 @@ class Attention(eqx.Module):
                 f"Attention sliding_window={sliding_window} is a causal window (a query sees the "
                 "keys at and before it); pass causal=True, or sliding_window=None."
             )
+        if context_strategy is not None and context_strategy not in STRATEGIES:
+            raise LayerError(
+                f"Attention context_strategy must be one of {', '.join(map(repr, STRATEGIES))} "
+                f"or None (chosen by length), got {context_strategy!r}."
+            )
         if rotary is not None and (
             not isinstance(rotary, RotaryEmbedding) or rotary.HeadDim != HeadDim
         ):
@@ -216,6 +228,7 @@ class Attention(eqx.Module):
         self.sliding_window = sliding_window
         self.scale = scale
         self.position = position
+        self.context_strategy = context_strategy
 
     @overload
     def __call__(
@@ -315,6 +328,7 @@ class Attention(eqx.Module):
             key_mask=key_mask,
             query_offset=offset,
             implementation=implementation,
+            context_strategy=self.context_strategy,
         )
         out = place(self.o_proj(out))
         return out if cache is None else (out, cache)

@@ -28,7 +28,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["IMPLEMENTATIONS", "KernelCall", "Padding", "Unavailable", "preferred", "run"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "KernelCall",
+    "Padding",
+    "Unavailable",
+    "padding_from_lengths",
+    "padding_from_mask",
+    "preferred",
+    "run",
+    "scores",
+]
 
 IMPLEMENTATIONS = ("xla", "cudnn", "splash")
 
@@ -126,6 +136,18 @@ def _and(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
     return a if b is None else a & b
 
 
+def padding_from_mask(mask: jax.Array) -> Padding:
+    """The ``Padding`` of a ``(B, S)`` boolean mask of real keys (one run of them per row)."""
+    length = mask.sum(axis=1, dtype=jnp.int32)
+    return Padding(mask, length, jnp.argmax(mask, axis=1).astype(jnp.int32))
+
+
+def padding_from_lengths(length: jax.Array, s: int) -> Padding:
+    """The ``Padding`` of ``(B,)`` key lengths (the first ``length`` of ``s`` keys are real)."""
+    length = length.astype(jnp.int32)
+    return Padding(jnp.arange(s, dtype=jnp.int32)[None, :] < length[:, None], length, None)
+
+
 def _padding_mask(call: KernelCall) -> jax.Array | None:
     return None if call.padding is None else call.padding.mask[:, None, None, :]
 
@@ -133,19 +155,19 @@ def _padding_mask(call: KernelCall) -> jax.Array | None:
 # -- xla ------------------------------------------------------------------------------------------
 
 
-def _xla(call: KernelCall) -> jax.Array:
-    """Scores in float32 (at least), masked, softmax, weights back in the value's dtype.
+def scores(call: KernelCall) -> jax.Array:
+    """The masked scores ``(B, K, N // K, T, S)`` in float32 (at least); masked ones are the
+    dtype's lowest finite value, so a row that sees no key stays finite.
 
     Grouped-query heads are a reshape of the query, ``(B, T, K, N // K, H)``, never a repeat of
-    the keys. (Not ``jax.nn.dot_product_attention(implementation="xla")``, whose backward pass
-    does not lower under ``jax_numpy_dtype_promotion="strict"``; the math is the same.)
+    the keys.
     """
-    q, k, v = call.q, call.k, call.v
+    q, k = call.q, call.k
     b, t, n, h = q.shape
     kv = k.shape[2]
     g = n // kv
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
-    scores = jnp.einsum(
+    s = jnp.einsum(
         "btkgh,bskh->bkgts", q.reshape(b, t, kv, g, h), k, preferred_element_type=acc
     ) * jnp.asarray(call.scale, acc)
     mask = _and(call.mask, structural_mask(call))
@@ -154,9 +176,19 @@ def _xla(call: KernelCall) -> jax.Array:
     if mask is not None:
         mb, mn, mt, ms = mask.shape
         grouped = mask.reshape((mb, kv, g, mt, ms) if mn == n else (mb, 1, 1, mt, ms))
-        scores = jnp.where(grouped, scores, jnp.finfo(acc).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
+        s = jnp.where(grouped, s, jnp.finfo(acc).min)
+    return s
+
+
+def _xla(call: KernelCall) -> jax.Array:
+    """Scores in float32 (at least), masked, softmax, weights back in the value's dtype.
+
+    (Not ``jax.nn.dot_product_attention(implementation="xla")``, whose backward pass does not
+    lower under ``jax_numpy_dtype_promotion="strict"``; the math is the same.)
+    """
+    b, t, n, h = call.q.shape
+    weights = jax.nn.softmax(scores(call), axis=-1).astype(call.v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", weights, call.v)
     return out.reshape(b, t, n, h)
 
 
@@ -181,9 +213,15 @@ def _cudnn(call: KernelCall) -> jax.Array:
             )
     if call.causal and call.static_offset != 0:
         raise Unavailable(
-            "cuDNN's causal mask puts query 0 at key 0, and these queries start at key "
-            f"{'a traced position' if call.static_offset is None else call.static_offset}; "
-            "use implementation='xla' for queries at an offset (decoding with a cache)"
+            "cuDNN's causal mask puts query 0 at key 0, and these queries start at "
+            + (
+                "a key position known only when the program runs (a traced query_offset, or "
+                "the queries of one context-parallel shard)"
+                if call.static_offset is None
+                else f"key {call.static_offset}"
+            )
+            + "; use implementation='xla' for queries at an offset (decoding with a cache, "
+            "context parallelism)"
         )
     q, k, v, mask = call.q, call.k, call.v, call.mask
     lengths = shift = None
@@ -268,7 +306,10 @@ def _splash(call: KernelCall) -> jax.Array:
         )
     offset = call.static_offset
     if call.causal and offset is None:
-        raise Unavailable("splash needs a static query_offset (a Python int), got a traced one")
+        raise Unavailable(
+            "splash needs a static query offset (a Python int), got one known only when the "
+            "program runs (a traced query_offset, or the queries of one context-parallel shard)"
+        )
     offset = offset or 0
     sa = _splash_module()
     b, t, n, h = call.q.shape

@@ -40,6 +40,7 @@ from .._ops.shape import rearrange
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
 from . import _attention_kernels as kernels
+from . import _context_parallel as cp
 from ._common import expect_axes, expect_free
 from ._precision import current_precision, upcast
 
@@ -141,11 +142,16 @@ class _KVSelect:
 
 def _local_attention(
     impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
-    select: _KVSelect | None, q: NamedArray, k: NamedArray, v: NamedArray,
-    mask: NamedArray | None, key_mask: NamedArray | None, key_lengths: NamedArray | None,
-    offset: Any,
+    select: _KVSelect | None, context: cp.Context | None, q: NamedArray, k: NamedArray,
+    v: NamedArray, mask: NamedArray | None, key_mask: NamedArray | None,
+    key_lengths: NamedArray | None, offset: Any,
 ) -> NamedArray:  # fmt: skip
-    """The attention of (per-shard) NamedArrays by kernel ``impl``; the query's axes back."""
+    """The attention of (per-shard) NamedArrays by kernel ``impl``; the query's axes back.
+
+    With a ``context``, ``q`` holds this shard's block of query positions and the keys and
+    values this shard's block of key positions (or all of them): ``_context_parallel`` exchanges
+    them.
+    """
     sizes = {a.name: a.size for a in q.axes + k.axes}
     pos = () if layout.position is None else (layout.position,)
     t = q.axis_size(layout.position) if layout.position else 1
@@ -160,35 +166,54 @@ def _local_attention(
         i = jax.lax.axis_index(names if len(names) > 1 else names[0]) // select.per_kv
         ka = jax.lax.dynamic_slice_in_dim(ka, i, 1, axis=2)
         va = jax.lax.dynamic_slice_in_dim(va, i, 1, axis=2)
-    padding = None
+    real = length = general = None
     if key_mask is not None:
-        m = _to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
-        length = m.sum(axis=1, dtype=jnp.int32)
-        padding = kernels.Padding(m, length, jnp.argmax(m, axis=1).astype(jnp.int32))
+        real = _to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
     elif key_lengths is not None:
         length = _to_layout(key_lengths, (layout.batch,), sizes, (True,)).astype(jnp.int32)
-        m = jnp.arange(s, dtype=jnp.int32)[None, :] < length[:, None]
-        padding = kernels.Padding(m, length, None)
-    general = None
     if mask is not None:
         groups = (layout.batch, layout.q_heads, pos, (layout.kpos,))
-        general = _to_layout(mask, groups, sizes, (False,) * 4)
-    call = kernels.KernelCall(
-        q=qa, k=ka, v=va, scale=scale, causal=causal, window=window,
-        offset=s - t if offset is None else offset, padding=padding, mask=general,
-    )  # fmt: skip
-    out = kernels.run(impl, call)
+        whole = dict(sizes, **{a.name: a.size for a in mask.axes})  # every key position
+        general = _to_layout(mask, groups, whole, (False,) * 4)
+    if context is not None:
+        out = cp.attend(
+            impl, context, qa, ka, va, scale=scale, causal=causal, window=window,
+            offset=offset, key_mask=real, key_lengths=length, mask=general,
+        )  # fmt: skip
+    else:
+        padding = None
+        if real is not None:
+            padding = kernels.padding_from_mask(real)
+        elif length is not None:
+            padding = kernels.padding_from_lengths(length, s)
+        call = kernels.KernelCall(
+            q=qa, k=ka, v=va, scale=scale, causal=causal, window=window,
+            offset=s - t if offset is None else offset, padding=padding, mask=general,
+        )  # fmt: skip
+        out = kernels.run(impl, call)
     axes = tuple(q.resolve_axis(n) for g in groups_q for n in g)
     named = NamedArray(out.reshape(tuple(a.size for a in axes)), axes)
     return rearrange(named, q.axis_names)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """How the kernel runs per shard: ``{axis name: mesh axes}`` of the axes it runs split over
+    (``mask`` is the general mask's: every key position on each shard), the key/value head
+    selection, and the context parallelism when the query positions are split."""
+
+    entries: dict[str, Any]
+    mask: dict[str, Any]
+    select: _KVSelect | None
+    context: cp.Context | None
+
+
 def _kernel_specs(
-    layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray
-) -> tuple[dict[str, Any], _KVSelect | None] | None:
-    """``{axis name: mesh axes}`` for the axes the kernel may run sharded over (batch axes and the
-    leading query/key-value heads axes), and the key/value head selection per shard when the
-    key/value heads are fewer than the query heads' blocks; ``None`` when no mesh is involved.
+    layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray, strategy: str | None
+) -> _Placement | None:
+    """Where the kernel runs split: batch axes, the leading query/key-value heads axes and the
+    query positions (keys and values then split the same way along the key positions); ``None``
+    when no mesh is involved.
 
     The query heads keep their placement whenever each block of them uses whole key/value heads
     (the key/value heads split the same way) or one key/value head (the key/value heads stay whole
@@ -226,7 +251,24 @@ def _kernel_specs(
         out[layout.q_heads[0]] = entry
         if layout.kv_heads:
             out[layout.kv_heads[0]] = kv_entry
-    return out, select
+    context = None
+    pos_entry = per_name[0][layout.position] if layout.position is not None else None
+    shards = math.prod(sizes[a] for a in entry_axes(pos_entry))
+    if shards > 1:
+        s = k.axis_size(layout.kpos)
+        keys_split = s % shards == 0
+        chosen = cp.strategy_for(strategy, s, shards)
+        if chosen == "ring" and not keys_split:
+            raise AttentionKernelError(
+                f"{_WHAT}(context_strategy='ring'): the query positions are split into {shards} "
+                f"blocks over mesh axes {format_names(entry_axes(pos_entry))}, but the "
+                f"{s} key positions ({layout.kpos!r}) do not split into {shards} equal blocks. "
+                "Pass context_strategy='all_gather' (each shard then attends to every key)."
+            )
+        out[layout.position] = pos_entry
+        out[layout.kpos] = pos_entry if keys_split else None
+        context = cp.Context(entry_axes(pos_entry), shards, chosen, keys_split)
+    return _Placement(out, dict(out, **{layout.kpos: None}), select, context)
 
 
 def _spec(x: Any, entries: dict[str, Any]) -> PartitionSpec:
@@ -237,19 +279,21 @@ def _spec(x: Any, entries: dict[str, Any]) -> PartitionSpec:
 
 def _run_kernel(
     impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
-    arrays: tuple[Any, ...],
+    strategy: str | None, arrays: tuple[Any, ...],
 ) -> NamedArray:  # fmt: skip
     q, k, v = arrays[:3]
 
-    placed = _kernel_specs(layout, q, k, v)
+    placed = _kernel_specs(layout, q, k, v, strategy)
     if placed is None:
-        return _local_attention(impl, layout, scale, causal, window, None, *arrays)
-    entries, select = placed
+        return _local_attention(impl, layout, scale, causal, window, None, None, *arrays)
 
     def local(*a: Any) -> NamedArray:
-        return _local_attention(impl, layout, scale, causal, window, select, *a)
+        return _local_attention(
+            impl, layout, scale, causal, window, placed.select, placed.context, *a
+        )
 
-    specs = tuple(_spec(x, entries) for x in arrays)
+    specs = tuple(_spec(x, placed.entries) for x in arrays)
+    specs = specs[:3] + (_spec(arrays[3], placed.mask),) + specs[4:]
     return shard_map(local, in_specs=specs, out_specs=specs[0], check_vma=False)(*arrays)
 
 
@@ -342,6 +386,7 @@ def dot_product_attention(
     key_mask: NamedArray | None = None,
     query_offset: int | jax.Array | NamedArray | None = None,
     implementation: str | None = None,
+    context_strategy: str | None = None,
 ) -> NamedArray:
     """``softmax(query · key * scale, over key positions) · value``, axes matched by name.
 
@@ -422,6 +467,11 @@ def dot_product_attention(
             f"{_WHAT}: unknown implementation={implementation!r}. Choose None (the fastest "
             f"available), {format_names(kernels.IMPLEMENTATIONS)}."
         )
+    if context_strategy is not None and context_strategy not in cp.STRATEGIES:
+        raise AttentionKernelError(
+            f"{_WHAT}: unknown context_strategy={context_strategy!r}. Choose None (by key "
+            f"length), {format_names(cp.STRATEGIES)}."
+        )
     query = expect_axes(query, (), _WHAT, "query")
     key = expect_axes(key, (), _WHAT, "key")
     value = expect_axes(value, (), _WHAT, "value")
@@ -476,9 +526,12 @@ def dot_product_attention(
         return _general(query, key, value, scale, allowed, kpos_name, head)
 
     arrays = (query, key, value, mask, key_mask, key_lengths, offset)
+    strategy = context_strategy
     if implementation is not None:
         try:
-            return _run_kernel(implementation, layout, scale, causal, sliding_window, arrays)
+            return _run_kernel(
+                implementation, layout, scale, causal, sliding_window, strategy, arrays
+            )
         except kernels.Unavailable as e:
             raise AttentionKernelError(
                 f"{_WHAT}(implementation={implementation!r}) cannot run here: {e}. Pass "
@@ -487,10 +540,10 @@ def dot_product_attention(
     best = kernels.preferred()
     if best != "xla":
         try:
-            return _run_kernel(best, layout, scale, causal, sliding_window, arrays)
+            return _run_kernel(best, layout, scale, causal, sliding_window, strategy, arrays)
         except kernels.Unavailable as e:
             kernels.note_once(f"namedaxes: {_WHAT} uses XLA instead of {best}: {e}.")
-    return _run_kernel("xla", layout, scale, causal, sliding_window, arrays)
+    return _run_kernel("xla", layout, scale, causal, sliding_window, strategy, arrays)
 
 
 def _and(a: NamedArray | None, b: NamedArray) -> NamedArray:

@@ -14,7 +14,16 @@ from .._errors import NamedTypeError, format_axes
 from .._ops.contract import dot
 from .._ops.indexing import take
 from ..random import normal
-from ._common import as_axes, check_dtype_float, compute, expect_axes, expect_free, output, param
+from ._common import (
+    as_axes,
+    check_dtype_float,
+    compute,
+    expect_axes,
+    expect_free,
+    output,
+    param,
+    place,
+)
 
 __all__ = ["Embedding"]
 
@@ -101,7 +110,10 @@ class Embedding(eqx.Module):
             )
         names = (self.Vocab.name, self.Embed.name)
         expect_free(ids, names, "Embedding", "the lookup creates or consumes")
-        return output(take(param(self.weight), self.Vocab.name, ids))
+        # The ids placed by the mapping (a replicated arange of positions, say, split like the
+        # sequence): the vectors are then looked up where they are used, and their gradients
+        # scattered there, instead of gathered whole.
+        return output(take(param(self.weight), self.Vocab.name, place(ids)))
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over ``Vocab``: ``x`` with ``Embed`` contracted against the table (a tied head).

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import LayerError, NamedTypeError, format_axes
-from ._common import expect_axes
+from ._common import expect_axes, place
 
 __all__ = ["RopeScaling", "RotaryEmbedding"]
 
@@ -275,7 +275,7 @@ class RotaryEmbedding(eqx.Module):
                 another size.
         """
         x = expect_axes(x, (self.HeadDim,), "RotaryEmbedding")
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self.cos_sin(place(positions))  # split like the sequence: angles per shard
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
         i = x.axis_index(self.HeadDim.name)
         half = self.HeadDim.size // 2
