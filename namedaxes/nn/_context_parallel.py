@@ -215,21 +215,27 @@ def _ring_forward(
     kv = k.shape[2]
     acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
     shard = jax.lax.axis_index(cfg.axis)
-    o = jnp.zeros((b, t, kv, n // kv, h), acc)
-    lse = jnp.full((b, kv, n // kv, t), jnp.finfo(acc).min, acc)
-    kb, vb, mb = k, v, key_mask
-    for r in range(cfg.shards):
+
+    def attend(r: Any, o: Any, lse: Any, kb: Any, vb: Any, mb: Any) -> tuple[Any, Any]:
         call = _block_call(cfg, q, kb, vb, start, mb, key_lengths, mask, (shard - r) % cfg.shards)
 
-        def merge(o: Any = o, lse: Any = lse, call: Any = call) -> tuple[jax.Array, jax.Array]:
+        def merge() -> tuple[jax.Array, jax.Array]:
             ob, lb = _block_forward(call)
             new = jnp.logaddexp(lse, lb)
             w_old, w_new = jnp.exp(lse - new), jnp.exp(lb - new)
             return o * _rows(w_old)[..., None] + ob * _rows(w_new)[..., None], new
 
-        o, lse = _when(_visible(call), merge, lambda o=o, lse=lse: (o, lse))
-        if r < cfg.shards - 1:
-            kb, vb, mb = _pass_on(cfg, kb, vb, mb)
+        return _when(_visible(call), merge, lambda: (o, lse))
+
+    def step(r: Any, carry: Any) -> Any:  # receive the next block, attend to it
+        o, lse, kb, vb, mb = carry
+        kb, vb, mb = _pass_on(cfg, kb, vb, mb)
+        return (*attend(r, o, lse, kb, vb, mb), kb, vb, mb)
+
+    o = jnp.zeros((b, t, kv, n // kv, h), acc)
+    lse = jnp.full((b, kv, n // kv, t), jnp.finfo(acc).min, acc)
+    o, lse = attend(0, o, lse, k, v, key_mask)  # the shard's own block first
+    o, lse, *_ = jax.lax.fori_loop(1, cfg.shards, step, (o, lse, k, v, key_mask))
     return o.reshape(b, t, n, h).astype(v.dtype), lse
 
 
@@ -251,27 +257,32 @@ def _ring_bwd(cfg: _Ring, res: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, 
     do = d_out.astype(acc).reshape(b, t, kv, g, h)
     qg = q.astype(acc).reshape(b, t, kv, g, h)
     delta = jnp.moveaxis(jnp.sum(do * out.astype(acc).reshape(b, t, kv, g, h), axis=-1), 1, 3)
-    dq = jnp.zeros_like(qg)
-    kb, vb, mb = k, v, key_mask
-    dk, dv = jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)
-    for r in range(cfg.shards):
+
+    def grads(r: Any, dq: Any, kb: Any, vb: Any, mb: Any, dk: Any, dv: Any) -> Any:
+        """Add block ``shard - r``'s gradients: to the queries', and to the block's own."""
         call = _block_call(cfg, q, kb, vb, start, mb, key_lengths, mask, (shard - r) % cfg.shards)
 
-        def grads(dq: Any = dq, dk: Any = dk, dv: Any = dv, call: Any = call) -> Any:
+        def add() -> tuple[jax.Array, jax.Array, jax.Array]:
             p = jnp.exp(kernels.scores(call) - lse[..., None])  # (B, K, G, Tl, Sb)
-            kf, vf = call.k.astype(acc), call.v.astype(acc)
             dv_b = jnp.einsum("bkgts,btkgh->bskh", p, do)
-            dp = jnp.einsum("btkgh,bskh->bkgts", do, vf)
+            dp = jnp.einsum("btkgh,bskh->bkgts", do, vb.astype(acc))
             ds = p * (dp - delta[..., None]) * jnp.asarray(cfg.scale, acc)
-            dq_b = jnp.einsum("bkgts,bskh->btkgh", ds, kf)
+            dq_b = jnp.einsum("bkgts,bskh->btkgh", ds, kb.astype(acc))
             dk_b = jnp.einsum("bkgts,btkgh->bskh", ds, qg)
             return dq + dq_b, dk + dk_b, dv + dv_b
 
-        dq, dk, dv = _when(_visible(call), grads, lambda dq=dq, dk=dk, dv=dv: (dq, dk, dv))
-        if r < cfg.shards - 1:
-            kb, vb, mb, dk, dv = _pass_on(cfg, kb, vb, mb, dk, dv)
-        else:  # the gradients of the block held now go home to the next shard
-            dk, dv = _pass_on(cfg, dk, dv)
+        return _when(_visible(call), add, lambda: (dq, dk, dv))
+
+    def step(r: Any, carry: Any) -> Any:  # attend, then pass the block and its gradients on
+        dq, kb, vb, mb, dk, dv = carry
+        dq, dk, dv = grads(r, dq, kb, vb, mb, dk, dv)
+        kb, vb, mb, dk, dv = _pass_on(cfg, kb, vb, mb, dk, dv)
+        return dq, kb, vb, mb, dk, dv
+
+    dk, dv = jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)
+    carry = jax.lax.fori_loop(0, cfg.shards - 1, step, (jnp.zeros_like(qg), k, v, key_mask, dk, dv))
+    dq, dk, dv = grads(cfg.shards - 1, *carry)
+    dk, dv = _pass_on(cfg, dk, dv)  # the last block's gradients go home to the next shard
     d_q = dq.reshape(b, t, n, h).astype(q.dtype)
     return d_q, dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
 

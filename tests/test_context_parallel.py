@@ -1,0 +1,350 @@
+"""Context parallelism: attention and a whole model with `position` mapped to a mesh axis.
+
+The sharded results are compared with plain jax.numpy attention (the functions) and with the same
+model run unsharded (the Transformer), values and gradients in float32; the compiled programs are
+checked for the exchange each strategy costs and for the absence of full-sequence gathers.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import spec_of
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import namedaxes as na
+from namedaxes import named
+from namedaxes.models import Transformer, TransformerConfig
+from namedaxes.nn import _attention_kernels as kernels
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import _twin as tw  # noqa: E402
+
+STRATEGIES = ["all_gather", "ring"]
+
+
+def mesh_of(shape, names, axis_type):
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
+
+
+def reference(q, k, v, allowed, scale):
+    """Plain attention: q (b, t, n, d), k/v (b, s, m, d), allowed broadcastable to (b, n, t, s)."""
+    n, m = q.shape[2], k.shape[2]
+    k, v = jnp.repeat(k, n // m, axis=2), jnp.repeat(v, n // m, axis=2)
+    s = jnp.einsum("btnd,bsnd->bnts", q, k) * scale
+    s = jnp.where(allowed, s, jnp.finfo(jnp.float32).min)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+
+def qkv(b, t, s, n, m, d, seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    kv_name = "heads" if n == m else "kv_heads"
+    q = na.random.normal(kq, {"batch": b, "position": t, "heads": n, "head_dim": d})
+    k = na.random.normal(kk, {"batch": b, "key_position": s, kv_name: m, "head_dim": d})
+    v = na.random.normal(kv, {"batch": b, "key_position": s, kv_name: m, "head_dim": d})
+    return q, k, v
+
+
+def cases(t, s):
+    """``{name: (keyword arguments, allowed (b, 1, t, s))}`` over 2 rows, queries last of s keys."""
+    qi, ki = jnp.arange(t)[:, None] + (s - t), jnp.arange(s)[None, :]
+    causal = ki <= qi
+    starts = jnp.array([0, 5])
+    left = ki >= starts[:, None]  # (b, s)
+    lengths = jnp.array([s, s - 7])
+    right = ki < lengths[:, None]
+    window = causal & (ki > qi - 5)
+    general = (ki + qi) % 3 != 0  # any pattern, every row sees some key
+    return {
+        "causal": (dict(causal=True), causal[None, None]),
+        "left_padded": (
+            dict(causal=True, key_mask=named(left, ("batch", "key_position"))),
+            causal[None, None] & left[:, None, None, :],
+        ),
+        "window_lengths": (
+            dict(sliding_window=5, key_lengths=named(lengths, "batch")),
+            window[None, None] & right[:, None, None, :],
+        ),
+        "mask": (dict(mask=named(general, ("position", "key_position"))), general[None, None]),
+    }
+
+
+def _seen(allowed, t):
+    return jnp.broadcast_to(allowed, (2, 1, t, allowed.shape[-1])).any(-1)[:, 0, :, None, None]
+
+
+# -- the function ---------------------------------------------------------------------------------
+
+
+# Each strategy on one axis type here; the model tests run each on both.
+@pytest.mark.parametrize(
+    "strategy, axis_type",
+    [("all_gather", AxisType.Auto), ("ring", AxisType.Explicit)],
+    ids=["all_gather-auto", "ring-explicit"],
+)
+def test_attention_split_over_context_equals_plain_attention(strategy, axis_type):
+    """The options, grouped-query heads, and queries at an offset (8 queries, the last of 16
+    keys), on (data=2, context=4): values, gradients and the output's placement; one compile.
+    (Plain causal attention is the model tests' case.)"""
+    mesh = mesh_of((2, 4), ("data", "context"), axis_type)
+    mapping = {"batch": "data", "position": "context", "key_position": "context"}
+    shapes = {"self": (16, 16), "offset": (8, 16)}
+    inputs = {
+        name: qkv(2, t, s, 4, 2, 8, seed=i) for i, (name, (t, s)) in enumerate(shapes.items())
+    }
+    chosen = [("self", "window_lengths"), ("self", "mask"), ("offset", "left_padded")]
+    runs = [(name, c, *cases(*shapes[name])[c]) for name, c in chosen]
+
+    def named_losses(inputs):
+        losses, outs = [], []
+        for name, _, kw, allowed in runs:
+            q, k, v = inputs[name]
+            out = na.nn.dot_product_attention(q, k, v, context_strategy=strategy, **kw)
+            losses.append(
+                jnp.sum(jnp.where(_seen(allowed, q.axis_size("position")), out.array, 0) ** 2)
+            )
+            outs.append(out)
+        return sum(losses), outs
+
+    def plain_losses(inputs):
+        total = 0.0
+        for name, _, _, allowed in runs:
+            q, k, v = (x.array for x in inputs[name])
+            out = reference(q, k, v, allowed, 8**-0.5)
+            total = total + jnp.sum(jnp.where(_seen(allowed, q.shape[1]), out, 0) ** 2)
+        return total
+
+    step = na.named_jit(jax.value_and_grad(named_losses, has_aux=True), axis_resources=mapping)
+    with jax.set_mesh(mesh):
+        (value, outs), grads = step(na.shard(inputs, mapping))
+    want, want_grads = jax.jit(jax.value_and_grad(plain_losses))(inputs)
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    for got, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+    for out in outs:
+        assert spec_of(out) == P("data", "context")  # the output stays split like the queries
+
+
+def test_ring_never_reads_the_blocks_no_query_sees(axis_type):
+    """A causal ring skips the key blocks that lie after every query of a shard: with NaN values
+    in the last block, only the shard holding the last queries sees NaN (all-gather, which
+    multiplies masked weights by the values, gets NaN everywhere)."""
+    mesh = mesh_of((4,), ("context",), axis_type)
+    q, k, finite = qkv(2, 16, 16, 2, 2, 4)
+    v = named(finite.array.at[:, 12:].set(jnp.nan), finite.axes)
+    mapping = {"position": "context", "key_position": "context"}
+    out = {}
+    with jax.set_mesh(mesh):
+        for strategy in STRATEGIES:
+            f = na.named_jit(
+                lambda q, k, v, s=strategy: na.nn.dot_product_attention(
+                    q, k, v, causal=True, context_strategy=s
+                ),
+                axis_resources=mapping,
+            )
+            out[strategy] = np.asarray(f(*na.shard((q, k, v), mapping)).array)
+    causal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
+    want = reference(q.array, k.array, finite.array, causal[None, None], 0.5)
+    np.testing.assert_allclose(out["ring"][:, :12], want[:, :12], rtol=1e-5, atol=1e-6)
+    assert np.isnan(out["ring"][:, 12:]).all()
+    assert np.isnan(out["all_gather"]).all()
+
+
+def test_each_shard_runs_the_kernel_on_its_queries(emulate, monkeypatch):
+    """All-gather: one kernel call per shard with its block of queries and every key; cuDNN takes
+    it without a causal mask, refuses the causal one (the shard's queries start at a position
+    known only at run time) and the ring (no log-sum-exp); the fastest kernel then falls back."""
+    mesh = mesh_of((2, 4), ("data", "context"), AxisType.Explicit)
+    mapping = {"batch": "data", "position": "context", "key_position": "context"}
+    q, k, v = qkv(2, 16, 16, 4, 2, 8)
+    calls = []
+    run = kernels.run
+    monkeypatch.setattr(kernels, "run", lambda impl, c: calls.append((impl, c)) or run(impl, c))
+
+    def attend(**kw):
+        f = na.named_jit(lambda q, k, v: na.nn.dot_product_attention(q, k, v, **kw), mapping)
+        with jax.set_mesh(mesh):
+            return f(*na.shard((q, k, v), mapping))
+
+    out = attend(implementation="cudnn", context_strategy="all_gather")
+    np.testing.assert_allclose(
+        out.array, reference(q.array, k.array, v.array, True, 8**-0.5), rtol=1e-5, atol=1e-5
+    )
+    # per shard: 1 of 2 rows, 4 of 16 queries, every key
+    assert {(i, c.q.shape, c.k.shape) for i, c in calls} == {("cudnn", (1, 4, 4, 8), (1, 16, 2, 8))}
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"implementation='cudnn'\) cannot run here: cuDNN's causal mask puts query 0 at key "
+        r"0, and these queries start at a key position known only when the program runs",
+    ):
+        attend(implementation="cudnn", causal=True, context_strategy="all_gather")
+    with pytest.raises(
+        na.AttentionKernelError, match=r"the ring merges its blocks by their log-sum"
+    ):
+        attend(implementation="cudnn", context_strategy="ring")
+    monkeypatch.setattr(kernels, "platform", lambda: "gpu")
+    calls.clear()
+    out = attend(causal=True, context_strategy="all_gather")  # cuDNN refuses: XLA runs
+    assert list(dict.fromkeys(i for i, _ in calls)) == ["cudnn", "xla"]
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    monkeypatch.setattr(kernels, "_EMULATE", True)
+
+
+def test_default_strategy_by_key_length_per_shard():
+    """Ring from 4096 key positions per shard on, all-gather below; a ring needs equal blocks."""
+    mesh = mesh_of((2,), ("context",), AxisType.Explicit)
+    mapping = {"position": "context", "key_position": "context"}
+
+    def program(t, **kw):
+        q, k, v = qkv(1, t, t, 1, 1, 2)
+        f = lambda q, k, v: na.nn.dot_product_attention(q, k, v, causal=True, **kw)  # noqa: E731
+        with jax.set_mesh(mesh), na.axis_mapping(mapping):
+            return str(jax.make_jaxpr(f)(*na.shard((q, k, v), mapping)))
+
+    long, short = program(8192), program(8190)  # 4096 and 4095 key positions per shard
+    assert "ppermute" in long and "all_gather" not in long
+    assert "all_gather" in short and "ppermute" not in short
+    assert "ppermute" in program(16, context_strategy="ring")
+
+    q, _, _ = qkv(1, 8, 8, 1, 1, 2)
+    _, k, v = qkv(1, 9, 9, 1, 1, 2)
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"context_strategy='ring'\): the query positions are split into 2 blocks over mesh "
+        r"axes 'context', but the 9 key positions \('key_position'\) do not split into 2 equal",
+    ):
+        with jax.set_mesh(mesh), na.axis_mapping({"position": "context"}):
+            na.nn.dot_product_attention(q, k, v, context_strategy="ring")
+    with jax.set_mesh(mesh), na.axis_mapping({"position": "context"}):  # keys whole on each shard
+        out = na.nn.dot_product_attention(q, k, v, causal=True)
+    allowed = jnp.arange(9)[None, :] <= jnp.arange(8)[:, None] + 1
+    want = reference(q.array, k.array, v.array, allowed[None, None], 2**-0.5)
+    np.testing.assert_allclose(out.array, want, rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_strategy_is_refused():
+    q, k, v = qkv(1, 4, 4, 1, 1, 2)
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"unknown context_strategy='zigzag'. Choose None \(by key length\), 'all_gather', "
+        "'ring'",
+    ):
+        na.nn.dot_product_attention(q, k, v, context_strategy="zigzag")
+    with pytest.raises(na.LayerError, match="Attention context_strategy must be one of"):
+        na.nn.Attention(
+            na.Axis("embed", 4), na.Axis("heads", 1), na.Axis("head_dim", 4),
+            key=jax.random.key(0), context_strategy="rings",
+        )  # fmt: skip
+    with pytest.raises(na.ModelConfigError, match="TransformerConfig.context_strategy must be"):
+        CONFIG.replace(context_strategy="gather")
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+CONFIG = TransformerConfig(
+    "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=4,
+)  # fmt: skip
+SEQ = 24  # no other size of the model is 24: a collective with a dimension of 24 is a full sequence
+
+# (mesh shape, mesh axes, mapping, strategy, axis type): context 8, 4 and 2, each with both
+# strategies and both axis types across the list, with data and tensor parallelism.
+TP = {"heads": "model", "kv_heads": "model", "mlp": "model"}
+MODEL_CASES = [
+    pytest.param((8,), ("context",), {}, "ring", AxisType.Auto, id="cp8-ring-auto"),
+    pytest.param((8,), ("context",), {}, "all_gather", AxisType.Explicit, id="cp8-gather-explicit"),
+    pytest.param(
+        (2, 4), ("data", "context"), {}, "ring", AxisType.Explicit, id="dp2-cp4-ring-explicit"
+    ),  # fmt: skip
+    pytest.param(
+        (2, 4), ("data", "context"), {}, "all_gather", AxisType.Auto, id="dp2-cp4-gather-auto"
+    ),  # fmt: skip
+    pytest.param(
+        (2, 2, 2),
+        ("data", "context", "model"),
+        TP,
+        "ring",
+        AxisType.Auto,
+        id="dp2-cp2-tp2-ring-auto",
+    ),  # fmt: skip
+    pytest.param(
+        (2, 2, 2),
+        ("data", "context", "model"),
+        TP,
+        "all_gather",
+        AxisType.Explicit,
+        id="dp2-cp2-tp2-gather-explicit",
+    ),  # fmt: skip
+]
+
+_REFERENCE = {}
+
+
+def _loss(model, ids, labels):
+    logits = model(ids)
+    return na.nn.cross_entropy(logits, "vocab", labels).array, logits
+
+
+def _batch():
+    ids = jax.random.randint(jax.random.key(1), (2, SEQ), 0, 64)
+    labels = jax.random.randint(jax.random.key(2), (2, SEQ), 0, 64)
+    return named(ids, ("batch", "position")), named(labels, ("batch", "position"))
+
+
+def _reference():
+    if not _REFERENCE:
+        model = Transformer(CONFIG, key=jax.random.key(0))
+        step = eqx.filter_jit(eqx.filter_value_and_grad(_loss, has_aux=True))
+        _REFERENCE["run"] = step(model, *_batch())
+    return _REFERENCE["run"]
+
+
+def _dims(shape):
+    """The dimensions of an HLO shape such as ``f32[1,24,2,4]``."""
+    return [int(d) for d in re.findall(r"\d+", shape.split("[", 1)[1])] if "[" in shape else []
+
+
+@pytest.mark.parametrize("shape, names, extra, strategy, kind", MODEL_CASES)
+def test_transformer_split_over_context_equals_unsharded(shape, names, extra, strategy, kind):
+    """Logits and every gradient as unsharded; the compiled step exchanges keys and values only
+    (all-gather + reduce-scatter of key/value blocks, or collective-permutes of them), reduces
+    the gradients, and moves no other array with a full-sequence dimension."""
+    (want_loss, want_logits), want_grads = _reference()
+    mesh = mesh_of(shape, names, kind)
+    mapping = {"position": "context", **({"batch": "data"} if "data" in names else {}), **extra}
+    model = Transformer(CONFIG.replace(context_strategy=strategy), key=jax.random.key(0))
+    step = na.named_jit(eqx.filter_value_and_grad(_loss, has_aux=True), axis_resources=mapping)
+    with jax.set_mesh(mesh):
+        batch = na.shard(_batch(), mapping)
+        (loss, logits), grads = step(model, *batch)
+        found = tw.collectives(step.lower(model, *batch).compile().as_text())
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(logits.array, want_logits.array, rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert spec_of(logits)[:2] == (("data", "context") if "data" in names else (None, "context"))
+
+    sizes = dict(zip(names, shape))
+    block = [2 // sizes.get("data", 1), SEQ // sizes["context"], 2 // sizes.get("model", 1), 4]
+    kv_whole = [block[0], SEQ, *block[2:]]  # one shard's keys or values, every position
+    exchange = "collective-permute" if strategy == "ring" else "all-gather"
+    assert found[exchange]
+    for op, shapes in found.items():
+        for s in shapes:
+            if op == "all-gather":  # the all-gather strategy's keys and values, nothing else
+                assert strategy == "all_gather" and SEQ in _dims(s), s
+                assert np.prod(_dims(s)) == np.prod(kv_whole), s
+            elif op in ("collective-permute", "reduce-scatter"):  # the blocks (and their grads)
+                assert np.prod(_dims(s)) == np.prod(block) and SEQ not in _dims(s), (op, s)
+            else:
+                assert SEQ not in _dims(s), (op, s)  # gradient / tensor-parallel reductions
