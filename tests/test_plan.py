@@ -402,6 +402,38 @@ def test_plan_search_ranks_compiled_steps():
     assert "XLA temporaries + collective bytes" in found[0].notes[0]
 
 
+def attend_step(params, x):
+    """Causal self-attention of activations (batch, position, embed): its trace reads the mapping
+    (the attention runs per shard, sequence-sharded when ``position`` is mapped)."""
+    q = na.dot(x, params["wq"], axis="embed")
+    k = q.rename({"position": "key_position"})
+    return na.nn.dot_product_attention(q, k, k, causal=True).array.sum()
+
+
+def test_plan_and_plan_search_place_the_sequence():
+    """``position`` (an axis of the step's arguments only) is placed and searched like any axis:
+    each mapping compiles its own trace (the same jitted step), and a mapping entry for it is
+    matched by the arguments."""
+    params = {"wq": na.named(jax.ShapeDtypeStruct((E, H, D), "float32"), ("embed", "heads", "head_dim"))}  # fmt: skip
+    x = na.named(jax.ShapeDtypeStruct((2, 64, E), "float32"), ("batch", "position", "embed"))
+    mesh = {"data": 2, "context": 4}
+    step = jax.jit(attend_step)
+    kinds = {}
+    for rules in ({"batch": "data"}, {"batch": "data", "position": "context"}):
+        p = na.plan(params, mesh, rules, step=step, args=(params, x))
+        assert p.unmatched == ()
+        kinds[len(rules)] = {c["kind"] for c in p.collectives}
+    assert "all-gather" not in kinds[1] and "all-gather" in kinds[2]  # the keys, gathered
+
+    found = na.plan_search(
+        params, mesh, logical_axes=["batch", "position"], step=step, args=(params, x), top=1,
+        compile_limit=3,
+    )  # fmt: skip
+    # batch: nothing or data; position: nothing, data, context or both; sharing data conflicts
+    assert found.candidates == 8 and found.counts["conflict"] == 2
+    assert dict(found[0].rules.pairs).get("position")  # the best plan splits the sequence
+
+
 # -- MemoryConstrainedShardingRule: the whole-device budget ---------------------------------------
 
 

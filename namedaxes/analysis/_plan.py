@@ -169,7 +169,8 @@ class Plan:
             state/temporaries/outputs when compiled).
         notes: Remarks, e.g. why ``plan_search`` ranked this plan where it did.
         unmatched: The ``(logical_name, mesh_axes)`` entries of ``rules`` that match no axis of
-            the tree (they place nothing: a typo, or a name the model does not use).
+            the tree, nor, with a step, of its arguments (they place nothing: a typo, or a name
+            the model does not use).
     """
 
     mesh: dict[str, int]
@@ -421,4 +422,14 @@ def plan(
             for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
         }
         p = p.with_(compiled=memory, cost=result["cost"], collectives=result["collectives"])
+        p = with_step_axes(p, args, sizes)
     return verdict(p, budget_bytes)
+
+
+def with_step_axes(p: Plan, args: Any, sizes: Mapping[str, int]) -> Plan:
+    """``p`` with the step's arguments' axes counted as matched (``position`` in a batch of token
+    ids places the step's activations though no parameter has it)."""
+    if p.rules is None or not p.unmatched or not args:
+        return p
+    names = {a.name for lf in collect_leaves(args, AxisRules(()), sizes) for a in lf.axes or ()}
+    return p.with_(unmatched=unmatched_entries(p.rules, set(p.axes) | names))

@@ -31,6 +31,7 @@ from ._plan import (
     parse_bytes,
     state_plan,
     verdict,
+    with_step_axes,
 )
 from ._plan_format import rules_to_json
 
@@ -209,10 +210,14 @@ def plan_search(
     fixed = int(per_device_bytes(fixed_records, sizes)[0].max()) if fixed_records else 0
     masks = [{c: sum(1 << list(sizes).index(a) for a in c) for c in opts} for opts in options]
     kof = [{c: math.prod(sizes[a] for a in c) for c in opts} for opts in options]
-    in_tree = {a.name for lf in leaves for a in (lf.axes or ())}
-    args_only = [
-        i for i, n in enumerate(names) if n not in in_tree
-    ]  # affect the step, not the state
+    # The step's arguments (a batch of token ids): their layouts count, their bytes do not.
+    arg_kinds = list(
+        dict.fromkeys(
+            (tuple(index.get(a.name, -1) for a in lf.axes), lf.shape)
+            for lf in extra
+            if lf.axes is not None
+        )
+    )
     kind_list = list(kinds.items())
 
     counts = {
@@ -227,34 +232,46 @@ def plan_search(
         tuple[int, int, int, tuple[tuple[str, ...], ...]]
     ] = []  # (state, n_rules, order, choice)
     over: list[tuple[int, int, tuple[tuple[str, ...], ...]]] = []
+
+    def lay_out(choice: Any, dims: tuple[int, ...], shape: tuple[int, ...]) -> Any:
+        """``(mesh axes per dimension, shard count)``, or ``None`` for a conflict."""
+        used = 0
+        k = 1
+        eff = []
+        for d, i in enumerate(dims):
+            c = choice[i] if i >= 0 else ()
+            if not c or shape[d] % kof[i][c]:
+                eff.append(())
+                continue
+            if used & masks[i][c]:
+                return None
+            used |= masks[i][c]
+            k *= kof[i][c]
+            eff.append(c)
+        return tuple(eff), k
+
     for order, choice in enumerate(itertools.product(*options)):
         state = fixed
         layout = []
         conflict = False
         for (dims, shape), nbytes in kind_list:
-            used = 0
-            k = 1
-            eff = []
-            for d, i in enumerate(dims):
-                c = choice[i] if i >= 0 else ()
-                if not c or shape[d] % kof[i][c]:
-                    eff.append(())
-                    continue
-                if used & masks[i][c]:
-                    conflict = True
-                    break
-                used |= masks[i][c]
-                k *= kof[i][c]
-                eff.append(c)
-            if conflict:
+            got = lay_out(choice, dims, shape)
+            if got is None:
+                conflict = True
                 break
-            state += nbytes // k
-            layout.append(tuple(eff))
+            state += nbytes // got[1]
+            layout.append(got[0])
+        for dims, shape in arg_kinds if not conflict else ():
+            got = lay_out(choice, dims, shape)
+            if got is None:
+                conflict = True
+                break
+            layout.append(got[0])
         if conflict:
             counts["conflict"] += 1
             continue
         n_rules = sum(1 for c in choice if c)
-        key = (tuple(layout), tuple(choice[i] for i in args_only))
+        key = tuple(layout)
         if key in seen:
             counts["duplicate"] += 1
             j = seen[key]
@@ -347,6 +364,7 @@ def _final_plan(
     budget: int | None,
     note: str,
     compiled: dict[str, Any] | None = None,
+    args: tuple[Any, ...] = (),
 ) -> Plan:
     rules = _rules_for(names, choice)
     p = state_plan(tree, sizes, rules, params=params)
@@ -358,6 +376,7 @@ def _final_plan(
             for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
         }
         p = p.with_(compiled=memory, cost=compiled["cost"], collectives=compiled["collectives"])
+        p = with_step_axes(p, args, sizes)
     return verdict(p.with_(notes=(note,)), budget)
 
 
@@ -435,7 +454,9 @@ def _rank_compiled(
             f"rank {rank} of {len(scored)} compiled mappings by XLA temporaries + collective bytes "
             f"({format_bytes(got['memory']['temp_bytes'])} + {format_bytes(coll)})"
         )
-        plans.append(_final_plan(tree, sizes, where, names, choice, params, budget, note, got))
+        plans.append(
+            _final_plan(tree, sizes, where, names, choice, params, budget, note, got, step_args)
+        )
     for cost, state, _, _, choice, _, _ in scored[top:]:
         rejected.append(
             {
