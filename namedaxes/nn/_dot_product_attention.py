@@ -5,8 +5,9 @@ head_dim)`` layout: every axis the query, key and value share (besides ``heads``
 ``head_dim``) is flattened into the kernel's batch; the query's ``heads`` axis (and any other
 query-only axis besides ``position``) into its heads; the key's and value's own axes (``kv_heads``)
 into its key/value heads. Causal, sliding-window and padding options, and grouped-query heads, go
-to the kernel as such (see ``_attention_kernels``). Under a mapping that shards the batch or heads
-axes the kernel runs per shard (``shard_map`` by name).
+to the kernel as such (see ``_attention_kernels``). Under a mapping that shards the batch, heads or
+query position axes the kernel runs per shard (``shard_map`` by name); split query positions are
+context parallelism (``_context_parallel``).
 """
 
 from __future__ import annotations
@@ -416,10 +417,23 @@ def dot_product_attention(
     elsewhere) and falls back to XLA with a one-time logged note when that kernel cannot take the
     inputs; a kernel named explicitly that cannot run raises. Under an ``axis_mapping`` (or an
     Explicit mesh) that shards batch or heads axes, the kernel runs once per shard
-    (``shard_map``); positions and ``head_axis`` are gathered first. Query heads split into more
-    blocks than there are key/value heads (2 ``kv_heads``, ``heads`` on ``model=4``) stay split:
-    each shard takes the one key/value head its query heads use. Under a mixed-precision
-    policy the query, key and value are cast to its compute dtype; the softmax is in float32.
+    (``shard_map``); ``head_axis`` is gathered first. Query heads split into more blocks than
+    there are key/value heads (2 ``kv_heads``, ``heads`` on ``model=4``) stay split: each shard
+    takes the one key/value head its query heads use. Under a mixed-precision policy the query,
+    key and value are cast to its compute dtype; the softmax is in float32.
+
+    Context parallelism: when the mapping splits the query's ``position`` axis (``{"position":
+    "context"}``), each shard keeps its block of queries and the output stays split the same way.
+    The key positions follow the query positions (no rule for ``key_position`` is needed): the
+    keys and values enter split the same way along ``key_position`` and the shards exchange them
+    by ``context_strategy``: ``"all_gather"`` (gather every block, one kernel call per shard with
+    its queries at their global positions) or ``"ring"`` (pass the blocks around the mesh axis
+    with ``ppermute``, one block at a time, merging the blocks' results by their log-sum-exp;
+    under ``causal`` a block that no query of the shard sees is skipped; the backward pass is a
+    second ring). ``None`` picks the ring once each shard holds 4096 key positions or more, the
+    all-gather below. The ring's blocks run the XLA kernel (merging needs each block's log-sum-exp
+    with its gradient, which cuDNN and splash do not return here); the all-gather runs any kernel
+    that takes a query offset known only at run time (XLA; cuDNN and splash without ``causal``).
 
     Args:
         query: ``(..., position, heads..., head_dim)``; must not have ``key_position``.
@@ -439,6 +453,8 @@ def dot_product_attention(
         query_offset: Key position of the first query: an int or an integer scalar (traced is
             fine for ``"xla"``); default ``key_position size - position size``.
         implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+        context_strategy: With split query positions: ``"all_gather"``, ``"ring"``, or ``None``
+            (by key length per shard, above).
 
     Returns:
         The query's axes (``head_axis`` from the value), in the query's order.
@@ -450,8 +466,9 @@ def dot_product_attention(
             positions differ from the key's, or the key/value heads do not divide the query heads.
         DuplicateAxisError: if the query has ``key_position``.
         NamedTypeError: if an option has the wrong type.
-        AttentionKernelError: if ``implementation`` is unknown, or names a kernel that cannot run
-            here (with the reason: device, dtype, shapes or options).
+        AttentionKernelError: if ``implementation`` or ``context_strategy`` is unknown, names a
+            kernel that cannot run here (with the reason: device, dtype, shapes or options), or
+            asks for a ring whose key positions do not split into equal blocks.
 
     Example:
         >>> import namedaxes as na
