@@ -69,7 +69,9 @@ class Attention(eqx.Module):
     projections and the attention itself shard the same way for multi-head and grouped-query
     attention, also when the mesh axis has more devices than there are key/value heads (each
     device then uses the key/value heads of its query heads; map ``kv_heads`` too where its size
-    divides). The key/value positions are renamed to ``key_position``.
+    divides). Map ``position`` to a mesh axis for context parallelism: each device attends its
+    block of the sequence, exchanging keys and values by ``context_strategy``. The key/value
+    positions are renamed to ``key_position`` (which follows ``position``'s placement).
 
     Options: ``qk_norm`` applies an ``RmsNorm`` to queries and keys after the projections, over
     ``head_dim`` (``True`` or ``"head"``, one weight shared by the heads, as Qwen3) or over
