@@ -6,7 +6,7 @@ section per strategy; each prints a table.
 * ``context``: a llama-shaped ``namedaxes.models.Transformer`` training step (loss and gradients)
   at a fixed long sequence (``--seq``, batch 1), with ``position`` mapped to a ``context`` mesh axis
   of 1, 2, 4 and 8 of the 8 simulated CPU devices, for both exchange strategies (``all_gather``,
-  ``ring``). Per device: XLA's compiled figures (``namedaxes.compiled_memory``: temporaries,
+  ``ring``). Per device: XLA's compiled figures (``namedaxes.analysis.compiled_memory``: temporaries,
   i.e. the step's activations, and the total with arguments and outputs), the compiled exchange
   (collective kinds and counts), and the median step time over ``--rounds`` runs. Memory is exact;
   the times come from simulated devices sharing the machine's cores, so they show the exchange's
@@ -89,7 +89,7 @@ def context_parallelism(args: argparse.Namespace) -> None:
             step = na.named_jit(eqx.filter_value_and_grad(_loss), axis_resources=mapping)
             with jax.set_mesh(mesh):
                 model, *batch = na.shard((model, ids, labels), mapping)  # parameters replicated
-                memory = na.compiled_memory(step, model, *batch)
+                memory = na.analysis.compiled_memory(step, model, *batch)
                 hlo = step.lower(model, *batch).compile().as_text()
                 ms = _median_ms(lambda: step(model, *batch), rounds)  # noqa: B023
             rows.append((shards, strategy, memory, ms, _exchange(hlo)))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import spec_of
+from _meshes import make_mesh
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
@@ -28,10 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _twin as tw  # noqa: E402
 
 STRATEGIES = ["all_gather", "ring"]
-
-
-def mesh_of(shape, names, axis_type):
-    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(names))
 
 
 def reference(q, k, v, allowed, scale):
@@ -93,7 +90,7 @@ def test_attention_split_over_context_equals_plain_attention(strategy, axis_type
     """The options, grouped-query heads, and queries at an offset (8 queries, the last of 16
     keys), on (data=2, context=4): values, gradients and the output's placement; one compile.
     (Plain causal attention is the model tests' case.)"""
-    mesh = mesh_of((2, 4), ("data", "context"), axis_type)
+    mesh = make_mesh((2, 4), ("data", "context"), axis_type)
     mapping = {"batch": "data", "position": "context", "key_position": "context"}
     shapes = {"self": (16, 16), "offset": (8, 16)}
     inputs = {
@@ -132,11 +129,12 @@ def test_attention_split_over_context_equals_plain_attention(strategy, axis_type
         assert spec_of(out) == P("data", "context")  # the output stays split like the queries
 
 
-def test_ring_never_reads_the_blocks_no_query_sees(axis_type):
+def test_ring_never_reads_the_blocks_no_query_sees():
     """A causal ring skips the key blocks that lie after every query of a shard: with NaN values
     in the last block, only the shard holding the last queries sees NaN (all-gather, which
-    multiplies masked weights by the values, gets NaN everywhere)."""
-    mesh = mesh_of((4,), ("context",), axis_type)
+    multiplies masked weights by the values, gets NaN everywhere). (Values, not placement: one
+    axis type.)"""
+    mesh = make_mesh((4,), ("context",), AxisType.Explicit)
     q, k, finite = qkv(2, 16, 16, 2, 2, 4)
     v = named(finite.array.at[:, 12:].set(jnp.nan), finite.axes)
     mapping = {"position": "context", "key_position": "context"}
@@ -161,7 +159,7 @@ def test_each_shard_runs_the_kernel_on_its_queries(emulate, monkeypatch):
     """All-gather: one kernel call per shard with its block of queries and every key; cuDNN takes
     it without a causal mask, refuses the causal one (the shard's queries start at a position
     known only at run time) and the ring (no log-sum-exp); the fastest kernel then falls back."""
-    mesh = mesh_of((2, 4), ("data", "context"), AxisType.Explicit)
+    mesh = make_mesh((2, 4), ("data", "context"), AxisType.Explicit)
     mapping = {"batch": "data", "position": "context", "key_position": "context"}
     q, k, v = qkv(2, 16, 16, 4, 2, 8)
     calls = []
@@ -202,7 +200,7 @@ def emulate(monkeypatch):
 
 def test_default_strategy_by_key_length_per_shard():
     """Ring from 4096 key positions per shard on, all-gather below; a ring needs equal blocks."""
-    mesh = mesh_of((2,), ("context",), AxisType.Explicit)
+    mesh = make_mesh((2,), ("context",), AxisType.Explicit)
     mapping = {"position": "context", "key_position": "context"}
 
     def program(t, **kw):
@@ -320,7 +318,7 @@ def test_transformer_split_over_context_equals_unsharded(shape, names, extra, st
     (all-gather + reduce-scatter of key/value blocks, or collective-permutes of them), reduces
     the gradients, and moves no other array with a full-sequence dimension."""
     (want_loss, want_logits), want_grads = _reference()
-    mesh = mesh_of(shape, names, kind)
+    mesh = make_mesh(shape, names, kind)
     mapping = {"position": "context", **({"batch": "data"} if "data" in names else {}), **extra}
     model = Transformer(CONFIG.replace(context_strategy=strategy), key=jax.random.key(0))
     step = na.named_jit(eqx.filter_value_and_grad(_loss, has_aux=True), axis_resources=mapping)

@@ -420,12 +420,12 @@ def test_plan_and_plan_search_place_the_sequence():
     step = jax.jit(attend_step)
     kinds = {}
     for rules in ({"batch": "data"}, {"batch": "data", "position": "context"}):
-        p = na.plan(params, mesh, rules, step=step, args=(params, x))
+        p = na.analysis.plan(params, mesh, rules, step=step, args=(params, x))
         assert p.unmatched == ()
         kinds[len(rules)] = {c["kind"] for c in p.collectives}
     assert "all-gather" not in kinds[1] and "all-gather" in kinds[2]  # the keys, gathered
 
-    found = na.plan_search(
+    found = na.analysis.plan_search(
         params, mesh, logical_axes=["batch", "position"], step=step, args=(params, x), top=1,
         compile_limit=3,
     )  # fmt: skip
