@@ -6,8 +6,6 @@ checked for the exchange each strategy costs and for the absence of full-sequenc
 """
 
 import re
-import sys
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -24,11 +22,10 @@ from namedaxes import named
 from namedaxes.models import Transformer, TransformerConfig
 from namedaxes.nn import _attention_kernels as kernels
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import _twin as tw  # noqa: E402
-
 STRATEGIES = ["all_gather", "ring"]
+# Code generation without LLVM's optimizations compiles these programs about 40% faster; XLA
+# chooses the collectives before code generation, and float32 results agree to the tolerances.
+FAST = {"compiler_options": {"xla_backend_optimization_level": 0}}
 
 
 def reference(q, k, v, allowed, scale):
@@ -118,10 +115,12 @@ def test_attention_split_over_context_equals_plain_attention(strategy, axis_type
             total = total + jnp.sum(jnp.where(_seen(allowed, q.shape[1]), out, 0) ** 2)
         return total
 
-    step = na.named_jit(jax.value_and_grad(named_losses, has_aux=True), axis_resources=mapping)
+    step = na.named_jit(
+        jax.value_and_grad(named_losses, has_aux=True), axis_resources=mapping, **FAST
+    )
     with jax.set_mesh(mesh):
         (value, outs), grads = step(na.shard(inputs, mapping))
-    want, want_grads = jax.jit(jax.value_and_grad(plain_losses))(inputs)
+    want, want_grads = jax.jit(jax.value_and_grad(plain_losses), **FAST)(inputs)
     np.testing.assert_allclose(value, want, rtol=1e-5)
     for got, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
@@ -146,6 +145,7 @@ def test_ring_never_reads_the_blocks_no_query_sees():
                     q, k, v, causal=True, context_strategy=s
                 ),
                 axis_resources=mapping,
+                **FAST,
             )
             out[strategy] = np.asarray(f(*na.shard((q, k, v), mapping)).array)
     causal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
@@ -167,7 +167,9 @@ def test_each_shard_runs_the_kernel_on_its_queries(emulate, monkeypatch):
     monkeypatch.setattr(kernels, "run", lambda impl, c: calls.append((impl, c)) or run(impl, c))
 
     def attend(**kw):
-        f = na.named_jit(lambda q, k, v: na.nn.dot_product_attention(q, k, v, **kw), mapping)
+        f = na.named_jit(
+            lambda q, k, v: na.nn.dot_product_attention(q, k, v, **kw), mapping, **FAST
+        )
         with jax.set_mesh(mesh):
             return f(*na.shard((q, k, v), mapping))
 
@@ -302,14 +304,24 @@ def _batch():
 def _reference():
     if not _REFERENCE:
         model = Transformer(CONFIG, key=jax.random.key(0))
-        step = eqx.filter_jit(eqx.filter_value_and_grad(_loss, has_aux=True))
+        step = na.named_jit(eqx.filter_value_and_grad(_loss, has_aux=True), **FAST)
         _REFERENCE["run"] = step(model, *_batch())
     return _REFERENCE["run"]
 
 
-def _dims(shape):
-    """The dimensions of an HLO shape such as ``f32[1,24,2,4]``."""
-    return [int(d) for d in re.findall(r"\d+", shape.split("[", 1)[1])] if "[" in shape else []
+_OP = re.compile(
+    r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+"
+    r"(?P<op>all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)(?:-start)?\("
+)
+
+
+def collectives(hlo):
+    """``{op: [[dims of each result array], ...]}`` of the collectives in a compiled program."""
+    found = {}
+    for m in _OP.finditer(re.sub(r"/\*.*?\*/", "", hlo)):
+        arrays = re.findall(r"\w+\[([\d,]*)\]", m["shape"])
+        found.setdefault(m["op"], []).append([[int(d) for d in a.split(",") if d] for a in arrays])
+    return found
 
 
 @pytest.mark.parametrize("shape, names, extra, strategy, kind", MODEL_CASES)
@@ -321,11 +333,13 @@ def test_transformer_split_over_context_equals_unsharded(shape, names, extra, st
     mesh = make_mesh(shape, names, kind)
     mapping = {"position": "context", **({"batch": "data"} if "data" in names else {}), **extra}
     model = Transformer(CONFIG.replace(context_strategy=strategy), key=jax.random.key(0))
-    step = na.named_jit(eqx.filter_value_and_grad(_loss, has_aux=True), axis_resources=mapping)
+    step = na.named_jit(
+        eqx.filter_value_and_grad(_loss, has_aux=True), axis_resources=mapping, **FAST
+    )
     with jax.set_mesh(mesh):
         batch = na.shard(_batch(), mapping)
         (loss, logits), grads = step(model, *batch)
-        found = tw.collectives(step.lower(model, *batch).compile().as_text())
+        found = collectives(step.lower(model, *batch).compile().as_text())
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     np.testing.assert_allclose(logits.array, want_logits.array, rtol=1e-5, atol=1e-5)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
@@ -336,13 +350,14 @@ def test_transformer_split_over_context_equals_unsharded(shape, names, extra, st
     block = [2 // sizes.get("data", 1), SEQ // sizes["context"], 2 // sizes.get("model", 1), 4]
     kv_whole = [block[0], SEQ, *block[2:]]  # one shard's keys or values, every position
     exchange = "collective-permute" if strategy == "ring" else "all-gather"
-    assert found[exchange]
-    for op, shapes in found.items():
-        for s in shapes:
+    assert found.get(exchange)
+    assert strategy == "all_gather" or "all-gather" not in found
+    for op, results in found.items():
+        for arrays in results:
             if op == "all-gather":  # the all-gather strategy's keys and values, nothing else
-                assert strategy == "all_gather" and SEQ in _dims(s), s
-                assert np.prod(_dims(s)) == np.prod(kv_whole), s
+                assert any(SEQ in a for a in arrays), arrays
+                assert {np.prod(a) for a in arrays} <= {np.prod(kv_whole), np.prod(block)}, arrays
             elif op in ("collective-permute", "reduce-scatter"):  # the blocks (and their grads)
-                assert np.prod(_dims(s)) == np.prod(block) and SEQ not in _dims(s), (op, s)
-            else:
-                assert SEQ not in _dims(s), (op, s)  # gradient / tensor-parallel reductions
+                assert all(np.prod(a) == np.prod(block) and SEQ not in a for a in arrays), arrays
+            else:  # gradient and tensor-parallel reductions
+                assert all(SEQ not in a for a in arrays), (op, arrays)
