@@ -283,6 +283,7 @@ from ._partitioning._shard import auto_sharded as auto_sharded
 from ._partitioning._shard import shard as shard
 
 # shard_map by name, collectives by logical axis name
+from ._partitioning._all_to_all import all_to_all as all_to_all
 from ._partitioning._shard_map import all_gather as all_gather
 from ._partitioning._shard_map import axis_index as axis_index
 from ._partitioning._shard_map import pmax as pmax
