@@ -1,0 +1,212 @@
+"""nn.MoE against a per-token NumPy oracle (routing, capacity, padding, shared expert, statistics),
+ragged and dense dispatch agreeing in values and gradients, and under expert parallelism."""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import Axis
+
+Embed, Experts, Hidden = Axis("embed", 6), Axis("experts", 4), Axis("expert_mlp", 5)
+
+
+def _silu(h):
+    return h / (1 + np.exp(-h))
+
+
+def oracle(moe, x, where=None):
+    """The MoE output, token by token, in float64 (choices in (position, choice) order for the
+    capacity of each sequence)."""
+    f64 = lambda a: np.asarray(a.array, np.float64)  # noqa: E731
+    xs = np.moveaxis(f64(x), x.axis_names.index("embed"), -1)
+    lead = xs.shape[:-1]
+    tokens = xs.reshape(-1, Embed.size)
+    seq = x.axis_size("position")
+    real = np.ones(len(tokens), bool)
+    if where is not None:
+        real = np.broadcast_to(np.asarray(where.array), lead).reshape(-1)
+    logits = tokens @ f64(moe.router.weight)
+    if moe.scoring == "softmax":
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        probs = scores
+    else:
+        scores = 1 / (1 + np.exp(-logits))
+        probs = scores / scores.sum(-1, keepdims=True)
+    gate = None if moe.experts.gate is None else f64(moe.experts.gate.weight)
+    up, down = f64(moe.experts.up.weight), f64(moe.experts.down.weight)
+    e_count = Experts.size
+    capacity = None
+    if moe.capacity_factor is not None:
+        capacity = math.ceil(moe.capacity_factor * moe.top_k * seq / e_count)
+    out = np.zeros_like(tokens)
+    used, counts = {}, np.zeros(e_count)
+    for t, row in enumerate(tokens):
+        if not real[t]:
+            continue
+        chosen = np.argsort(-scores[t], kind="stable")[: moe.top_k]
+        weights = scores[t, chosen]
+        if moe.normalize:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen, weights):
+            counts[e] += 1
+            slot = used.get((t // seq, e), 0)
+            used[(t // seq, e)] = slot + 1
+            if capacity is not None and slot >= capacity:
+                continue
+            h = row @ up[e]
+            h = _silu(row @ gate[e]) * h if gate is not None else _silu(h)
+            out[t] += w * (h @ down[e])
+    if moe.shared is not None:
+        s = _silu(tokens @ f64(moe.shared.gate.weight)) * (tokens @ f64(moe.shared.up.weight))
+        s = s @ f64(moe.shared.down.weight)
+        if moe.shared_gate is not None:
+            s = s / (1 + np.exp(-(tokens @ f64(moe.shared_gate.weight))))
+        out += s
+    n = real.sum()
+    aux = e_count * np.sum(counts / n * (probs * real[:, None]).sum(0) / n)
+    return out.reshape(lead + (Embed.size,)), counts, aux
+
+
+def build(**options):
+    return na.nn.MoE(Embed, Experts, Hidden, top_k=2, key=jax.random.key(3), **options)
+
+
+X = na.random.normal(jax.random.key(4), {"batch": 2, "position": 8, "embed": 6})
+
+
+@eqx.filter_jit
+def run(moe, x, where=None):
+    return moe(x, where=where)
+
+
+CASES = {
+    "softmax": {},
+    "normalized": dict(normalize=True),
+    "sigmoid": dict(scoring="sigmoid", normalize=True),
+    "ungated": dict(gated=False),
+    "capacity": dict(capacity_factor=0.5),
+    "shared": dict(SharedHidden={"shared_mlp": 7}, shared_gate=True),
+}
+
+
+@pytest.mark.parametrize("dispatch", ["dense", "ragged"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_values_and_statistics_match_the_oracle(case, dispatch):
+    moe = build(dispatch=dispatch, **CASES[case])
+    y, stats = run(moe, X)
+    want, counts, aux = oracle(moe, X)
+    assert y.axes == X.axes
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(stats.counts.array, counts)
+    assert stats.counts.axes == (Experts,) and int(stats.tokens.array) == 16
+    np.testing.assert_allclose(stats.load_balancing_loss(), aux, rtol=1e-5)
+    if case == "capacity":  # some choices were dropped: not the dropless result
+        dropless, _, _ = oracle(build(dispatch=dispatch), X)
+        assert np.abs(want - dropless).max() > 1e-2
+
+
+def test_padding_skips_experts_statistics_and_capacity():
+    """Tokens where `where` is False get nothing from the routed experts, leave the statistics,
+    and take no capacity from later tokens of their sequence (left padding)."""
+    where = na.named(jnp.arange(8) >= 3, "position")  # every row padded on the left by 3
+    for dispatch in ("dense", "ragged"):
+        moe = build(dispatch=dispatch, capacity_factor=0.5)
+        y, stats = run(moe, X, where)
+        want, counts, aux = oracle(moe, X, where)
+        np.testing.assert_allclose(y.array, want, atol=1e-5)
+        assert np.all(np.asarray(y.array)[:, :3] == 0)
+        np.testing.assert_array_equal(stats.counts.array, counts)
+        assert int(stats.tokens.array) == 10
+        np.testing.assert_allclose(stats.load_balancing_loss(), aux, rtol=1e-5)
+
+
+def test_ragged_and_dense_have_the_same_gradients():
+    def loss(moe, x):
+        y, stats = moe(x)
+        return jnp.sum(jnp.sin(y.array)) + stats.load_balancing_loss()
+
+    grads = [
+        eqx.filter_jit(eqx.filter_grad(loss))(build(dispatch=d, normalize=True), X)
+        for d in ("dense", "ragged")
+    ]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    router = grads[0].router.weight.array
+    assert np.abs(router).max() > 1e-3  # the router learns through the weights and the loss
+
+
+def test_statistics_pool_over_layers_as_transformers_does():
+    """Two layers' statistics (a `layer` axis) give one loss over the pooled counts and
+    probabilities, not the mean of the per-layer losses."""
+    a, b = build(), build(scoring="sigmoid")
+    (_, s1), (_, s2) = run(a, X), run(b, X)
+    is_named = lambda v: isinstance(v, na.NamedArray)  # noqa: E731
+    both = jax.tree.map(lambda u, v: na.stack("layer", [u, v]), s1, s2, is_leaf=is_named)
+    assert both.counts.axis_names == ("layer", "experts")
+    n = 32.0
+    f = (s1.counts.array + s2.counts.array) / n
+    p = (s1.probs.array + s2.probs.array) / n
+    np.testing.assert_allclose(both.load_balancing_loss(), 4 * np.sum(f * p), rtol=1e-6)
+
+
+def test_errors():
+    with pytest.raises(na.LayerError, match=r"MoE: top_k=5 must be an int from 1 to the 4"):
+        na.nn.MoE(Embed, Experts, Hidden, top_k=5, key=jax.random.key(0))
+    with pytest.raises(na.LayerError, match=r"MoE: dispatch='sparse' is not one of 'auto', "):
+        build(dispatch="sparse")
+    with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a positive number"):
+        build(capacity_factor=0)
+    with pytest.raises(na.LayerError, match=r"shared_gate=True needs a shared expert"):
+        build(shared_gate=True)
+    moe = build()
+    with pytest.raises(na.AxisNotFoundError, match=r"MoE works over axis 'embed'"):
+        moe(X.rename({"embed": "hidden"}))
+    with pytest.raises(na.AxisNotFoundError, match=r"where NamedArray\(vocab=3\) has axis 'vocab'"):
+        moe(X, where=na.named(jnp.ones(3, bool), "vocab"))
+    with pytest.raises(na.NamedTypeError, match=r"where must be a boolean NamedArray"):
+        moe(X, where=na.ones({"position": 8}))
+
+
+def test_mapping_errors(mesh_2x4):
+    """Placements the layer cannot run by are refused while tracing, naming the axes."""
+    capacity = build(capacity_factor=1.0)
+    even = na.nn.MoE(Embed, Experts, {"expert_mlp": 4}, top_k=2, key=jax.random.key(0))
+    call = lambda moe: eqx.filter_eval_shape(lambda m, x: m(x), moe, X)  # noqa: E731
+    with jax.set_mesh(mesh_2x4):
+        with (
+            na.axis_mapping({"position": "model"}),
+            pytest.raises(
+                na.ShardingError,
+                match=r"capacity counts along 'position', but the mapping splits 'position' over "
+                r"devices\. Keep the sequence whole",
+            ),
+        ):
+            call(capacity)
+        with (
+            na.axis_mapping({"batch": "data", "expert_mlp": "data"}),
+            pytest.raises(
+                na.ShardingError,
+                match=r"splits the tokens of NamedArray\(batch=2, position=8, embed=6\) and the "
+                r"experts' hidden axes 'expert_mlp' over the same mesh axes 'data'",
+            ),
+        ):
+            call(even)
+
+
+def test_dense_dispatch_under_expert_parallelism_needs_no_all_to_all(mesh_2x4):
+    moe = build(dispatch="dense")
+    want, _ = run(moe, X)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": "model"}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(lambda m, x: m(x))
+        y, _ = f(sharded, x)
+        hlo = f.lower(sharded, x).compile().as_text()
+    np.testing.assert_allclose(y.array, want.array, atol=1e-5)
+    assert y.array.sharding.spec[0] == "data"
+    assert "all-to-all" not in hlo and "all-reduce" in hlo
