@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -317,8 +317,9 @@ class MoE(eqx.Module):
                 for v, kind in zip(w, ("router", "gate", "up", "down"))
             )
             y, (c, pr, n) = local_moe(
-                x.array.reshape(t, h), mask.array.reshape(t), router, (gate, up, down), r, p
-            )
+                x.array.reshape(t, h), mask.array.reshape(t), cast(jax.Array, router),
+                (gate, cast(jax.Array, up), cast(jax.Array, down)), r, p,
+            )  # fmt: skip
             out = NamedArray(y.reshape(x.array.shape), x.axes)
             exp = (self.Experts,)
             return out, NamedArray(c, exp), NamedArray(pr, exp), NamedArray(n, ())
