@@ -283,7 +283,6 @@ from ._partitioning._shard import auto_sharded as auto_sharded
 from ._partitioning._shard import shard as shard
 
 # shard_map by name, collectives by logical axis name
-from ._partitioning._all_to_all import all_to_all as all_to_all
 from ._partitioning._shard_map import all_gather as all_gather
 from ._partitioning._shard_map import axis_index as axis_index
 from ._partitioning._shard_map import pmax as pmax
@@ -294,6 +293,7 @@ from ._partitioning._shard_map import psum as psum
 from ._partitioning._shard_map import psum_scatter as psum_scatter
 from ._partitioning._shard_map import shard_count as shard_count
 from ._partitioning._shard_map import shard_map as shard_map
+from ._partitioning._shard_map_exchange import all_to_all as all_to_all
 
 # specs without placing
 from ._partitioning._specs import infer_resource_partitions as infer_resource_partitions

@@ -22,12 +22,12 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._logical._context import current_rules
+from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._ops.elementwise import sigmoid
 from .._ops.hof import vmap
 from .._ops.shape import broadcast_to, rearrange
-from .._partitioning._context import current_rules
-from .._partitioning._resolve import resolve
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
 from ._common import as_axes, compute, expect_axes, expect_free, output, param

@@ -1,4 +1,4 @@
-"""``all_to_all`` by logical axis name, inside ``shard_map`` (the exchange of expert parallelism)."""
+"""``all_to_all`` by logical axis name, inside ``shard_map``: the exchange of expert parallelism."""
 
 from __future__ import annotations
 
