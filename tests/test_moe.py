@@ -203,6 +203,23 @@ def test_mapping_errors(mesh_2x4):
             call(even)
 
 
+def test_ragged_expert_parallel_with_capacity_and_padding(mesh_2x4):
+    """Experts on `data` (which splits the batch): the choices travel by all-to-all in blocks
+    that the capacity bounds (2 experts x 2 slots of one sequence: 4 rows, not all 16 choices),
+    and the result is the oracle's."""
+    moe = build(dispatch="ragged", capacity_factor=0.5)
+    where = na.named(jnp.arange(8) >= 1, "position")
+    want, counts, _ = oracle(moe, X, where)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": "data"}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(lambda m, x, w: m(x, where=w))
+        y, stats = f(sharded, x, where)
+        hlo = f.lower(sharded, x, where).compile().as_text()
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(stats.counts.array, counts)
+    assert re.search(r"f32\[1,4,6\][^=]*all-to-all\(", hlo)
+
+
 # -- expert parallelism in a model ----------------------------------------------------------
 
 CONFIG = models.TransformerConfig(

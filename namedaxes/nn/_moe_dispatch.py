@@ -11,8 +11,10 @@ steps: route (scores, top-k, capacity), then the expert MLPs, either
 
 Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` sends each
 assignment to the device that holds its expert with an all-to-all and brings the results back
-with a second one. The blocks have a fixed size, the worst case of one device's assignments all
-going to one device, so nothing is dropped (XLA:CPU has no ragged all-to-all). Where the tokens
+with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
+capacity, the worst case of all of a device's assignments going to one device (so nothing is
+dropped, at ``n`` times the rows of an even split); with one, the most its capacity lets through
+from the sequences the device holds. Where the tokens
 are the same on several of those devices, each takes its share of them first and the results are
 all-gathered at the end. ``"dense"`` exchanges no tokens: each device runs its experts on the
 tokens of its group and the partial results are summed (reduce-scattered where the tokens are
@@ -169,6 +171,17 @@ def _ragged_local(
     return jnp.zeros_like(x).at[token].add(contrib)
 
 
+def _block(tokens: int, local: int, r: Routing) -> int:
+    """Rows of the block one device sends another: all of its ``tokens * top_k`` choices (they
+    may all go to one device's experts), or, with a capacity, at most ``capacity`` per expert and
+    sequence of the sequences these tokens overlap."""
+    choices = tokens * r.top_k
+    if r.capacity is None:
+        return choices
+    sequences = tokens // r.group if tokens % r.group == 0 else -(-tokens // r.group) + 1
+    return min(choices, sequences * local * r.capacity)
+
+
 def _ragged_exchange(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
     w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
@@ -188,14 +201,14 @@ def _ragged_exchange(
         )
     n = p.count(p.ep)
     local = r.experts // n
-    a = ids.size
+    a = _block(ids.shape[0], local, r)
     key = jnp.where(keep, ids, r.experts).reshape(-1)
     order = jnp.argsort(key, stable=True)
     key = key[order]
     token = order // k
     dest = key // local  # n for dropped assignments: written nowhere
     start = jnp.cumsum(_sizes(dest, n)) - _sizes(dest, n)
-    slot = jnp.arange(a) - start[jnp.minimum(dest, n - 1)]
+    slot = jnp.arange(ids.size) - start[jnp.minimum(dest, n - 1)]
     send = jnp.zeros((n, a, h), x.dtype).at[dest, slot].set(x[token], mode="drop")
     send_expert = (
         jnp.full((n, a), local, jnp.int32).at[dest, slot].set(key - dest * local, mode="drop")
