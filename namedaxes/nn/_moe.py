@@ -395,12 +395,15 @@ class MoE(eqx.Module):
                     f"{format_names(split)} over devices. Keep the sequence whole on each device "
                     "(map it to None) or use dropless routing (capacity_factor=None)."
                 )
+        many = {k for k, v in sizes if v > 1}  # collectives over one device are left out
+        ep = tuple(m for m in ep if m in many)
+        tokens = tuple(m for m in dict.fromkeys(tok) if m in many)
         placement = Placement(
             ep=ep,
-            rep=tuple(m for m in ep if m not in tok),
-            split=tuple(m for m in ep if m in tok),
-            tokens=tuple(dict.fromkeys(tok)),
-            tp=tp,
+            rep=tuple(m for m in ep if m not in tokens),
+            split=tuple(m for m in ep if m in tokens),
+            tokens=tokens,
+            tp=tuple(m for m in tp if m in many),
             sizes=sizes,
         )
 
