@@ -67,6 +67,17 @@ class RouterStats(eqx.Module):
 
         Returns:
             A float32 scalar.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> import namedaxes as na
+            >>> even = na.nn.RouterStats(  # 4 tokens, top-2 of 4 experts, spread evenly
+            ...     counts=na.named(jnp.full(4, 2.0), "experts"),
+            ...     probs=na.named(jnp.full(4, 1.0), "experts"),
+            ...     tokens=na.named(jnp.asarray(4.0), ()),
+            ... )
+            >>> float(even.load_balancing_loss())  # 4 * 4 * (2/4 * 1/4): top_k for an even load
+            2.0
         """
         experts = self.counts.axes[-1]
         n = jnp.maximum(jnp.sum(self.tokens.array), 1.0)
