@@ -1,7 +1,9 @@
 """Parallelism by name: what each strategy saves per device, and what it costs.
 
-Run: ``python benchmarks/parallelism.py [--section context] [--seq 4096] [--rounds 5]``. One
-section per strategy; each prints a table.
+Run: ``python benchmarks/parallelism.py [SECTION ...] [--seq 4096] [--rounds 5]`` (default: every
+section). One section per strategy; each prints a table of per-device memory (XLA's compiled figures,
+``namedaxes.analysis.compiled_memory``) and step time as the strategy's shard count grows, on 8
+simulated CPU devices.
 
 * ``context``: a llama-shaped ``namedaxes.models.Transformer`` training step (loss and gradients)
   at a fixed long sequence (``--seq``, batch 1), with ``position`` mapped to a ``context`` mesh axis
@@ -11,8 +13,20 @@ section per strategy; each prints a table.
   (collective kinds and counts), and the median step time over ``--rounds`` runs. Memory is exact;
   the times come from simulated devices sharing the machine's cores, so they show the exchange's
   overhead, not a speed-up, and mean something only on a quiet machine.
+* ``experts``: expert parallelism 1/2/4/8 at a fixed expert count. A mixture-of-experts
+  Transformer (16 experts of width 256 per layer, top-2, 2 layers, hidden 128, vocabulary 1024)
+  trains on a fixed global batch (16 x 128 tokens) with plain SGD. The 8 devices are a mesh
+  ``(data=8/ep, expert=ep)`` and the mapping ``{"batch": ("data", "expert"), "experts":
+  "expert"}``: every device holds 256 tokens, ``ep`` devices share out the experts. Rows per
+  dispatch (``nn.MoE``'s ``dispatch``): ``ragged`` dropless (grouped matmuls, choices exchanged by
+  all-to-all in blocks sized for the worst case), ``ragged`` with ``capacity_factor=1.25`` (blocks
+  bounded by the capacity) and ``dense`` (every local expert on every token of the group, partial
+  sums reduce-scattered). Reported per row: XLA's per-device argument (parameters and batch),
+  temporary and total bytes of the compiled step (``namedaxes.analysis.compiled_memory``), the
+  median step time, and the collectives in the compiled step.
 
-(The expert-parallelism section joins ``SECTIONS`` next to ``context``.)
+Times on simulated CPU devices only compare rows with each other (and XLA:CPU computes
+``ragged_dot`` as a masked dense product); they mean little on a busy machine.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -116,19 +131,79 @@ def context_parallelism(args: argparse.Namespace) -> None:
         )
 
 
+# -- experts ----------------------------------------------------------------------------------
+
+EXPERTS = TransformerConfig(
+    "mixtral", vocab_size=1024, hidden_size=128, intermediate_size=256, num_layers=2,
+    num_heads=4, num_kv_heads=4, head_dim=32, num_experts=16, num_experts_per_tok=2,
+    norm_topk_prob=True,
+)  # fmt: skip
+BATCH, SEQ = 16, 128
+
+
+def _train_step(model: Any, ids: na.NamedArray, labels: na.NamedArray) -> Any:
+    def loss(model: Any) -> jax.Array:
+        logits, aux = model(ids, return_aux_loss=True)
+        ce = na.nn.cross_entropy(logits, "vocab", labels).array
+        return ce + model.config.router_aux_loss_coef * aux
+
+    value, grads = eqx.filter_value_and_grad(loss)(model)
+    return value, jax.tree.map(lambda p, g: p - 0.1 * g, model, grads)
+
+
+def experts(args: argparse.Namespace) -> None:
+    steps = args.rounds
+    key = jax.random.key(0)
+    ids = na.named(jax.random.randint(key, (BATCH, SEQ), 0, 1024), ("batch", "position"))
+    labels = na.named(jnp.roll(ids.array, -1, axis=1), ("batch", "position"))
+    rows = [("ragged", None), ("ragged", 1.25), ("dense", None)]
+    print(
+        f"expert parallelism: {EXPERTS.num_experts} experts x {EXPERTS.num_layers} layers, "
+        f"{BATCH}x{SEQ} tokens, 8 CPU devices as (data=8/ep, expert=ep)"
+    )
+    header = (
+        f"{'dispatch':<8} {'capacity':>8} {'ep':>3} {'experts/dev':>11} {'args MiB':>9} "
+        f"{'temp MiB':>9} {'total MiB':>10} {'step ms':>8}  collectives"
+    )
+    print(header)
+    print("-" * len(header))
+    for dispatch, capacity in rows:
+        config = EXPERTS.replace(moe_dispatch=dispatch, capacity_factor=capacity)
+        model = Transformer(config, key=jax.random.key(1))
+        for ep in (1, 2, 4, 8):
+            mesh = jax.make_mesh((8 // ep, ep), ("data", "expert"))
+            mapping = {"batch": ("data", "expert"), "experts": "expert"}
+            with jax.set_mesh(mesh), na.axis_mapping(mapping):
+                placed, x, y = na.shard((model, ids, labels))
+                step = na.named_jit(_train_step)
+                memory = na.analysis.compiled_memory(step, placed, x, y)
+                hlo = step.lower(placed, x, y).compile().as_text()
+                seconds = _median_ms(lambda: step(placed, x, y), steps) / 1e3  # noqa: B023
+            print(
+                f"{dispatch:<8} {capacity or '-':>8} {ep:>3} {config.num_experts // ep:>11} "
+                f"{memory['argument_bytes'] / MiB:>9.2f} {memory['temp_bytes'] / MiB:>9.2f} "
+                f"{memory['total_bytes'] / MiB:>10.2f} {seconds * 1e3:>8.1f}  {_exchange(hlo)}"
+            )
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "context": context_parallelism,
+    "experts": experts,
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=list(SECTIONS), action="append")
+    parser.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)} (default all)")
     parser.add_argument("--seq", type=int, default=4096, help="context: the sequence length")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs per row")
     args = parser.parse_args()
-    for name in args.section or list(SECTIONS):
+    unknown = [s for s in args.sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; sections: {', '.join(SECTIONS)}")
+    for name in args.sections or SECTIONS:
         SECTIONS[name](args)
+        print()
 
 
 if __name__ == "__main__":

@@ -293,6 +293,7 @@ from ._partitioning._shard_map import psum as psum
 from ._partitioning._shard_map import psum_scatter as psum_scatter
 from ._partitioning._shard_map import shard_count as shard_count
 from ._partitioning._shard_map import shard_map as shard_map
+from ._partitioning._shard_map_exchange import all_to_all as all_to_all
 
 # specs without placing
 from ._partitioning._specs import infer_resource_partitions as infer_resource_partitions

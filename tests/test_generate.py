@@ -22,7 +22,7 @@ from namedaxes.nn import _attention_kernels as kernels
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 ALL = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"] + [
     "llama_linear", "llama_dynamic", "llama_llama3", "llama_yarn"
-]  # fmt: skip
+] + ["mixtral", "qwen2_moe", "qwen3_moe"]  # fmt: skip
 REFS = np.load(FIXTURES / "generation.npz")
 MAPPING = {"batch": "data", "heads": "model", "mlp": "model", "vocab": "model"}
 

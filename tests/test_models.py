@@ -21,7 +21,8 @@ from namedaxes.nn import _attention_kernels as kernels
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 FAMILIES = ["llama", "qwen3", "gpt2", "gemma", "mistral", "qwen2", "olmo2"]
 ROPE = ["llama_linear", "llama_dynamic", "llama_llama3", "llama_yarn"]
-ALL = FAMILIES + ROPE
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]  # qwen3_moe's experts are stored fused
+ALL = FAMILIES + ROPE + MOE
 MAPPING = {"embed": "data", "mlp": "model", "vocab": "model", "heads": "model"}
 TOL = 1e-4
 
@@ -35,22 +36,49 @@ def reference(name):
 
 @eqx.filter_jit
 def logits(model, ids, mask):
+    if model.config.moe:  # and transformers' aux_loss (output_router_logits=True)
+        return model(ids, return_aux_loss=True), model(
+            ids, attention_mask=mask, return_aux_loss=True
+        )
     return model(ids), model(ids, attention_mask=mask)
 
 
 def assert_matches(r, plain, padded):
+    if "aux_loss" in r:
+        (plain, aux), (padded, aux_padded) = plain, padded
+        np.testing.assert_allclose(aux, r["aux_loss"], rtol=1e-5)
+        np.testing.assert_allclose(aux_padded, r["aux_loss_padded"], rtol=1e-5)
     assert plain.axis_names == ("batch", "position", "vocab")
     real = r["attention_mask"] == 1
     assert np.abs(np.asarray(plain.array) - r["logits"]).max() < TOL
     assert np.abs(np.asarray(padded.array) - r["logits_padded"])[real].max() < TOL
 
 
+def per_expert(tensors):
+    """Experts fused one tensor per layer (gate_up_proj: gate and up stacked on the output,
+    down_proj) as transformers' conversion splits them into one tensor per expert."""
+    out = {}
+    for k, v in tensors.items():
+        if k.endswith("experts.gate_up_proj"):
+            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = np.ascontiguousarray(v[e, :half])
+                out[f"{base}{e}.up_proj.weight"] = np.ascontiguousarray(v[e, half:])
+        elif k.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e]
+        else:
+            out[k] = v
+    return out
+
+
 def assert_same_tensors(folder, original):
     """The tensors save_hf wrote (one file or an index of shards) are the original file's, bit for
-    bit, under the same names (read with the safetensors package)."""
+    bit, under the same names (read with the safetensors package; fused experts as one tensor per
+    expert, which is what save_hf writes)."""
     files = sorted(Path(folder).glob("*.safetensors"))
     saved = {k: v for f in files for k, v in load_file(f).items()}
-    want = load_file(Path(original) / "model.safetensors")
+    want = per_expert(load_file(Path(original) / "model.safetensors"))
     assert sorted(saved) == sorted(want)
     for k, v in want.items():
         assert saved[k].dtype == v.dtype and saved[k].shape == v.shape, k
@@ -72,8 +100,8 @@ def test_logits_match_transformers_and_save_round_trips(name, tmp_path):
     again = models.from_hf(tmp_path)
     assert again.config == model.config
     plain2, padded2 = logits(again, ids, mask)  # same structure: no new compile
-    np.testing.assert_array_equal(plain2.array, plain.array)
-    np.testing.assert_array_equal(padded2.array, padded.array)
+    for a, b in zip(jax.tree.leaves((plain2, padded2)), jax.tree.leaves((plain, padded))):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -109,6 +137,34 @@ def test_logits_match_loaded_sharded(name, mesh_2x4, tmp_path, monkeypatch):
             )
     assert_matches(r, plain, padded)
     assert calls and {(c.q.shape[2], c.k.shape[2]) for c in calls} == {(1, 1)}
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_experts_loaded_expert_parallel(name, mesh_2x4):
+    """Mixtures of experts loaded with experts on `model` (expert parallelism 4) as well as
+    MAPPING, run with grouped matmuls and all-to-all: transformers' logits and aux_loss."""
+    config = models.config_from_hf(FIXTURES / name)
+    r, ids, mask = reference(name)
+    mapping = {**MAPPING, "experts": "model"}
+    with jax.set_mesh(mesh_2x4):
+        model = models.from_hf(FIXTURES / name, mapping=mapping, moe_dispatch="ragged")
+        layer = model.layers.stacked
+        assert model.config.moe_dispatch == "ragged" and layer.mlp.dispatch == "ragged"
+        assert spec_of(layer.mlp.experts.up.weight) == P(None, "model", "data")
+        assert spec_of(layer.mlp.router.weight) == P(None, "data", "model")
+        shard = layer.mlp.experts.down.weight.array.addressable_shards[0].data
+        per_device = config.num_experts // 4
+        assert shard.shape == (2, per_device, config.axis("expert_mlp").size, 32)
+        with na.axis_mapping(mapping):
+            f = na.named_jit(
+                lambda m, i, k: (
+                    m(i, return_aux_loss=True),
+                    m(i, attention_mask=k, return_aux_loss=True),
+                )
+            )
+            plain, padded = f(model, ids, mask)
+            assert "all-to-all" in f.lower(model, ids, mask).compile().as_text()
+    assert_matches(r, plain, padded)
 
 
 def test_mixed_precision_llama_matches_float32_reference():
@@ -212,6 +268,56 @@ def test_config_reads_both_rope_spellings(tmp_path):
     assert (yarn.kind, yarn.factor, yarn.original_max_position_embeddings) == ("yarn", 4.0, 32)
 
 
+def test_experts_options_read_from_config(tmp_path):
+    c = {n: models.config_from_hf(FIXTURES / n) for n in MOE}
+    m, q2, q3 = c["mixtral"], c["qwen2_moe"], c["qwen3_moe"]
+    assert (m.num_experts, m.num_experts_per_tok, m.norm_topk_prob) == (8, 2, True)
+    assert m.moe_intermediate_size is None and m.axis("expert_mlp").size == 32
+    assert (q2.num_experts, q2.moe_intermediate_size, q2.shared_expert_intermediate_size) == (
+        4,
+        32,
+        48,
+    )
+    assert q2.qkv_bias and not q2.out_bias and not q2.norm_topk_prob
+    assert (q3.num_experts, q3.norm_topk_prob, q3.qk_norm) == (8, True, "head")
+    assert q3.axis("experts").size == 8 and q3.shared_expert_intermediate_size is None
+    # transformers' defaults where the file is silent (MixtralConfig: RoPE theta 1e6, 8 experts).
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    d = models.config_from_hf(tmp_path)
+    assert (d.rope_theta, d.num_experts, d.num_kv_heads, d.norm_eps) == (1e6, 8, 8, 1e-5)
+
+
+def test_experts_options_a_family_cannot_express(tmp_path):
+    folder = copy_fixture(tmp_path, "qwen2_moe")
+    edit_config(folder, decoder_sparse_step=2)
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"qwen2_moe: decoder_sparse_step=2 and mlp_only_layers=\[\] give dense MLPs in "
+        r"layers \[0\] and experts in the others; a model with experts in every layer",
+    ):
+        models.config_from_hf(folder)
+    edit_config(folder, decoder_sparse_step=1, mlp_only_layers=[1])
+    with pytest.raises(na.ModelConfigError, match=r"dense MLPs in layers \[1\]"):
+        models.config_from_hf(folder)
+    folder = copy_fixture(tmp_path, "mixtral")
+    edit_config(folder, router_jitter_noise=0.1)
+    with pytest.raises(na.ModelConfigError, match=r"router_jitter_noise=0.1 .* is not supported"):
+        models.config_from_hf(folder)
+    mixtral = models.config_from_hf(FIXTURES / "mixtral").replace(hf_config="")
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"A mixtral config.json cannot express this config: 'norm_topk_prob'",
+    ):
+        models.hf_config(mixtral.replace(norm_topk_prob=False))
+    # How the experts run is not part of config.json: any dispatch or capacity is written.
+    runtime = mixtral.replace(moe_dispatch="dense", capacity_factor=1.5)
+    assert models.hf_config(runtime) == models.hf_config(mixtral)
+    with pytest.raises(na.ModelConfigError, match=r"num_experts_per_tok=9 is more than the 8"):
+        mixtral.replace(num_experts_per_tok=9)
+    with pytest.raises(na.ModelConfigError, match=r"moe_dispatch must be one of"):
+        mixtral.replace(moe_dispatch="sparse")
+
+
 def test_family_options_read_from_config():
     c = {n: models.config_from_hf(FIXTURES / n) for n in FAMILIES}
     assert (c["qwen2"].qkv_bias, c["qwen2"].out_bias) == (True, False)
@@ -230,7 +336,7 @@ def test_family_options_read_from_config():
     assert not c["llama"].tie_word_embeddings and c["llama"].num_kv_heads == 2
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", FAMILIES + MOE)
 def test_generated_config_reads_back(name, tmp_path):
     """A config not read from a file is written by the family's writer so that it reads back equal."""
     config = models.config_from_hf(FIXTURES / name).replace(hf_config="")
@@ -281,11 +387,11 @@ def test_missing_folder_config_and_weights(tmp_path):
 
 def test_unsupported_model_type_lists_the_supported(tmp_path):
     folder = copy_fixture(tmp_path)
-    edit_config(folder, model_type="mixtral")
+    edit_config(folder, model_type="deepseek_v3")
     with pytest.raises(
         na.ModelConfigError,
-        match=r"model_type 'mixtral' is not supported. Supported model types: gemma, gpt2, "
-        r"llama, mistral, olmo2, qwen2, qwen3\.",
+        match=r"model_type 'deepseek_v3' is not supported. Supported model types: gemma, gpt2, "
+        r"llama, mistral, mixtral, olmo2, qwen2, qwen2_moe, qwen3, qwen3_moe\.",
     ):
         models.config_from_hf(folder)
     edit_config(folder, model_type="llama", rope_scaling={"rope_type": "longrope", "factor": 2.0})

@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
+from namedaxes import models
 from namedaxes.analysis._compile_target import parse_collectives, parse_target
 from namedaxes.analysis._plan import parse_bytes
 
@@ -377,6 +378,28 @@ def test_plan_search_errors():
         na.PlanError, match=r"would enumerate 12 mappings .* \(more than max_candidates=4\)"
     ):
         na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, max_candidates=4)
+
+
+def test_plan_and_plan_search_place_the_experts_axis():
+    """A mixture of experts' parameters by the `experts` axis: plan counts what placing it saves
+    (expert weights and router), plan_search finds expert parallelism over the whole mesh."""
+    config = models.TransformerConfig(
+        "mixtral", vocab_size=64, hidden_size=32, intermediate_size=16, num_layers=2,
+        num_heads=4, num_kv_heads=4, head_dim=8, num_experts=8,
+    )  # fmt: skip
+    model = eqx.filter_eval_shape(models.Transformer, config, key=jax.random.key(0))
+    mesh = {"data": 2, "model": 4}
+    experts = 2 * 8 * (3 * 32 * 16 + 32) * 4  # gate, up, down and the router, float32
+    p = na.analysis.plan(model, mesh, {"experts": "model"})
+    assert p.axes["experts"] == {
+        "mesh_axes": ["model"],
+        "leaves": 4,
+        "saved_bytes": experts * 3 // 4,
+    }
+    assert p.state_bytes_per_device == p.total_bytes - experts * 3 // 4
+    best = na.analysis.plan_search(model, mesh, logical_axes=["experts", "expert_mlp"], top=1)[0]
+    assert best.rules == na.AxisRules([("experts", ("data", "model"))], unsatisfied="replicate")
+    assert best.state_bytes_per_device == p.total_bytes - experts * 7 // 8
 
 
 def scale_params(state):

@@ -67,6 +67,40 @@ def test_ring_shift_psum_scatter_axis_index(mesh_2x4):
     assert spec_of(shifted) == P("data", "model")
 
 
+def test_all_to_all_transposes_blocks_between_devices(mesh_2x4):
+    """all_to_all over 'embed' (model=4): block j of device i's split axis lands on device j as
+    block i of its concat axis, as jax.lax.all_to_all; the same axis for both keeps its size."""
+
+    def body(x):
+        copies = jnp.broadcast_to(x.array[:, :, None], (*x.array.shape, 4))
+        tagged = na.named(copies, ("batch", "embed", "dest"))  # 4 copies of the local block
+        gathered = na.all_to_all(tagged, "embed", split="dest", concat="embed")
+        back = na.all_to_all(gathered, "embed", split="embed", concat="dest")
+        same = na.all_to_all(tagged, "embed", split="dest", concat="dest")
+        return gathered, back, same
+
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(RULES):
+        x = na.shard(na.named(A, ("batch", "embed")))
+        specs = (P("data"), P("data", "model"), P("data"))
+        f = jax.jit(na.shard_map(body, out_specs=specs, check_vma=False))
+        gathered, back, same = f(x)
+        hlo = f.lower(x).compile().as_text()
+        with pytest.raises(
+            na.AxisSizeError,
+            match=r"all_to_all\(\): axis 'embed' of NamedArray\(batch=4, embed=3\) does not "
+            r"split into 2 blocks \(one per device of 'batch'\)",
+        ):
+            na.shard_map(lambda y: na.all_to_all(y, "batch", split="embed", concat="embed"))(x)
+    # Device j got block j of every device's copies: each device's embed block, in order.
+    assert gathered.axes == (Axis("batch", 8), Axis("embed", 12), Axis("dest", 1))
+    np.testing.assert_array_equal(gathered.array[..., 0], A)
+    np.testing.assert_array_equal(back.array, jnp.broadcast_to(A[..., None], (8, 12, 4)))
+    # split == concat: block i of the result came from device i (its embed block i).
+    assert same.axes == (Axis("batch", 8), Axis("embed", 3), Axis("dest", 4))
+    np.testing.assert_array_equal(same.array, A.reshape(8, 4, 3).transpose(0, 2, 1))
+    assert "all-to-all" in hlo
+
+
 def test_eager_plain_arguments_and_static_values(mesh_2x4):
     def body(x, bias, scale):
         return x * scale + bias  # bias is a replicated plain array, scale a Python float

@@ -2,8 +2,8 @@
 
 One :class:`Transformer` (``namedaxes.nn`` layers, named axes throughout) covers the families
 ``llama`` (RoPE scalings ``default``, ``linear``, ``dynamic``, ``llama3``, ``yarn``), ``mistral``,
-``qwen2``, ``qwen3``, ``gemma``, ``olmo2`` and ``gpt2``; a :class:`TransformerConfig` says how they
-differ. :func:`from_hf` reads a ``config.json`` + safetensors folder straight into the shardings a
+``qwen2``, ``qwen3``, ``gemma``, ``olmo2``, ``gpt2`` and the mixtures of experts ``mixtral``,
+``qwen2_moe`` and ``qwen3_moe``; a :class:`TransformerConfig` says how they differ. :func:`from_hf` reads a ``config.json`` + safetensors folder straight into the shardings a
 mapping gives; :func:`save_hf` writes the tensors back with the names and layouts ``transformers``
 uses.
 

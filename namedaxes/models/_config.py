@@ -10,9 +10,13 @@ from .._axis import Axis
 from .._errors import ModelConfigError
 from ..nn import RopeScaling, activation
 from ..nn._context_parallel import STRATEGIES
+from ..nn._moe import DISPATCHES, SCORINGS
 
-__all__ = ["TransformerConfig"]
+__all__ = ["RUNTIME_FIELDS", "TransformerConfig"]
 
+#: Fields that say how the model runs, not what it is: not stored in ``config.json``, so left out
+#: when a config is compared with what a ``config.json`` reads back as.
+RUNTIME_FIELDS = ("moe_dispatch", "capacity_factor")
 NORMS = ("rms", "layer")
 QK_NORMS = (None, "head", "projection")
 
@@ -28,9 +32,16 @@ class TransformerConfig:
     ``learned_positions=True``, ``gated_mlp=False`` and biases everywhere. ``config_from_hf`` reads
     these fields from a Hugging Face ``config.json``.
 
+    Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE) set ``num_experts``: every layer's MLP
+    is then a ``namedaxes.nn.MoE`` of ``num_experts`` gated MLPs of width
+    ``moe_intermediate_size`` (default ``intermediate_size``), ``num_experts_per_tok`` of them per
+    token, plus a gated shared expert of width ``shared_expert_intermediate_size`` (Qwen2-MoE).
+
     Logical axes of the model built from it (:class:`Transformer`): ``vocab``, ``embed``,
     ``heads``, ``kv_heads`` (only when ``num_kv_heads < num_heads``), ``head_dim``, ``mlp``,
-    ``layer``, and ``max_position`` (the learned position table).
+    ``layer``, and ``max_position`` (the learned position table); with experts ``experts``,
+    ``expert_mlp`` (each expert's hidden axis) and ``shared_mlp`` (the shared expert's) instead of
+    ``mlp``.
 
     Args:
         model_type: The Hugging Face family (``"llama"``, ``"gpt2"``...), used to name tensors.
@@ -67,6 +78,19 @@ class TransformerConfig:
             choose by length (see ``namedaxes.nn.dot_product_attention``). A way to run the
             model, not part of the checkpoint: ``save_hf`` does not write it (nor do configs
             compare by it).
+        num_experts: Experts per layer; 0 for a dense MLP.
+        num_experts_per_tok: Experts each token goes to (top-k).
+        moe_intermediate_size: Each expert's width (``None``: ``intermediate_size``).
+        shared_expert_intermediate_size: The width of a shared expert every token goes through,
+            scaled by a sigmoid gate (``None``: no shared expert).
+        norm_topk_prob: Renormalise each token's top-k routing weights to sum to 1 (Mixtral).
+        router_scoring: ``"softmax"`` or ``"sigmoid"`` router scores.
+        router_aux_loss_coef: The weight ``transformers`` gives the load-balancing loss in
+            training (kept for ``config.json``; scale ``Transformer``'s ``aux_loss`` by it).
+        moe_dispatch: How the experts run (``namedaxes.nn.MoE``'s ``dispatch``: ``"auto"``,
+            ``"ragged"``, ``"dense"``); not part of ``config.json``.
+        capacity_factor: Expert capacity (``namedaxes.nn.MoE``), ``None`` for dropless (as
+            ``transformers``); not part of ``config.json``.
         hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
             writes it back); not compared.
 
@@ -109,6 +133,15 @@ class TransformerConfig:
     embed_scale: float = 1.0
     tie_word_embeddings: bool = False
     context_strategy: str | None = field(default=None, compare=False)
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    norm_topk_prob: bool = False
+    router_scoring: str = "softmax"
+    router_aux_loss_coef: float = 0.001
+    moe_dispatch: str = "auto"
+    capacity_factor: float | None = None
     hf_config: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +198,48 @@ class TransformerConfig:
             activation(self.activation)
         except Exception as e:
             raise ModelConfigError(f"TransformerConfig.activation: {e}") from None
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        def positive(name: str, optional: bool = False) -> None:
+            v = getattr(self, name)
+            if optional and v is None:
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                more = " or None" if optional else ""
+                raise ModelConfigError(
+                    f"TransformerConfig.{name} must be a positive integer{more}, got {v!r}."
+                )
+
+        n = self.num_experts
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ModelConfigError(
+                f"TransformerConfig.num_experts must be an integer >= 0 (0: dense MLP), got {n!r}."
+            )
+        positive("num_experts_per_tok")
+        positive("moe_intermediate_size", optional=True)
+        positive("shared_expert_intermediate_size", optional=True)
+        if n and self.mlp_bias:
+            raise ModelConfigError(
+                "TransformerConfig: mlp_bias=True with experts is not supported (experts have no "
+                "biases)."
+            )
+        if n and self.num_experts_per_tok > n:
+            raise ModelConfigError(
+                f"TransformerConfig: num_experts_per_tok={self.num_experts_per_tok} is more than "
+                f"the {n} experts."
+            )
+        for name, options in (("router_scoring", SCORINGS), ("moe_dispatch", DISPATCHES)):
+            if getattr(self, name) not in options:
+                raise ModelConfigError(
+                    f"TransformerConfig.{name} must be one of {options}, got "
+                    f"{getattr(self, name)!r}."
+                )
+        c = self.capacity_factor
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or c <= 0):
+            raise ModelConfigError(
+                f"TransformerConfig.capacity_factor must be a positive number or None, got {c!r}."
+            )
 
     @property
     def grouped(self) -> bool:
@@ -183,13 +258,29 @@ class TransformerConfig:
             "q_per_kv": self.num_heads // self.num_kv_heads,
             "head_dim": self.head_dim,
             "max_position": self.max_position_embeddings,
+            "experts": self.num_experts,
+            "expert_mlp": self.moe_intermediate_size or self.intermediate_size,
+            "shared_mlp": self.shared_expert_intermediate_size or 0,
         }
-        if name not in sizes:
+        if not sizes.get(name):
             raise ModelConfigError(
-                f"TransformerConfig has no axis {name!r}. Axes: {', '.join(sizes)}."
+                f"TransformerConfig has no axis {name!r}. Axes: "
+                f"{', '.join(k for k, v in sizes.items() if v)}."
             )
         return Axis(name, sizes[name])
+
+    @property
+    def moe(self) -> bool:
+        """Whether the MLPs are mixtures of experts."""
+        return self.num_experts > 0
 
     def replace(self, **changes: Any) -> TransformerConfig:
         """A copy with some fields changed (and checked again)."""
         return dataclasses.replace(self, **changes)
+
+    def stored(self) -> TransformerConfig:
+        """This config with the runtime fields (not in ``config.json``) at their defaults."""
+        defaults: dict[str, Any] = {
+            f.name: f.default for f in dataclasses.fields(self) if f.name in RUNTIME_FIELDS
+        }
+        return dataclasses.replace(self, **defaults)

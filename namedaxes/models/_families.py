@@ -4,8 +4,14 @@ A family is a :class:`Family`: a reader (``config.json`` dict -> :class:`Transfo
 fields, with the defaults of that family's ``transformers`` config class), a writer (the inverse),
 and a table saying which Hugging Face module each module of :class:`Transformer` is stored as, and
 in which layout (``"linear"``: ``torch.nn.Linear``, weight ``(out, in)``; ``"conv1d"``: GPT-2's
-``Conv1D``, weight ``(in, out)``; ``"norm"``; ``"embedding"``). Adding a family is adding one
-entry to ``FAMILIES``.
+``Conv1D``, weight ``(in, out)``; ``"norm"``; ``"embedding"``; ``"experts"``: the experts of a
+layer in one tensor, ``(experts, out, in)``). Adding a family is adding one entry to ``FAMILIES``.
+
+Mixtures of experts are stored either one tensor per expert (``...experts.{e}.w1.weight``, what
+``save_pretrained`` writes by default and what older files hold; ``{e}`` is the expert index) or
+fused, one 3-D tensor per layer (``...mlp.experts.gate_up_proj``, gate and up stacked on the
+output, and ``...mlp.experts.down_proj``, as ``transformers`` 5 holds them in memory and writes with
+``save_original_format=False``). ``modules(config, fused=...)`` gives either table.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ class Module:
     """One module of the model and where its parameters live in a Hugging Face checkpoint.
 
     ``ours``: the attribute path in :class:`Transformer` (``layers.`` prefixes a module inside the
-    stacked decoder layers); ``hf``: the Hugging Face module name (``{i}`` is the layer index);
-    ``layout``: ``"linear"``, ``"conv1d"``, ``"norm"`` or ``"embedding"``; ``part``: for fused
-    projections, ``(index, count)`` of this module's block along the output (GPT-2's ``c_attn``
-    holds q, k and v).
+    stacked decoder layers); ``hf``: the Hugging Face module name (``{i}`` is the layer index,
+    ``{e}`` the expert index of one tensor per expert); ``layout``: ``"linear"``, ``"conv1d"``,
+    ``"norm"``, ``"embedding"`` or ``"experts"`` (``hf`` then names the tensor itself, without a
+    ``.weight`` suffix); ``part``: for fused projections, ``(index, count)`` of this module's block
+    along the output (GPT-2's ``c_attn`` holds q, k and v).
     """
 
     ours: str
@@ -47,7 +54,7 @@ class Family:
     architecture: str
     read: Callable[[dict[str, Any]], dict[str, Any]]
     write: Callable[[TransformerConfig], dict[str, Any]]
-    modules: Callable[[TransformerConfig], list[Module]]
+    modules: Callable[..., list[Module]]  # (config, fused=False)
     base_prefix: str
     # Tensors some checkpoints hold that are not parameters (buffers), as name suffixes.
     ignored_suffixes: tuple[str, ...] = ()
@@ -238,6 +245,85 @@ def _read_olmo2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**_llama_like(raw, d), **_bias(raw), "qk_norm": "projection", "norm_after": True}
 
 
+def _experts(raw: dict[str, Any], layers: int, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields; every layer must be sparse (or, with no experts, dense)."""
+    n = _int(raw, "num_local_experts", _int(raw, "num_experts", defaults["n"]))
+    step = _int(raw, "decoder_sparse_step", 1)
+    dense_only = _int(raw, "mlp_only_layers", [])
+    sparse = [i not in dense_only and n > 0 and (i + 1) % step == 0 for i in range(layers)]
+    if any(sparse) and not all(sparse):
+        raise ModelConfigError(
+            f"{raw.get('model_type')}: decoder_sparse_step={step} and mlp_only_layers="
+            f"{dense_only} give dense MLPs in layers "
+            f"{[i for i, s in enumerate(sparse) if not s]} and experts in the others; a model "
+            "with experts in every layer (or in none) is supported."
+        )
+    if float(_int(raw, "router_jitter_noise", 0.0)) != 0.0:
+        raise ModelConfigError(
+            f"router_jitter_noise={raw['router_jitter_noise']} (training-time noise on the router "
+            "input) is not supported."
+        )
+    out: dict[str, Any] = dict(
+        num_experts=n,
+        num_experts_per_tok=_int(raw, "num_experts_per_tok", defaults["k"]),
+        router_aux_loss_coef=float(_int(raw, "router_aux_loss_coef", 0.001)),
+    )
+    if "inter" in defaults:
+        out["moe_intermediate_size"] = _int(raw, "moe_intermediate_size", defaults["inter"])
+        out["norm_topk_prob"] = bool(_int(raw, "norm_topk_prob", False))
+    else:  # Mixtral: experts as wide as intermediate_size, weights always renormalised
+        out["norm_topk_prob"] = True
+    return out
+
+
+def _read_mixtral(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=32000, hidden=4096, inter=14336, layers=32, heads=32, kv=8, max_pos=131072)
+    out = _llama_like(raw, {**d, "eps": 1e-5})
+    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    if params.get("rope_theta", raw.get("rope_theta")) is None:
+        out["rope_theta"] = 1e6  # MixtralConfig.default_theta
+    if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
+        out["num_kv_heads"] = out["num_heads"]
+    window = raw.get("sliding_window")
+    out["sliding_window"] = None if window is None else int(window)
+    return {**out, **_experts(raw, out["num_layers"], dict(n=8, k=2))}
+
+
+def _read_qwen2_moe(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=151936, hidden=2048, inter=5632, layers=24, heads=16, max_pos=32768)
+    out = _llama_like(raw, d)
+    layers = out["num_layers"]
+    if not raw.get("layer_types"):  # Qwen2MoeConfig: every other layer below max_window_layers
+        use = bool(raw.get("use_sliding_window", False))
+        top = _int(raw, "max_window_layers", 28)
+        raw = {**raw, "layer_types": [
+            "sliding_attention" if use and (i + 1) % 2 and i < top else "full_attention"
+            for i in range(layers)
+        ]}  # fmt: skip
+    experts = _experts(raw, layers, dict(n=60, k=4, inter=1408))
+    shared = _int(raw, "shared_expert_intermediate_size", 5632)
+    return {
+        **out,
+        "qkv_bias": bool(_int(raw, "qkv_bias", True)),
+        "sliding_window": _layer_window(raw, layers),
+        **experts,
+        "shared_expert_intermediate_size": shared if experts["num_experts"] else None,
+    }
+
+
+def _read_qwen3_moe(raw: dict[str, Any]) -> dict[str, Any]:
+    d = dict(vocab=151936, hidden=2048, inter=6144, layers=24, heads=32, kv=4, max_pos=32768)
+    out = _llama_like(raw, d)
+    window = raw.get("sliding_window", 4096) if raw.get("use_sliding_window", False) else None
+    return {
+        **out,
+        **_bias(raw),
+        "qk_norm": "head",
+        "sliding_window": None if window is None else int(window),
+        **_experts(raw, out["num_layers"], dict(n=128, k=8, inter=768)),
+    }
+
+
 def _read_gpt2(raw: dict[str, Any]) -> dict[str, Any]:
     for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         if raw.get(key):
@@ -303,6 +389,34 @@ def _sliding(cfg: TransformerConfig) -> dict[str, Any]:
     }
 
 
+def _write_experts(c: TransformerConfig, qwen: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "num_experts_per_tok": c.num_experts_per_tok,
+        "router_aux_loss_coef": c.router_aux_loss_coef,
+    }
+    if not qwen:
+        return {**out, "num_local_experts": c.num_experts, "router_jitter_noise": 0.0}
+    return {
+        **out,
+        "num_experts": c.num_experts,
+        "moe_intermediate_size": c.moe_intermediate_size,
+        "norm_topk_prob": c.norm_topk_prob,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
+
+
+def _write_qwen2_moe(c: TransformerConfig) -> dict[str, Any]:
+    kind = "full_attention" if c.sliding_window is None else "sliding_attention"
+    return _write_llama_like(c, {
+        **_sliding(c),
+        "layer_types": [kind] * c.num_layers,
+        "qkv_bias": c.qkv_bias,
+        "shared_expert_intermediate_size": c.shared_expert_intermediate_size,
+        **_write_experts(c, qwen=True),
+    })  # fmt: skip
+
+
 WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
     "llama": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias, "mlp_bias": c.mlp_bias}),
     "mistral": lambda c: _write_llama_like(c, {"sliding_window": c.sliding_window}),
@@ -310,6 +424,13 @@ WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
     "qwen3": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias, **_sliding(c)}),
     "gemma": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
     "olmo2": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
+    "mixtral": lambda c: _write_llama_like(
+        c, {"sliding_window": c.sliding_window, **_write_experts(c, qwen=False)}
+    ),
+    "qwen2_moe": _write_qwen2_moe,
+    "qwen3_moe": lambda c: _write_llama_like(
+        c, {"attention_bias": c.qkv_bias, **_sliding(c), **_write_experts(c, qwen=True)}
+    ),
     "gpt2": lambda c: {
         "vocab_size": c.vocab_size,
         "n_embd": c.hidden_size,
@@ -328,7 +449,34 @@ WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
 # -- tensor names ---------------------------------------------------------------------------
 
 
-def _llama_modules(cfg: TransformerConfig) -> list[Module]:
+def _expert_modules(cfg: TransformerConfig, fused: bool) -> list[Module]:
+    """The router, the experts (one tensor each, or fused) and the shared expert of a layer."""
+    L = "model.layers.{i}."
+    mixtral = cfg.model_type == "mixtral"
+    block = L + ("block_sparse_moe." if mixtral and not fused else "mlp.")
+    rows = [Module("layers.mlp.router", block + "gate", "linear")]
+    if fused:
+        rows += [
+            Module("layers.mlp.experts.gate", block + "experts.gate_up_proj", "experts", (0, 2)),
+            Module("layers.mlp.experts.up", block + "experts.gate_up_proj", "experts", (1, 2)),
+            Module("layers.mlp.experts.down", block + "experts.down_proj", "experts"),
+        ]
+    else:
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        rows += [
+            Module(f"layers.mlp.experts.{ours}", block + "experts.{e}." + hf, "linear")
+            for ours, hf in zip(("gate", "up", "down"), names)
+        ]
+    if cfg.shared_expert_intermediate_size:
+        rows += [
+            Module(f"layers.mlp.shared.{p}", L + f"mlp.shared_expert.{p}_proj", "linear")
+            for p in ("gate", "up", "down")
+        ]
+        rows.append(Module("layers.mlp.shared_gate", L + "mlp.shared_expert_gate", "linear"))
+    return rows
+
+
+def _llama_modules(cfg: TransformerConfig, fused: bool = False) -> list[Module]:
     L = "model.layers.{i}."
     rows = [Module("embed", "model.embed_tokens", "embedding")]
     if cfg.norm_after:
@@ -344,17 +492,20 @@ def _llama_modules(cfg: TransformerConfig) -> list[Module]:
     rows += [Module(f"layers.attn.{p}_proj", L + f"self_attn.{p}_proj", "linear") for p in "qkvo"]
     if cfg.qk_norm is not None:
         rows += [Module(f"layers.attn.{p}_norm", L + f"self_attn.{p}_norm", "norm") for p in "qk"]
-    rows += [
-        Module(f"layers.mlp.{ours}", L + f"mlp.{hf}_proj", "linear")
-        for ours, hf in (("gate", "gate"), ("up", "up"), ("down", "down"))
-    ]
+    if cfg.moe:
+        rows += _expert_modules(cfg, fused)
+    else:
+        rows += [
+            Module(f"layers.mlp.{ours}", L + f"mlp.{hf}_proj", "linear")
+            for ours, hf in (("gate", "gate"), ("up", "up"), ("down", "down"))
+        ]
     rows.append(Module("final_norm", "model.norm", "norm"))
     if not cfg.tie_word_embeddings:
         rows.append(Module("lm_head", "lm_head", "linear"))
     return rows
 
 
-def _gpt2_modules(cfg: TransformerConfig) -> list[Module]:
+def _gpt2_modules(cfg: TransformerConfig, fused: bool = False) -> list[Module]:
     L = "transformer.h.{i}."
     rows = [
         Module("embed", "transformer.wte", "embedding"),
@@ -384,6 +535,9 @@ _ARCH = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
 }
 _READERS = {
@@ -393,6 +547,9 @@ _READERS = {
     "qwen3": _read_qwen3,
     "gemma": _read_gemma,
     "olmo2": _read_olmo2,
+    "mixtral": _read_mixtral,
+    "qwen2_moe": _read_qwen2_moe,
+    "qwen3_moe": _read_qwen3_moe,
     "gpt2": _read_gpt2,
 }
 

@@ -31,13 +31,14 @@ from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
 from ._config import TransformerConfig
 from ._families import family_of
-from ._layout import LAYER, Tensor, read_block, tensors_of, to_stored
+from ._layout import Tensor, pick, read_block, tensors_of, to_stored
 from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
 from ._transformer import Transformer
 
 __all__ = ["config_from_hf", "from_hf", "hf_config", "save_hf"]
 
 CONFIG = "config.json"
+FUSED_EXPERTS = ".experts.down_proj"  # a tensor only the fused layout of experts has
 
 
 def _folder(path: str | os.PathLike[str]) -> Path:
@@ -104,6 +105,7 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
         ModelConfigError: if the family's ``config.json`` cannot express ``config`` (e.g. a Llama
             with a sliding window).
     """
+    config = config.stored()  # how it runs is not part of config.json
     if config.hf_config:
         raw = json.loads(config.hf_config)
         if _from_dict(raw) == config:
@@ -186,8 +188,8 @@ def _match(checkpoint: Checkpoint, tensors: list[Tensor], config: TransformerCon
     used: set[str] = set()
     missing: list[str] = []
     for t in tensors:
-        for layer in range(config.num_layers) if t.stacked else [None]:
-            name = t.name(layer)
+        for index in t.indices():
+            name = t.name(index)
             found = name
             if found not in stored and name.startswith(family.base_prefix):
                 found = name[len(family.base_prefix) :]
@@ -230,6 +232,8 @@ def from_hf(
     mapping: Any = None,
     mesh: Mesh | None = None,
     dtype: Any = None,
+    moe_dispatch: str = "auto",
+    capacity_factor: float | None = None,
 ) -> Transformer:
     """Load a Hugging Face checkpoint folder as a :class:`Transformer`, each parameter read into place.
 
@@ -239,6 +243,9 @@ def from_hf(
     gives it (``jax.make_array_from_callback``): each process reads, for each of its devices, only
     the rows of the stored tensors that device holds, so no host ever holds the whole model.
     Without a mapping the parameters are replicated on the mesh, or on one device without a mesh.
+    A mixture of experts may store its experts one tensor per expert (what ``save_pretrained``
+    writes by default, and older files) or fused in one tensor per layer
+    (``save_original_format=False``); both are read.
 
     Args:
         path: The folder.
@@ -247,6 +254,9 @@ def from_hf(
         mesh: A concrete ``jax.sharding.Mesh``.
         dtype: Cast floating parameters to this dtype (e.g. ``jnp.bfloat16``); default: as
             stored.
+        moe_dispatch: How a mixture of experts runs (``TransformerConfig.moe_dispatch``).
+        capacity_factor: Its expert capacity (``TransformerConfig.capacity_factor``); ``None``:
+            dropless, as ``transformers``.
 
     Raises:
         CheckpointNotFoundError: if the folder, its ``config.json`` or its weights are missing.
@@ -271,21 +281,24 @@ def from_hf(
         P(None, 'data', 'model', None)
     """
     folder = _folder(path)
-    config = config_from_hf(folder)
+    config = config_from_hf(folder).replace(
+        moe_dispatch=moe_dispatch, capacity_factor=capacity_factor
+    )
     if dtype is not None:
         dtype = jnp.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise NamedTypeError(f"from_hf dtype must be a floating dtype, got {dtype}.")
     abstract = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
-    tensors = tensors_of(abstract, family_of(config.model_type))
     checkpoint = Checkpoint(folder)
     try:
+        fused = config.moe and any(n.endswith(FUSED_EXPERTS) for n in checkpoint.tensors)
+        tensors = tensors_of(abstract, family_of(config.model_type), fused=fused)
         _match(checkpoint, tensors, config)
         shardings = _shardings(abstract, tensors, mapping, mesh)
         leaves = []
         for t, sharding in zip(tensors, shardings):
             like = _get(abstract, t.path)
-            stored = checkpoint.tensors[t.name(0 if t.stacked else None)].dtype
+            stored = checkpoint.tensors[t.name(t.indices()[0])].dtype
             target = dtype if dtype is not None and np.issubdtype(stored, np.floating) else stored
             shape = tuple(a.size for a in like.axes)
 
@@ -314,9 +327,8 @@ def _size(s: int | str) -> int:
     )
 
 
-def _layer_value(x: NamedArray, layer: int | None) -> NamedArray:
-    part = x if layer is None else x[LAYER, layer]
-    return process_allgather(part)
+def _stored_value(x: NamedArray, t: Tensor, index: tuple[int, ...]) -> NamedArray:
+    return process_allgather(pick(x, t, index))
 
 
 def save_hf(
@@ -325,7 +337,8 @@ def save_hf(
     """Write ``model`` as a Hugging Face folder: ``config.json`` and safetensors weights.
 
     Tensor names and layouts are exactly those ``transformers`` uses for the family (stacked
-    layers written one tensor per layer, GPT-2's q/k/v fused back into ``c_attn``), so
+    layers written one tensor per layer, GPT-2's q/k/v fused back into ``c_attn``, experts one
+    tensor per expert as ``save_pretrained`` writes them by default), so
     ``AutoModelForCausalLM.from_pretrained(path)`` loads it, and ``from_hf(path)`` gives the same
     values bit for bit. Past ``max_shard_size`` the weights are split into
     ``model-0000k-of-0000n.safetensors`` files with a ``model.safetensors.index.json``. Tensors are
@@ -362,10 +375,10 @@ def save_hf(
     tensors = tensors_of(model, family_of(model.config.model_type))
     limit = _size(max_shard_size)
     # One stored tensor per (name): the parameter(s) it is made of and the layer it holds.
-    stored: dict[str, list[tuple[Tensor, int | None]]] = {}
+    stored: dict[str, list[tuple[Tensor, tuple[int, ...]]]] = {}
     for t in tensors:
-        for layer in range(model.config.num_layers) if t.stacked else [None]:
-            stored.setdefault(t.name(layer), []).append((t, layer))
+        for at in t.indices():
+            stored.setdefault(t.name(at), []).append((t, at))
     order = _hf_order(stored)
     entries = []
     for name in order:
@@ -392,9 +405,7 @@ def save_hf(
         def arrays(members: list[int] = members) -> Any:
             for i in members:
                 parts = stored[entries[i][0]]
-                yield to_stored(
-                    [(t, _layer_value(_get(model, t.path), layer)) for t, layer in parts]
-                )
+                yield to_stored([(t, _stored_value(_get(model, t.path), t, at)) for t, at in parts])
 
         if k % count == me:
             folder.mkdir(parents=True, exist_ok=True)
@@ -419,12 +430,13 @@ def save_hf(
 def _hf_order(stored: dict[str, Any]) -> list[str]:
     """Stored names in model order: embeddings, layer 0, layer 1, ..., final norm, head."""
 
-    def key(name: str) -> tuple[int, int, str]:
+    def key(name: str) -> tuple[int, int, tuple[Any, ...]]:
         parts = name.split(".")
+        natural = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
         for i, p in enumerate(parts[:-1]):
             if p.isdigit() and parts[i - 1] in ("layers", "h"):
-                return (1, int(p), name)
+                return (1, int(p), natural)
         last = any(s in name for s in ("norm.", "ln_f", "lm_head"))
-        return (2 if last else 0, 0, name)
+        return (2 if last else 0, 0, natural)
 
     return sorted(stored, key=key)

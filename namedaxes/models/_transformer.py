@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import equinox as eqx
 import jax
@@ -32,7 +32,8 @@ class DecoderLayer(eqx.Module):
 
     Pre-norm (``attn_norm``, ``mlp_norm`` on the inputs of the sublayers) or, with
     ``config.norm_after``, post-norm (``attn_out_norm``, ``mlp_out_norm`` on their outputs, before
-    the residual add). ``x`` is ``(..., position, embed)``.
+    the residual add). ``x`` is ``(..., position, embed)``. With ``config.num_experts`` the MLP is
+    a ``namedaxes.nn.MoE``.
 
     Args:
         config: The model's configuration.
@@ -44,7 +45,7 @@ class DecoderLayer(eqx.Module):
     attn: nn.Attention
     attn_out_norm: nn.RmsNorm | nn.LayerNorm | None
     mlp_norm: nn.RmsNorm | nn.LayerNorm | None
-    mlp: nn.MLP
+    mlp: nn.MLP | nn.MoE
     mlp_out_norm: nn.RmsNorm | nn.LayerNorm | None
 
     def __init__(self, config: TransformerConfig, *, key: jax.Array, dtype: Any = None):
@@ -70,15 +71,34 @@ class DecoderLayer(eqx.Module):
             context_strategy=cfg.context_strategy,
             dtype=dtype,
         )
-        self.mlp = nn.MLP(
-            Embed,
-            cfg.axis("mlp"),
-            key=k_mlp,
-            activation=cfg.activation,
-            gated=cfg.gated_mlp,
-            use_bias=cfg.mlp_bias,
-            dtype=dtype,
-        )
+        if cfg.moe:
+            shared = cfg.shared_expert_intermediate_size
+            self.mlp = nn.MoE(
+                Embed,
+                cfg.axis("experts"),
+                cfg.axis("expert_mlp"),
+                top_k=cfg.num_experts_per_tok,
+                key=k_mlp,
+                activation=cfg.activation,
+                gated=cfg.gated_mlp,
+                scoring=cfg.router_scoring,
+                normalize=cfg.norm_topk_prob,
+                capacity_factor=cfg.capacity_factor,
+                dispatch=cfg.moe_dispatch,
+                SharedHidden=cfg.axis("shared_mlp") if shared else None,
+                shared_gate=bool(shared),
+                dtype=dtype,
+            )
+        else:
+            self.mlp = nn.MLP(
+                Embed,
+                cfg.axis("mlp"),
+                key=k_mlp,
+                activation=cfg.activation,
+                gated=cfg.gated_mlp,
+                use_bias=cfg.mlp_bias,
+                dtype=dtype,
+            )
         before = None if cfg.norm_after else (_norm(cfg, Embed, dtype), _norm(cfg, Embed, dtype))
         after = (_norm(cfg, Embed, dtype), _norm(cfg, Embed, dtype)) if cfg.norm_after else None
         self.attn_norm, self.mlp_norm = before or (None, None)
@@ -91,17 +111,27 @@ class DecoderLayer(eqx.Module):
         key_mask: NamedArray | None,
         positions: NamedArray,
         cache: nn.KVCache | None = None,
+        token_mask: NamedArray | None = None,
     ) -> Any:
-        """The layer's output; with ``cache`` (this layer's), ``(output, cache)``."""
+        """The layer's output; with ``cache`` (this layer's), ``(output, cache)``; with experts
+        and no cache, ``(output, router statistics)``. ``token_mask`` (``True`` at real tokens)
+        is the experts' ``where``."""
         a = x if self.attn_norm is None else self.attn_norm(x)
         if cache is None:
             h = self.attn(a, key_mask=key_mask, positions=positions)
         else:
             h, cache = self.attn(a, key_mask=key_mask, positions=positions, cache=cache)
         x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
-        h = self.mlp(x if self.mlp_norm is None else self.mlp_norm(x))
+        h = x if self.mlp_norm is None else self.mlp_norm(x)
+        stats = None
+        if isinstance(self.mlp, nn.MoE):
+            h, stats = self.mlp(h, where=token_mask)
+        else:
+            h = self.mlp(h)
         x = x + (h if self.mlp_out_norm is None else self.mlp_out_norm(h))
-        return x if cache is None else (x, cache)
+        if cache is not None:
+            return x, cache
+        return x if stats is None else (x, stats)
 
 
 class Transformer(eqx.Module):
@@ -114,8 +144,10 @@ class Transformer(eqx.Module):
     with another :class:`TransformerConfig`; load one with :func:`from_hf`.
 
     Parameters have the logical axes ``vocab``, ``embed``, ``heads``, ``kv_heads``, ``head_dim``,
-    ``mlp``, ``layer`` (and ``max_position``), so one mapping such as
-    ``{"embed": "data", "heads": "model", "mlp": "model", "vocab": "model"}`` places all of them.
+    ``mlp``, ``layer`` (and ``max_position``; with experts ``experts``, ``expert_mlp`` and
+    ``shared_mlp``), so one mapping such as ``{"embed": "data", "heads": "model", "mlp":
+    "model", "vocab": "model"}`` places all of them; adding ``"experts": "model"`` runs the
+    experts expert-parallel.
 
     Args:
         config: The model's configuration.
@@ -213,6 +245,7 @@ class Transformer(eqx.Module):
         positions: NamedArray | None = None,
         *,
         cache: None = None,
+        return_aux_loss: Literal[False] = False,
     ) -> NamedArray: ...
 
     @overload
@@ -222,7 +255,19 @@ class Transformer(eqx.Module):
         attention_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
         *,
+        cache: None = None,
+        return_aux_loss: Literal[True],
+    ) -> tuple[NamedArray, jax.Array]: ...
+
+    @overload
+    def __call__(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None = None,
+        positions: NamedArray | None = None,
+        *,
         cache: nn.KVCache,
+        return_aux_loss: Literal[False] = False,
     ) -> tuple[NamedArray, nn.KVCache]: ...
 
     def __call__(
@@ -232,7 +277,8 @@ class Transformer(eqx.Module):
         positions: NamedArray | None = None,
         *,
         cache: nn.KVCache | None = None,
-    ) -> NamedArray | tuple[NamedArray, nn.KVCache]:
+        return_aux_loss: bool = False,
+    ) -> NamedArray | tuple[NamedArray, nn.KVCache] | tuple[NamedArray, jax.Array]:
         """Logits for every position: the ids' axes plus ``vocab``.
 
         Args:
@@ -246,6 +292,11 @@ class Transformer(eqx.Module):
                 (with a cache: its ``index`` onwards).
             cache: A :class:`~namedaxes.nn.KVCache` from :meth:`init_cache`: the ids are the
                 positions after those already in it; the call then returns ``(logits, cache)``.
+            return_aux_loss: Also return the router's load-balancing loss (``aux_loss`` of
+                ``transformers`` with ``output_router_logits=True``, over the tokens of
+                ``attention_mask``; unscaled: add ``config.router_aux_loss_coef`` times it to the
+                training loss): ``(logits, aux_loss)``; 0.0 for a model without experts. Not
+                with a cache.
 
         Raises:
             NamedTypeError: if ``ids``/``positions`` are not integer NamedArrays or the mask is
@@ -254,10 +305,16 @@ class Transformer(eqx.Module):
                 lack.
             AxisSizeError: if an input's ``position`` axis has another size than the ids'.
         """
-        if cache is None:
-            return self.logits(self.hidden_states(ids, attention_mask, positions))
-        h, cache = self.hidden_states(ids, attention_mask, positions, cache=cache)
-        return self.logits(h), cache
+        if return_aux_loss and cache is not None:
+            raise NamedTypeError(
+                "Transformer: return_aux_loss=True is for training, without a cache; call the "
+                "model with cache=None."
+            )
+        h, cache, aux = self._forward(ids, attention_mask, positions, cache)
+        logits = self.logits(h)
+        if cache is not None:
+            return logits, cache
+        return (logits, aux) if return_aux_loss else logits
 
     def logits(self, hidden: NamedArray) -> NamedArray:
         """The output head: hidden states (after the final norm) ``(..., embed)`` -> ``(..., vocab)``."""
@@ -293,6 +350,18 @@ class Transformer(eqx.Module):
     ) -> NamedArray | tuple[NamedArray, nn.KVCache]:
         """The last layer's outputs after the final norm, ``(..., position, embed)``; the
         arguments are those of calling the model (:meth:`logits` turns them into logits)."""
+        h, cache, _ = self._forward(ids, attention_mask, positions, cache)
+        return h if cache is None else (h, cache)
+
+    def _forward(
+        self,
+        ids: NamedArray,
+        attention_mask: NamedArray | None,
+        positions: NamedArray | None,
+        cache: nn.KVCache | None,
+    ) -> tuple[NamedArray, nn.KVCache | None, jax.Array]:
+        """Hidden states after the final norm, the cache (or ``None``) and the experts'
+        load-balancing loss (0.0 without experts or with a cache)."""
         pos = _position_axis(ids, "ids", integer=True)
         if cache is not None and not isinstance(cache, nn.KVCache):
             raise NamedTypeError(f"Transformer cache must be a KVCache or None, got {cache!r}.")
@@ -323,11 +392,17 @@ class Transformer(eqx.Module):
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.position_embed is not None:
             x = x + self.position_embed(positions)
-        if cache is None:
+        aux = jnp.zeros((), jnp.float32)
+        if cache is not None:
+            x, cache = self._cached_layers(x, key_mask, positions, cache, pos.size, attention_mask)
+        elif self.config.moe:
+            x, stats = self.layers.scan(
+                x, key_mask=key_mask, positions=positions, token_mask=attention_mask
+            )
+            aux = stats.load_balancing_loss()
+        else:
             x = self.layers(x, key_mask=key_mask, positions=positions)
-            return self.final_norm(x)
-        x, cache = self._cached_layers(x, key_mask, positions, cache, pos.size)
-        return self.final_norm(x), cache
+        return self.final_norm(x), cache, aux
 
     def _cached_layers(
         self,
@@ -336,6 +411,7 @@ class Transformer(eqx.Module):
         positions: NamedArray,
         cache: nn.KVCache,
         n: int,
+        token_mask: NamedArray | None,
     ) -> tuple[NamedArray, nn.KVCache]:
         """The layer stack with a cache: one fold over ``layer``, each layer writing its own
         slice of the stacked keys in place (``cache.at_layer(i)``)."""
@@ -350,7 +426,9 @@ class Transformer(eqx.Module):
             h, keys, values, mask = carry
             layer, i = xs
             view = nn.KVCache(keys, values, mask, cache.index, i)
-            h, view = layer(h, key_mask=key_mask, positions=positions, cache=view)
+            h, view = layer(
+                h, key_mask=key_mask, positions=positions, cache=view, token_mask=token_mask
+            )
             return h, view.keys, view.values, view.mask
 
         init = (x, cache.keys, cache.values, cache.mask)

@@ -27,6 +27,8 @@ from ._loss import cross_entropy as cross_entropy
 from ._loss import one_hot as one_hot
 from ._mlp import MLP as MLP
 from ._mlp import activation as activation
+from ._moe import MoE as MoE
+from ._moe import RouterStats as RouterStats
 from ._norm import LayerNorm as LayerNorm
 from ._norm import RmsNorm as RmsNorm
 
@@ -46,7 +48,9 @@ __all__ = [
     "KVCache",
     "LayerNorm",
     "Linear",
+    "MoE",
     "RmsNorm",
+    "RouterStats",
     "Stacked",
     "causal_mask",
     "cross_entropy",

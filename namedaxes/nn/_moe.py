@@ -1,0 +1,458 @@
+"""``MoE``: a mixture of experts over a named ``experts`` axis, and its router statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, cast
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec
+
+from .._array import NamedArray
+from .._axis import Axis, AxisSpec
+from .._errors import (
+    AxisNotFoundError,
+    LayerError,
+    NamedTypeError,
+    ShardingError,
+    format_axes,
+    format_names,
+)
+from .._logical._context import current_rules
+from .._logical._resolve import resolve
+from .._mesh import context_mesh
+from .._ops.elementwise import sigmoid
+from .._ops.hof import vmap
+from .._ops.shape import broadcast_to, rearrange
+from .._partitioning._shard_map import shard_map
+from .._spec import entry_axes
+from ._common import as_axes, compute, expect_axes, expect_free, output, param
+from ._linear import Linear
+from ._mlp import MLP, _by_name
+from ._moe_dispatch import Placement, Routing, local_moe
+
+__all__ = ["DISPATCHES", "MoE", "RouterStats"]
+
+#: ``dispatch`` options: ``"auto"`` is ``"dense"`` on CPU and ``"ragged"`` elsewhere.
+DISPATCHES = ("auto", "ragged", "dense")
+SCORINGS = ("softmax", "sigmoid")
+
+
+class RouterStats(eqx.Module):
+    """What a router did, summed over tokens: enough for the load-balancing loss.
+
+    ``counts`` is how many top-k choices went to each expert and ``probs`` the routing
+    probabilities summed per expert (softmax scores; sigmoid scores normalised to sum to 1 per
+    token), both over the tokens that were routed (``where``); ``tokens`` counts those tokens.
+    Statistics of several layers (``Stacked.scan`` gives them a ``layer`` axis) are pooled, as
+    ``transformers`` pools the router logits of all layers.
+    """
+
+    counts: NamedArray
+    probs: NamedArray
+    tokens: NamedArray
+
+    def load_balancing_loss(self) -> jax.Array:
+        """The auxiliary load-balancing loss of Switch Transformer, as ``transformers`` computes it.
+
+        ``num_experts * sum_e f_e * P_e``, with ``f_e`` the fraction of top-k choices that went
+        to expert ``e`` (per token, so the ``f_e`` sum to ``top_k``) and ``P_e`` the mean routing
+        probability of ``e``, both over every routed token of every layer. It is 1 for a uniform
+        router (times ``top_k``) and grows as the load concentrates. Scale it (e.g. by
+        ``router_aux_loss_coef``) and add it to the training loss.
+
+        Returns:
+            A float32 scalar.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> import namedaxes as na
+            >>> even = na.nn.RouterStats(  # 4 tokens, top-2 of 4 experts, spread evenly
+            ...     counts=na.named(jnp.full(4, 2.0), "experts"),
+            ...     probs=na.named(jnp.full(4, 1.0), "experts"),
+            ...     tokens=na.named(jnp.asarray(4.0), ()),
+            ... )
+            >>> float(even.load_balancing_loss())  # 4 * 4 * (2/4 * 1/4): top_k for an even load
+            2.0
+        """
+        experts = self.counts.axes[-1]
+        n = jnp.maximum(jnp.sum(self.tokens.array), 1.0)
+        keep = (experts.name,)
+        f = _sum_but(self.counts, keep) / n
+        p = _sum_but(self.probs, keep) / n
+        return experts.size * jnp.sum(f * p)
+
+
+def _sum_but(x: NamedArray, keep: tuple[str, ...]) -> jax.Array:
+    others = tuple(n for n in x.axis_names if n not in keep)
+    return (x.sum(others) if others else x).array
+
+
+class MoE(eqx.Module):
+    """A mixture of experts: each token goes through the ``top_k`` of ``Experts`` MLPs its router
+    scores highest, weighted by those scores.
+
+    Parameters: ``router`` (``Embed -> Experts``, no bias) and ``experts``, one gated MLP
+    (``down(act(gate(x)) * up(x))``, or ``down(act(up(x)))`` with ``gated=False``) per expert:
+    weights ``(experts, embed, Hidden)`` and ``(experts, Hidden, embed)``. Optional: a ``shared``
+    MLP every token goes through (hidden axis ``shared_mlp``), scaled by ``sigmoid`` of a
+    ``shared_gate`` (``Embed -> shared_gate``, size 1) with ``shared_gate=True`` (Qwen2-MoE).
+
+    Routing: scores are ``softmax`` (or ``sigmoid``) of the router logits, in float32; each token
+    takes the ``top_k`` highest and weights its experts' outputs by their scores (renormalised to
+    sum to 1 with ``normalize=True``, as Mixtral does). With ``capacity_factor=c`` each expert
+    takes at most ``ceil(c * top_k * n / E)`` of the choices made by the ``n`` tokens of a sequence
+    (each index of the input's axes other than ``position`` and ``Embed``; the whole input without
+    a ``position`` axis), in position order; the rest are dropped (those tokens get less, or
+    nothing, from the experts). Without it (default) nothing is dropped.
+
+    Dispatch: ``"ragged"`` sorts the choices by expert and runs each projection as one grouped
+    matmul (``jax.lax.ragged_dot``); ``"dense"`` runs every expert on every token and combines
+    them with the routing weights (zero for experts not chosen): ``E / top_k`` times the work, no
+    sorting. ``"auto"`` (default) is ``"ragged"`` on GPUs and TPUs and ``"dense"`` on CPUs, where
+    XLA computes ``ragged_dot`` as a masked dense product (``top_k`` times the dense work). Both
+    give the same values.
+
+    Under a mapping, the layer runs per device (``shard_map``): placing ``experts`` on mesh axes
+    is expert parallelism (each device holds and computes its block of experts; with
+    ``"ragged"`` the tokens' choices travel to their experts' devices and back by all-to-all),
+    placing ``Hidden`` splits each expert (tensor parallelism), and the token axes stay where
+    they are. ``Embed`` is gathered for the layer.
+
+    Args:
+        Embed: The input and output axes.
+        Experts: The experts axis, e.g. ``Axis("experts", 8)``.
+        Hidden: Each expert's hidden axes, e.g. ``{"expert_mlp": 1024}``.
+        top_k: Experts per token.
+        key: PRNG key.
+        activation: A function of a NamedArray or an activation name (default ``"silu"``).
+        gated: Gated experts (SwiGLU with ``"silu"``).
+        scoring: ``"softmax"`` or ``"sigmoid"``.
+        normalize: Renormalise each token's top-k weights to sum to 1.
+        capacity_factor: Capacity per expert as a multiple of an even share, or ``None``
+            (dropless).
+        dispatch: ``"auto"``, ``"ragged"`` or ``"dense"``.
+        SharedHidden: The hidden axes of a shared expert, or ``None`` for none.
+        shared_gate: Scale the shared expert by a learned sigmoid gate.
+        position: The sequence axis of the inputs (capacity counts per sequence).
+        init_scale: Passed to every ``Linear``.
+        dtype: The parameters' float dtype.
+
+    Raises:
+        LayerError: for ``top_k`` outside ``1 .. Experts.size``, an unknown ``scoring``,
+            ``dispatch`` or activation, or a capacity factor that is not positive.
+
+    Example:
+        >>> import jax
+        >>> import namedaxes as na
+        >>> moe = na.nn.MoE({"embed": 8}, na.Axis("experts", 4), {"expert_mlp": 16}, top_k=2,
+        ...                 key=jax.random.key(0))
+        >>> moe.experts.up.weight
+        NamedArray(float32, experts=4, embed=8, expert_mlp=16)
+        >>> y, stats = moe(na.ones({"batch": 2, "position": 3, "embed": 8}))
+        >>> y, float(stats.tokens.array)
+        (NamedArray(float32, batch=2, position=3, embed=8), 6.0)
+        >>> loss = 0.01 * stats.load_balancing_loss()  # add to the training loss
+    """
+
+    router: Linear
+    experts: MLP
+    shared: MLP | None
+    shared_gate: Linear | None
+    Embed: tuple[Axis, ...] = eqx.field(static=True)
+    Experts: Axis = eqx.field(static=True)
+    Hidden: tuple[Axis, ...] = eqx.field(static=True)
+    top_k: int = eqx.field(static=True)
+    scoring: str = eqx.field(static=True)
+    normalize: bool = eqx.field(static=True)
+    capacity_factor: float | None = eqx.field(static=True)
+    dispatch: str = eqx.field(static=True)
+    position: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        Embed: AxisSpec,
+        Experts: Axis,
+        Hidden: AxisSpec,
+        *,
+        top_k: int,
+        key: jax.Array,
+        activation: Callable[[NamedArray], NamedArray] | str = "silu",
+        gated: bool = True,
+        scoring: str = "softmax",
+        normalize: bool = False,
+        capacity_factor: float | None = None,
+        dispatch: str = "auto",
+        SharedHidden: AxisSpec | None = None,
+        shared_gate: bool = False,
+        position: str = "position",
+        init_scale: float = 1.0,
+        dtype: Any = None,
+    ):
+        self.Embed, self.Hidden = as_axes(Embed, "MoE Embed"), as_axes(Hidden, "MoE Hidden")
+        if not isinstance(Experts, Axis):
+            raise NamedTypeError(
+                f"MoE needs an Axis for Experts, e.g. Axis('experts', 8), got {Experts!r}."
+            )
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= Experts.size:
+            raise LayerError(
+                f"MoE: top_k={top_k!r} must be an int from 1 to the {Experts.size} experts."
+            )
+        _check_choice("scoring", scoring, SCORINGS)
+        _check_choice("dispatch", dispatch, DISPATCHES)
+        if capacity_factor is not None and not (
+            isinstance(capacity_factor, (int, float))
+            and not isinstance(capacity_factor, bool)
+            and capacity_factor > 0
+        ):
+            raise LayerError(
+                f"MoE: capacity_factor={capacity_factor!r} must be a positive number, or None "
+                "for dropless routing."
+            )
+        act = _by_name(activation) if isinstance(activation, str) else activation
+        k_router, k_experts, k_shared, k_gate = jax.random.split(key, 4)
+        kw = dict(use_bias=False, init_scale=init_scale, dtype=dtype)
+        self.router = Linear(self.Embed, Experts, key=k_router, **kw)
+
+        def one(k: jax.Array) -> MLP:
+            return MLP(self.Embed, self.Hidden, key=k, activation=act, gated=gated, **kw)
+
+        keys = jax.random.split(k_experts, Experts.size)
+        self.experts = vmap(one, Experts, map_plain=True)(keys)
+        self.shared = None
+        if SharedHidden is not None:
+            shared_axes = as_axes(SharedHidden, "MoE SharedHidden")
+            self.shared = MLP(
+                self.Embed, shared_axes, key=k_shared, activation=act, gated=gated, **kw
+            )
+        self.shared_gate = None
+        if shared_gate:
+            if self.shared is None:
+                raise LayerError("MoE: shared_gate=True needs a shared expert (SharedHidden=...).")
+            self.shared_gate = Linear(self.Embed, Axis("shared_gate", 1), key=k_gate, **kw)
+        self.Experts, self.top_k, self.scoring = Experts, top_k, scoring
+        self.normalize = bool(normalize)
+        self.capacity_factor = None if capacity_factor is None else float(capacity_factor)
+        self.dispatch, self.position = dispatch, position
+
+    def __call__(
+        self, x: NamedArray, *, where: NamedArray | None = None
+    ) -> tuple[NamedArray, RouterStats]:
+        """Route every token of ``x`` to its experts; the output has ``x``'s axes.
+
+        Args:
+            x: ``(..., Embed)``: every other axis is a token axis.
+            where: Optional boolean NamedArray over (some of) the token axes: ``False`` tokens
+                (padding) skip the routed experts (their output is only the shared expert's, if
+                any) and are left out of the statistics and of the capacity.
+
+        Returns:
+            ``(y, stats)``: the output and the :class:`RouterStats` of this call.
+
+        Raises:
+            AxisNotFoundError: if ``x`` lacks an ``Embed`` axis, or ``where`` has an axis ``x``
+                lacks.
+            DuplicateAxisError: if ``x`` already has the experts or hidden axes.
+            ShardingError: if the mapping splits the tokens over the mesh axes of ``Hidden``,
+                or, with a capacity, splits a sequence over devices.
+        """
+        x = expect_axes(x, self.Embed, "MoE")
+        names = [self.Experts.name, *(a.name for a in self.Hidden)]
+        expect_free(x, names, "MoE", "is an axis the layer creates")
+        embed = tuple(a.name for a in self.Embed)
+        tokens = [a for a in x.axes if a.name not in embed]
+        if self.position in {a.name for a in tokens}:  # capacity groups: one sequence each
+            tokens = [a for a in tokens if a.name != self.position] + [
+                x.resolve_axis(self.position)
+            ]
+        mask = _mask(where, tokens)
+        xc = rearrange(compute(x), [a.name for a in tokens] + list(embed))
+        weights = (
+            param(self.router.weight),
+            None if self.experts.gate is None else param(self.experts.gate.weight),
+            param(self.experts.up.weight),
+            param(self.experts.down.weight),
+        )
+        y, counts, probs, count = self._run(xc, mask, weights, tokens)
+        y = rearrange(y, x.axis_names)
+        if self.shared is not None:
+            s = self.shared(x)
+            if self.shared_gate is not None:
+                s = s * sigmoid(self.shared_gate(x))["shared_gate", 0]
+            y = y + s
+        return output(y), RouterStats(counts, probs, count)
+
+    def _routing(self, tokens: list[Axis]) -> Routing:
+        dispatch = self.dispatch
+        if dispatch == "auto":
+            dispatch = "dense" if jax.default_backend() == "cpu" else "ragged"
+        group = tokens[-1].size if tokens and tokens[-1].name == self.position else None
+        experts = self.Experts.size
+        capacity = None
+        if self.capacity_factor is not None:
+            n = group if group is not None else math.prod(a.size for a in tokens)
+            capacity = math.ceil(self.capacity_factor * self.top_k * n / experts)
+        act = self.experts.activation
+        return Routing(
+            experts=experts,
+            top_k=self.top_k,
+            scoring=self.scoring,
+            normalize=self.normalize,
+            capacity=capacity,
+            group=group if group is not None else -1,
+            dispatch=dispatch,
+            activation=lambda a: act(NamedArray(a, _dims(a))).array,
+            gated=self.experts.gate is not None,
+        )
+
+    def _run(
+        self, x: NamedArray, mask: NamedArray, weights: tuple[Any, ...], tokens: list[Axis]
+    ) -> tuple[NamedArray, NamedArray, NamedArray, NamedArray]:
+        routing = self._routing(tokens)
+        entries = self._entries(x, weights[2])
+        n_embed = len(self.Embed)
+
+        def body(x: NamedArray, mask: NamedArray, *w: Any, p: Placement) -> Any:
+            local = x.axes[: x.ndim - n_embed]
+            t = math.prod(a.size for a in local)
+            r = routing
+            if r.group == -1:  # one group: all of this device's tokens
+                r = dataclasses.replace(r, group=t)
+            h = math.prod(a.size for a in self.Embed)
+            router, gate, up, down = (
+                None if v is None else self._array(v, kind)
+                for v, kind in zip(w, ("router", "gate", "up", "down"))
+            )
+            y, (c, pr, n) = local_moe(
+                x.array.reshape(t, h), mask.array.reshape(t), cast(jax.Array, router),
+                (gate, cast(jax.Array, up), cast(jax.Array, down)), r, p,
+            )  # fmt: skip
+            out = NamedArray(y.reshape(x.array.shape), x.axes)
+            exp = (self.Experts,)
+            return out, NamedArray(c, exp), NamedArray(pr, exp), NamedArray(n, ())
+
+        if entries is None:
+            return body(x, mask, *weights, p=Placement())  # type: ignore[no-any-return]
+        placement, specs = self._placement(x, mask, weights, entries)
+        run = shard_map(
+            lambda *a: body(*a, p=placement),
+            in_specs=specs,
+            out_specs=(specs[0], PartitionSpec(), PartitionSpec(), PartitionSpec()),
+            check_vma=False,
+        )
+        return run(x, mask, *weights)  # type: ignore[no-any-return]
+
+    def _array(self, w: NamedArray, kind: str) -> jax.Array:
+        """A weight as ``(H, E)`` (router), ``(E, H, I)`` (gate, up) or ``(E, I, H)`` (down)."""
+        embed = [a.name for a in self.Embed]
+        hidden = [a.name for a in self.Hidden]
+        experts = self.Experts.name
+        if kind == "router":
+            return rearrange(w, embed + [experts]).array.reshape(-1, w.axis_size(experts))
+        order = [experts] + (hidden + embed if kind == "down" else embed + hidden)
+        first, second = (hidden, embed) if kind == "down" else (embed, hidden)
+        shape = (w.axis_size(experts), _size(w, first), _size(w, second))
+        return rearrange(w, order).array.reshape(shape)
+
+    def _entries(self, x: NamedArray, up: NamedArray) -> dict[str, Any] | None:
+        """``{axis name: mesh axes}`` for the tokens, experts and hidden axes, or ``None`` when
+        the layer runs without ``shard_map`` (no mesh, one device, or an Auto mesh without a
+        mapping: XLA places it)."""
+        mesh = context_mesh()
+        if mesh is None or math.prod(mesh.shape.values()) == 1:
+            return None
+        rules = current_rules()
+        if rules is not None:
+            specs = [resolve(x.axes, rules, mesh), resolve(up.axes, rules, mesh)]
+        elif any(t == AxisType.Explicit for t in mesh.axis_types):
+            specs = [jax.typeof(v.array).sharding.spec for v in (x, up)]
+        else:
+            return None
+        out: dict[str, Any] = {}
+        for v, spec in zip((x, up), specs):
+            out.update(zip(v.axis_names, tuple(spec) + (None,) * v.ndim))
+        for a in self.Embed:
+            out[a.name] = None
+        if not any(e is not None for e in out.values()):
+            return None
+        return out
+
+    def _placement(
+        self, x: NamedArray, mask: NamedArray, weights: tuple[Any, ...], entries: dict[str, Any]
+    ) -> tuple[Placement, tuple[Any, ...]]:
+        mesh = context_mesh()
+        sizes = tuple((str(k), int(v)) for k, v in dict(mesh.shape).items())  # type: ignore[union-attr]
+        token_names = [n for n in x.axis_names if n not in {a.name for a in self.Embed}]
+        tok = [m for n in token_names for m in entry_axes(entries[n])]
+        ep = entry_axes(entries.get(self.Experts.name))
+        tp = tuple(m for a in self.Hidden for m in entry_axes(entries.get(a.name)))
+        clash = sorted(set(tp) & set(tok))
+        if clash:
+            raise ShardingError(
+                f"MoE: the mapping splits the tokens of NamedArray({format_axes(x.axes)}) and the "
+                f"experts' hidden axes {format_names(a.name for a in self.Hidden)} over the same "
+                f"mesh axes {format_names(clash)}. Map the hidden axes elsewhere (or to None)."
+            )
+        if self.capacity_factor is not None:
+            grouped = [self.position] if self.position in token_names else token_names
+            split = [n for n in grouped if entries[n] is not None]
+            if split:
+                raise ShardingError(
+                    f"MoE: capacity counts along {format_names(grouped)}, but the mapping splits "
+                    f"{format_names(split)} over devices. Keep the sequence whole on each device "
+                    "(map it to None) or use dropless routing (capacity_factor=None)."
+                )
+        many = {k for k, v in sizes if v > 1}  # collectives over one device are left out
+        ep = tuple(m for m in ep if m in many)
+        tokens = tuple(m for m in dict.fromkeys(tok) if m in many)
+        placement = Placement(
+            ep=ep,
+            rep=tuple(m for m in ep if m not in tokens),
+            split=tuple(m for m in ep if m in tokens),
+            tokens=tokens,
+            tp=tuple(m for m in tp if m in many),
+            sizes=sizes,
+        )
+
+        def spec(v: Any) -> Any:
+            if v is None:
+                return None
+            return PartitionSpec(*(entries.get(n) for n in v.axis_names))
+
+        router = PartitionSpec()
+        specs = (spec(x), spec(mask), router, *(spec(w) for w in weights[1:]))
+        return placement, specs
+
+
+def _size(w: NamedArray, names: list[str]) -> int:
+    return math.prod(w.axis_size(n) for n in names)
+
+
+def _dims(a: jax.Array) -> tuple[Axis, ...]:
+    return tuple(Axis(f"d{i}", int(s)) for i, s in enumerate(a.shape))
+
+
+def _check_choice(what: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise LayerError(f"MoE: {what}={value!r} is not one of {format_names(options)}.")
+
+
+def _mask(where: Any, tokens: list[Axis]) -> NamedArray:
+    if where is None:
+        return NamedArray(jnp.ones(tuple(a.size for a in tokens), bool), tuple(tokens))
+    if not isinstance(where, NamedArray) or where.dtype != jnp.bool_:
+        raise NamedTypeError(
+            f"MoE: where must be a boolean NamedArray over the token axes, got {where!r}."
+        )
+    names = {a.name for a in tokens}
+    extra = [n for n in where.axis_names if n not in names]
+    if extra:
+        raise AxisNotFoundError(
+            f"MoE: where NamedArray({format_axes(where.axes)}) has axis {extra[0]!r}, which is not "
+            f"a token axis of the input (token axes: {format_names(a.name for a in tokens)})."
+        )
+    return broadcast_to(where, tuple(tokens))

@@ -1,0 +1,246 @@
+"""The per-device computation of :class:`~namedaxes.nn.MoE` on plain arrays.
+
+Layout: tokens ``x (T, H)`` (every token axis flattened, the capacity groups contiguous), the
+router ``(H, E)``, the experts' projections ``(E_local, H, I)`` and ``(E_local, I, H)``. The
+steps: route (scores, top-k, capacity), then the expert MLPs, either
+
+* ``"ragged"``: the ``T * k`` assignments sorted by expert and run as one grouped matmul
+  (``jax.lax.ragged_dot``) per projection; or
+* ``"dense"``: every (local) expert on every token, combined with the routing weights (zero for
+  the experts a token did not choose).
+
+Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` sends each
+assignment to the device that holds its expert with an all-to-all and brings the results back
+with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
+capacity, the worst case of all of a device's assignments going to one device (so nothing is
+dropped, at ``n`` times the rows of an even split); with one, the most its capacity lets through
+from the sequences the device holds. Where the tokens
+are the same on several of those devices, each takes its share of them first and the results are
+all-gathered at the end. ``"dense"`` exchanges no tokens: each device runs its experts on the
+tokens of its group and the partial results are summed (reduce-scattered where the tokens are
+split).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Placement", "Routing", "local_moe"]
+
+F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """The static options of one call."""
+
+    experts: int
+    top_k: int
+    scoring: str  # "softmax" | "sigmoid"
+    normalize: bool
+    capacity: int | None  # assignments each expert takes per group; None: dropless
+    group: int  # tokens per capacity group (consecutive in x)
+    dispatch: str  # "ragged" | "dense"
+    activation: Callable[[jax.Array], jax.Array]
+    gated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Which mesh axes split what, for the collectives (all empty on one device)."""
+
+    ep: tuple[str, ...] = ()  # the experts
+    rep: tuple[str, ...] = ()  # those of ``ep`` along which every device has the same tokens
+    split: tuple[str, ...] = ()  # those of ``ep`` that split the tokens
+    tokens: tuple[str, ...] = ()  # every mesh axis that splits the tokens
+    tp: tuple[str, ...] = ()  # the experts' hidden axis
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    def count(self, axes: tuple[str, ...]) -> int:
+        sizes = dict(self.sizes)
+        return math.prod(sizes[a] for a in axes)
+
+
+def _name(axes: tuple[str, ...]) -> str | tuple[str, ...]:
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _psum(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    return jax.lax.psum(x, _name(axes)) if axes else x
+
+
+def route(
+    x: jax.Array, router: jax.Array, mask: jax.Array, r: Routing
+) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    """Top-k weights ``(T, k)`` (float32), expert ids ``(T, k)``, which assignments run ``(T, k)``,
+    and the load statistics (choices per expert, summed probabilities, tokens) of the tokens in
+    ``mask``."""
+    logits = jnp.dot(x, router).astype(F32)
+    if r.scoring == "softmax":
+        scores = jax.nn.softmax(logits, axis=-1)
+        probs = scores
+    else:
+        scores = jax.nn.sigmoid(logits)
+        probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    weights, ids = jax.lax.top_k(scores, r.top_k)
+    if r.normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    real = mask.astype(F32)
+    chosen = jax.nn.one_hot(ids, r.experts, dtype=F32)  # (T, k, E)
+    counts = jnp.einsum("tke,t->e", chosen, real)
+    stats = (counts, jnp.einsum("te,t->e", probs, real), jnp.sum(real))
+    keep = jnp.broadcast_to(mask[:, None], ids.shape)
+    if r.capacity is not None:
+        # Position of each assignment among its expert's, in (token, choice) order per group.
+        taken = (chosen * keep[..., None].astype(F32)).astype(jnp.int32)
+        groups = taken.reshape(-1, r.group * r.top_k, r.experts)
+        before = jnp.cumsum(groups, axis=1).reshape(taken.shape) - taken
+        position = jnp.sum(before * taken, axis=-1)
+        keep = keep & (position < r.capacity)
+    return weights * keep.astype(F32), ids.astype(jnp.int32), keep, stats
+
+
+def _ffn_ragged(
+    rows: jax.Array, sizes: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array],
+    r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
+    gate, up, down = w
+    h = jax.lax.ragged_dot(rows, up, sizes)
+    if gate is not None:
+        h = r.activation(jax.lax.ragged_dot(rows, gate, sizes)) * h
+    else:
+        h = r.activation(h)
+    return _psum(jax.lax.ragged_dot(h, down, sizes), p.tp)
+
+
+def _ffn_dense(
+    x: jax.Array, combine: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array],
+    r: Routing,
+) -> jax.Array:  # fmt: skip
+    """Every expert of ``w`` on every token, summed with the weights ``combine (T, E)``."""
+    gate, up, down = w
+    h = jnp.einsum("th,ehi->tei", x, up)
+    if gate is not None:
+        h = r.activation(jnp.einsum("th,ehi->tei", x, gate)) * h
+    else:
+        h = r.activation(h)
+    out = jnp.einsum("tei,eih->teh", h, down)
+    return jnp.einsum("teh,te->th", out, combine.astype(out.dtype))
+
+
+def _sizes(keys: jax.Array, n: int) -> jax.Array:
+    """How many of ``keys`` equal each of ``0 .. n-1`` (a key ``n`` counts nowhere)."""
+    return jnp.zeros((n + 1,), jnp.int32).at[keys].add(1)[:n]
+
+
+def _dense(
+    x: jax.Array, weights: jax.Array, ids: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    t = x.shape[0]
+    combine = jnp.zeros((t, r.experts), F32).at[jnp.arange(t)[:, None], ids].add(weights)
+    if p.split:  # the group's tokens, from the devices that split them
+        x = jax.lax.all_gather(x, _name(p.split), axis=0, tiled=True)
+        combine = jax.lax.all_gather(combine, _name(p.split), axis=0, tiled=True)
+    local = w[1].shape[0]
+    if p.ep:
+        first = jax.lax.axis_index(_name(p.ep)) * local
+        combine = jax.lax.dynamic_slice_in_dim(combine, first, local, axis=1)
+    y = _psum(_ffn_dense(x, combine, w, r), p.tp + p.rep)
+    if p.split:
+        y = jax.lax.psum_scatter(y, _name(p.split), scatter_dimension=0, tiled=True)
+    return y
+
+
+def _ragged_local(
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    t, k = ids.shape
+    key = jnp.where(keep, ids, r.experts).reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    token = order // k
+    out = _ffn_ragged(x[token], _sizes(key, r.experts), w, r, p)
+    contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+    return jnp.zeros_like(x).at[token].add(contrib)
+
+
+def _block(tokens: int, local: int, r: Routing) -> int:
+    """Rows of the block one device sends another: all of its ``tokens * top_k`` choices (they
+    may all go to one device's experts), or, with a capacity, at most ``capacity`` per expert and
+    sequence of the sequences these tokens overlap."""
+    choices = tokens * r.top_k
+    if r.capacity is None:
+        return choices
+    sequences = tokens // r.group if tokens % r.group == 0 else -(-tokens // r.group) + 1
+    return min(choices, sequences * local * r.capacity)
+
+
+def _ragged_exchange(
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    t_all, k = ids.shape
+    h = x.shape[1]
+    if p.rep:  # the same tokens on these devices: each takes its share
+        share = -(-t_all // p.count(p.rep))
+        pad = share * p.count(p.rep) - t_all
+        if pad:
+            x = jnp.pad(x, ((0, pad), (0, 0)))
+            weights, ids = jnp.pad(weights, ((0, pad), (0, 0))), jnp.pad(ids, ((0, pad), (0, 0)))
+            keep = jnp.pad(keep, ((0, pad), (0, 0)))
+        first = jax.lax.axis_index(_name(p.rep)) * share
+        x, weights, ids, keep = (
+            jax.lax.dynamic_slice_in_dim(a, first, share, axis=0) for a in (x, weights, ids, keep)
+        )
+    n = p.count(p.ep)
+    local = r.experts // n
+    a = _block(ids.shape[0], local, r)
+    key = jnp.where(keep, ids, r.experts).reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    key = key[order]
+    token = order // k
+    dest = key // local  # n for dropped assignments: written nowhere
+    start = jnp.cumsum(_sizes(dest, n)) - _sizes(dest, n)
+    slot = jnp.arange(ids.size) - start[jnp.minimum(dest, n - 1)]
+    send = jnp.zeros((n, a, h), x.dtype).at[dest, slot].set(x[token], mode="drop")
+    send_expert = (
+        jnp.full((n, a), local, jnp.int32).at[dest, slot].set(key - dest * local, mode="drop")
+    )
+    ep = _name(p.ep)
+    rows = jax.lax.all_to_all(send, ep, 0, 0, tiled=True).reshape(n * a, h)
+    expert = jax.lax.all_to_all(send_expert, ep, 0, 0, tiled=True).reshape(n * a)
+    by_expert = jnp.argsort(expert, stable=True)
+    done = _ffn_ragged(rows[by_expert], _sizes(expert, local), w, r, p)
+    done = jnp.zeros_like(rows).at[by_expert].set(done).reshape(n, a, h)
+    back = jax.lax.all_to_all(done, ep, 0, 0, tiled=True)
+    sent = dest < n
+    out = back[jnp.minimum(dest, n - 1), slot] * sent[:, None].astype(x.dtype)
+    contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+    y = jnp.zeros_like(x).at[token].add(contrib)
+    if p.rep:
+        y = jax.lax.all_gather(y, _name(p.rep), axis=0, tiled=True)[:t_all]
+    return y
+
+
+def local_moe(
+    x: jax.Array, mask: jax.Array, router: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:  # fmt: skip
+    """The MoE output ``(T, H)`` of this device's tokens and the load statistics (summed over
+    the devices that split the tokens)."""
+    weights, ids, keep, stats = route(x, router, mask, r)
+    stats = tuple(_psum(s, p.tokens) for s in stats)  # type: ignore[assignment]
+    if r.dispatch == "dense":
+        y = _dense(x, weights, ids, w, r, p)
+    elif p.ep:
+        y = _ragged_exchange(x, weights, ids, keep, w, r, p)
+    else:
+        y = _ragged_local(x, weights, ids, keep, w, r, p)
+    return y, stats  # type: ignore[return-value]

@@ -1,0 +1,305 @@
+"""nn.MoE against a per-token NumPy oracle (routing, capacity, padding, shared expert, statistics),
+ragged and dense dispatch agreeing in values and gradients, and expert parallelism: a MoE
+Transformer sharded with experts on 2 or 4 devices (with data and tensor parallelism, Auto and
+Explicit meshes) equals the unsharded one in logits, load-balancing loss and gradients, with the
+tokens exchanged by all-to-all and no gather of every expert's activations."""
+
+import math
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes import Axis, models
+
+Embed, Experts, Hidden = Axis("embed", 6), Axis("experts", 4), Axis("expert_mlp", 5)
+
+
+def _silu(h):
+    return h / (1 + np.exp(-h))
+
+
+def oracle(moe, x, where=None):
+    """The MoE output, token by token, in float64 (choices in (position, choice) order for the
+    capacity of each sequence)."""
+    f64 = lambda a: np.asarray(a.array, np.float64)  # noqa: E731
+    xs = np.moveaxis(f64(x), x.axis_names.index("embed"), -1)
+    lead = xs.shape[:-1]
+    tokens = xs.reshape(-1, Embed.size)
+    seq = x.axis_size("position")
+    real = np.ones(len(tokens), bool)
+    if where is not None:
+        real = np.broadcast_to(np.asarray(where.array), lead).reshape(-1)
+    logits = tokens @ f64(moe.router.weight)
+    if moe.scoring == "softmax":
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        probs = scores
+    else:
+        scores = 1 / (1 + np.exp(-logits))
+        probs = scores / scores.sum(-1, keepdims=True)
+    gate = None if moe.experts.gate is None else f64(moe.experts.gate.weight)
+    up, down = f64(moe.experts.up.weight), f64(moe.experts.down.weight)
+    e_count = Experts.size
+    capacity = None
+    if moe.capacity_factor is not None:
+        capacity = math.ceil(moe.capacity_factor * moe.top_k * seq / e_count)
+    out = np.zeros_like(tokens)
+    used, counts = {}, np.zeros(e_count)
+    for t, row in enumerate(tokens):
+        if not real[t]:
+            continue
+        chosen = np.argsort(-scores[t], kind="stable")[: moe.top_k]
+        weights = scores[t, chosen]
+        if moe.normalize:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen, weights):
+            counts[e] += 1
+            slot = used.get((t // seq, e), 0)
+            used[(t // seq, e)] = slot + 1
+            if capacity is not None and slot >= capacity:
+                continue
+            h = row @ up[e]
+            h = _silu(row @ gate[e]) * h if gate is not None else _silu(h)
+            out[t] += w * (h @ down[e])
+    if moe.shared is not None:
+        s = _silu(tokens @ f64(moe.shared.gate.weight)) * (tokens @ f64(moe.shared.up.weight))
+        s = s @ f64(moe.shared.down.weight)
+        if moe.shared_gate is not None:
+            s = s / (1 + np.exp(-(tokens @ f64(moe.shared_gate.weight))))
+        out += s
+    n = real.sum()
+    aux = e_count * np.sum(counts / n * (probs * real[:, None]).sum(0) / n)
+    return out.reshape(lead + (Embed.size,)), counts, aux
+
+
+def build(**options):
+    return na.nn.MoE(Embed, Experts, Hidden, top_k=2, key=jax.random.key(3), **options)
+
+
+X = na.random.normal(jax.random.key(4), {"batch": 2, "position": 8, "embed": 6})
+
+
+@eqx.filter_jit
+def run(moe, x, where=None):
+    return moe(x, where=where)
+
+
+CASES = {
+    "softmax": {},
+    "normalized": dict(normalize=True),
+    "sigmoid": dict(scoring="sigmoid", normalize=True),
+    "ungated": dict(gated=False),
+    "capacity": dict(capacity_factor=0.5),
+    "shared": dict(SharedHidden={"shared_mlp": 7}, shared_gate=True),
+}
+
+
+@pytest.mark.parametrize("dispatch", ["dense", "ragged"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_values_and_statistics_match_the_oracle(case, dispatch):
+    moe = build(dispatch=dispatch, **CASES[case])
+    y, stats = run(moe, X)
+    want, counts, aux = oracle(moe, X)
+    assert y.axes == X.axes
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(stats.counts.array, counts)
+    assert stats.counts.axes == (Experts,) and int(stats.tokens.array) == 16
+    np.testing.assert_allclose(stats.load_balancing_loss(), aux, rtol=1e-5)
+    if case == "capacity":  # some choices were dropped: not the dropless result
+        dropless, _, _ = oracle(build(dispatch=dispatch), X)
+        assert np.abs(want - dropless).max() > 1e-2
+
+
+def test_padding_skips_experts_statistics_and_capacity():
+    """Tokens where `where` is False get nothing from the routed experts, leave the statistics,
+    and take no capacity from later tokens of their sequence (left padding)."""
+    where = na.named(jnp.arange(8) >= 3, "position")  # every row padded on the left by 3
+    for dispatch in ("dense", "ragged"):
+        moe = build(dispatch=dispatch, capacity_factor=0.5)
+        y, stats = run(moe, X, where)
+        want, counts, aux = oracle(moe, X, where)
+        np.testing.assert_allclose(y.array, want, atol=1e-5)
+        assert np.all(np.asarray(y.array)[:, :3] == 0)
+        np.testing.assert_array_equal(stats.counts.array, counts)
+        assert int(stats.tokens.array) == 10
+        np.testing.assert_allclose(stats.load_balancing_loss(), aux, rtol=1e-5)
+
+
+def test_ragged_and_dense_have_the_same_gradients():
+    def loss(moe, x):
+        y, stats = moe(x)
+        return jnp.sum(jnp.sin(y.array)) + stats.load_balancing_loss()
+
+    grads = [
+        eqx.filter_jit(eqx.filter_grad(loss))(build(dispatch=d, normalize=True), X)
+        for d in ("dense", "ragged")
+    ]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    router = grads[0].router.weight.array
+    assert np.abs(router).max() > 1e-3  # the router learns through the weights and the loss
+
+
+def test_statistics_pool_over_layers_as_transformers_does():
+    """Two layers' statistics (a `layer` axis) give one loss over the pooled counts and
+    probabilities, not the mean of the per-layer losses."""
+    a, b = build(), build(scoring="sigmoid")
+    (_, s1), (_, s2) = run(a, X), run(b, X)
+    is_named = lambda v: isinstance(v, na.NamedArray)  # noqa: E731
+    both = jax.tree.map(lambda u, v: na.stack("layer", [u, v]), s1, s2, is_leaf=is_named)
+    assert both.counts.axis_names == ("layer", "experts")
+    n = 32.0
+    f = (s1.counts.array + s2.counts.array) / n
+    p = (s1.probs.array + s2.probs.array) / n
+    np.testing.assert_allclose(both.load_balancing_loss(), 4 * np.sum(f * p), rtol=1e-6)
+
+
+def test_errors():
+    with pytest.raises(na.LayerError, match=r"MoE: top_k=5 must be an int from 1 to the 4"):
+        na.nn.MoE(Embed, Experts, Hidden, top_k=5, key=jax.random.key(0))
+    with pytest.raises(na.LayerError, match=r"MoE: dispatch='sparse' is not one of 'auto', "):
+        build(dispatch="sparse")
+    with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a positive number"):
+        build(capacity_factor=0)
+    with pytest.raises(na.LayerError, match=r"shared_gate=True needs a shared expert"):
+        build(shared_gate=True)
+    moe = build()
+    with pytest.raises(na.AxisNotFoundError, match=r"MoE works over axis 'embed'"):
+        moe(X.rename({"embed": "hidden"}))
+    with pytest.raises(na.AxisNotFoundError, match=r"where NamedArray\(vocab=3\) has axis 'vocab'"):
+        moe(X, where=na.named(jnp.ones(3, bool), "vocab"))
+    with pytest.raises(na.NamedTypeError, match=r"where must be a boolean NamedArray"):
+        moe(X, where=na.ones({"position": 8}))
+
+
+def test_mapping_errors(mesh_2x4):
+    """Placements the layer cannot run by are refused while tracing, naming the axes."""
+    capacity = build(capacity_factor=1.0)
+    even = na.nn.MoE(Embed, Experts, {"expert_mlp": 4}, top_k=2, key=jax.random.key(0))
+    call = lambda moe: eqx.filter_eval_shape(lambda m, x: m(x), moe, X)  # noqa: E731
+    with jax.set_mesh(mesh_2x4):
+        with (
+            na.axis_mapping({"position": "model"}),
+            pytest.raises(
+                na.ShardingError,
+                match=r"capacity counts along 'position', but the mapping splits 'position' over "
+                r"devices\. Keep the sequence whole",
+            ),
+        ):
+            call(capacity)
+        with (
+            na.axis_mapping({"batch": "data", "expert_mlp": "data"}),
+            pytest.raises(
+                na.ShardingError,
+                match=r"splits the tokens of NamedArray\(batch=2, position=8, embed=6\) and the "
+                r"experts' hidden axes 'expert_mlp' over the same mesh axes 'data'",
+            ),
+        ):
+            call(even)
+
+
+def test_ragged_expert_parallel_with_capacity_and_padding(mesh_2x4):
+    """Experts on `data` (which splits the batch): the choices travel by all-to-all in blocks
+    that the capacity bounds (2 experts x 2 slots of one sequence: 4 rows, not all 16 choices),
+    and the result is the oracle's."""
+    moe = build(dispatch="ragged", capacity_factor=0.5)
+    where = na.named(jnp.arange(8) >= 1, "position")
+    want, counts, _ = oracle(moe, X, where)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": "data"}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(lambda m, x, w: m(x, where=w))
+        y, stats = f(sharded, x, where)
+        hlo = f.lower(sharded, x, where).compile().as_text()
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(stats.counts.array, counts)
+    assert re.search(r"f32\[1,4,6\][^=]*all-to-all\(", hlo)
+
+
+# -- expert parallelism in a model ----------------------------------------------------------
+
+CONFIG = models.TransformerConfig(
+    "mixtral", vocab_size=32, hidden_size=16, intermediate_size=8, num_layers=2, num_heads=4,
+    num_kv_heads=4, head_dim=4, num_experts=12, num_experts_per_tok=2, norm_topk_prob=True,
+    moe_dispatch="ragged",
+)  # fmt: skip
+# 12 experts (no other size is 12: the all-gathers of every expert stand out). Expert parallelism
+# 4 (tokens the same on the 4 devices of a data row: each takes a quarter of its 14, padded),
+# and 2 (over the data axis, which also splits the batch), with tensor parallelism in attention
+# or inside the experts.
+MAPPINGS = {
+    "ep4": {"batch": "data", "experts": "model", "heads": "model", "vocab": "model"},
+    "ep2": {"batch": "data", "experts": "data", "heads": "model", "expert_mlp": "model"},
+}
+
+
+def _loss(model, ids, mask, target):
+    logits, aux = model(ids, attention_mask=mask, return_aux_loss=True)
+    return jnp.sum(logits.array * target) + aux, (logits, aux)
+
+
+def _inputs():
+    ids = na.named(jax.random.randint(jax.random.key(5), (4, 7), 0, 32), ("batch", "position"))
+    mask = na.named(
+        jnp.arange(7)[None, :] >= jnp.array([[0], [2], [0], [1]]), ("batch", "position")
+    )
+    target = jax.random.normal(jax.random.key(6), (4, 7, 32))
+    return ids, mask, target
+
+
+def _all_gathers(hlo):
+    """The result shapes of the all-gathers in a compiled program."""
+    shapes = re.findall(r"= \(?[a-z0-9]+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", hlo)
+    return [tuple(int(d) for d in s.split(",") if d) for s in shapes]
+
+
+@pytest.fixture(scope="module")
+def unsharded():
+    """The model, and its logits, loss and gradients on one device (computed once)."""
+    model = models.Transformer(CONFIG, key=jax.random.key(7))
+    out = eqx.filter_jit(jax.value_and_grad(_loss, has_aux=True))(model, *_inputs())
+    return model, out
+
+
+def close(a, b):
+    """Equal to float32 rounding: within 1e-5 of the reference's largest magnitude."""
+    b = np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("ep", list(MAPPINGS))
+def test_expert_parallel_model_equals_unsharded(ep, mesh_2x4, unsharded):
+    model, ((_, (logits, aux)), grads) = unsharded
+    inputs = _inputs()
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPINGS[ep]):
+        sharded = na.shard(model)
+        up = sharded.layers.stacked.mlp.experts.up.weight
+        assert up.array.sharding.spec[:2] == (None, "model" if ep == "ep4" else "data")
+        f = na.named_jit(jax.value_and_grad(_loss, has_aux=True))
+        (_, (logits_s, aux_s)), grads_s = f(sharded, *inputs)
+        hlo = f.lower(sharded, *inputs).compile().as_text()
+    close(logits_s.array, logits.array)
+    close(aux_s, aux)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads)):
+        close(a, b)
+    assert "all-to-all" in hlo
+    # No all-gather of anything with every expert, except the small router weight.
+    router = {(16, 12), (1, 16, 12), (2, 16, 12)}
+    assert not [s for s in _all_gathers(hlo) if 12 in s and s not in router]
+
+
+def test_dense_dispatch_under_expert_parallelism_needs_no_all_to_all(mesh_2x4):
+    moe = build(dispatch="dense")
+    want, _ = run(moe, X)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": "model"}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(lambda m, x: m(x))
+        y, _ = f(sharded, x)
+        hlo = f.lower(sharded, x).compile().as_text()
+    np.testing.assert_allclose(y.array, want.array, atol=1e-5)
+    assert y.array.sharding.spec[0] == "data"
+    assert "all-to-all" not in hlo and "all-reduce" in hlo
