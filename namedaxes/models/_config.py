@@ -16,7 +16,7 @@ __all__ = ["RUNTIME_FIELDS", "TransformerConfig"]
 
 #: Fields that say how the model runs, not what it is: not stored in ``config.json``, so left out
 #: when a config is compared with what a ``config.json`` reads back as.
-RUNTIME_FIELDS = ("moe_dispatch", "capacity_factor")
+RUNTIME_FIELDS = ("moe_dispatch", "capacity_factor", "context_strategy")
 NORMS = ("rms", "layer")
 QK_NORMS = (None, "head", "projection")
 
@@ -76,8 +76,8 @@ class TransformerConfig:
         context_strategy: How attention exchanges keys and values when a mapping splits
             ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
             choose by length (see ``namedaxes.nn.dot_product_attention``). A way to run the
-            model, not part of the checkpoint: ``save_hf`` does not write it (nor do configs
-            compare by it).
+            model, not part of the checkpoint: ``save_hf`` does not write it (one of
+            ``RUNTIME_FIELDS``).
         num_experts: Experts per layer; 0 for a dense MLP.
         num_experts_per_tok: Experts each token goes to (top-k).
         moe_intermediate_size: Each expert's width (``None``: ``intermediate_size``).
@@ -132,7 +132,7 @@ class TransformerConfig:
     attention_scale: float | None = None
     embed_scale: float = 1.0
     tie_word_embeddings: bool = False
-    context_strategy: str | None = field(default=None, compare=False)
+    context_strategy: str | None = None
     num_experts: int = 0
     num_experts_per_tok: int = 2
     moe_intermediate_size: int | None = None
