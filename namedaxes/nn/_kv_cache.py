@@ -49,7 +49,7 @@ class KVCache(eqx.Module):
     loop). Writing past ``length`` is not checked inside a compiled function (JAX clamps the
     window): size the cache for the prompt plus every new token.
 
-    Args:
+    Attributes:
         keys: ``([layer,] batch..., key_position, kv_heads, head_dim)``.
         values: Like ``keys``.
         mask: Boolean ``(batch..., key_position)``.
