@@ -11,7 +11,7 @@ same FSDP + tensor-parallel layout: a dict of arrays with hand-written ``Partiti
 storage (``PARAM_SPECS``), the weights gathered to their compute layout where they are used
 (``COMPUTE_SPECS``), activations constrained, ``out_sharding=`` where an Explicit mesh needs it,
 the embedding lookup from the vocabulary-split table left to XLA's partitioner (under
-``jax.sharding.auto_axes`` on Explicit meshes), and so the target's log-probability,
+``jax.sharding.auto_axes`` on Explicit meshes), the target's log-probability as a masked sum,
 attention per shard (``jax.shard_map`` around ``jax.nn.dot_product_attention``, each device
 keeping the one key/value head its query heads use when the key/value heads are fewer than the
 devices of ``model``), and ``jax.jit`` with ``in_shardings``/``out_shardings``. It starts from the
@@ -273,22 +273,10 @@ def plain_loss(
     """Mean next-token cross-entropy in float32 (``options`` go to ``plain_forward``)."""
     logits = plain_forward(params, tokens[:, :-1], cfg, mesh, **options)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    # Per position, the log-probability of its target: jnp.take_along_axis's batched gather,
-    # without the trailing dimension of size 1.
-    along = jax.lax.GatherDimensionNumbers(
-        offset_dims=(),
-        collapsed_slice_dims=(2,),
-        start_index_map=(2,),
-        operand_batching_dims=(0, 1),
-        start_indices_batching_dims=(0, 1),
-    )
-
-    def pick(logp: jax.Array, ids: jax.Array) -> jax.Array:
-        return jax.lax.gather(logp, ids[..., None], along, (1, 1, 1), mode="promise_in_bounds")
-
-    if mesh is not None and mesh.size > 1 and _explicit(mesh):  # vocab split: XLA partitions it
-        pick = jax.sharding.auto_axes(pick, out_sharding=P("data", None))
-    picked = pick(logp, tokens[:, 1:])
+    # Per position, the log-probability of its target: a masked sum over the vocabulary, which is
+    # reduced where it lies (split over `model`) like the logsumexp, with one small all-reduce.
+    hit = jnp.arange(logp.shape[-1])[None, None, :] == tokens[:, 1:, None]
+    picked = jnp.sum(logp, axis=-1, where=hit)
     return -jnp.mean(picked)
 
 
