@@ -10,6 +10,8 @@ optimizer and ``na.fsdp`` training step. The plain twin is what a careful JAX us
 same FSDP + tensor-parallel layout: a dict of arrays with hand-written ``PartitionSpec``\\s for
 storage (``PARAM_SPECS``), the weights gathered to their compute layout where they are used
 (``COMPUTE_SPECS``), activations constrained, ``out_sharding=`` where an Explicit mesh needs it,
+the embedding lookup from the vocabulary-split table left to XLA's partitioner (under
+``jax.sharding.auto_axes`` on Explicit meshes), the target's log-probability as a masked sum,
 attention per shard (``jax.shard_map`` around ``jax.nn.dot_product_attention``, each device
 keeping the one key/value head its query heads use when the key/value heads are fewer than the
 devices of ``model``), and ``jax.jit`` with ``in_shardings``/``out_shardings``. It starts from the
@@ -254,10 +256,11 @@ def plain_forward(
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT[remat], prevent_cse=False)
     table = put(cast(params["embed"]), *COMPUTE_SPECS["embed"])
-    if explicit:  # a gather from a sharded table: replicate it, ask for the output's sharding
-        looked_up = put(table, None, None).at[tokens].get(out_sharding=P(*act))
+    if explicit:  # the table stays split over `model`: XLA partitions the gather, as on Auto
+        lookup = jax.sharding.auto_axes(lambda t, i: t[i], out_sharding=P(*act))
+        looked_up = lookup(table, tokens)
     else:
-        looked_up = jnp.take(table, tokens, axis=0)
+        looked_up = table[tokens]
     h = put(looked_up, *act)
     h, _ = jax.lax.scan(layer, h, {name: params[name] for name in STACKED})
     h = norm(h, params["final_norm"])
@@ -270,18 +273,10 @@ def plain_loss(
     """Mean next-token cross-entropy in float32 (``options`` go to ``plain_forward``)."""
     logits = plain_forward(params, tokens[:, :-1], cfg, mesh, **options)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    if mesh is not None and mesh.size > 1 and _explicit(mesh):
-        logp = jax.sharding.reshard(logp, P("data", None, None))  # gathered along: replicated
-    # Per position, the log-probability of its target: jnp.take_along_axis's batched gather,
-    # without the trailing dimension of size 1.
-    along = jax.lax.GatherDimensionNumbers(
-        offset_dims=(),
-        collapsed_slice_dims=(2,),
-        start_index_map=(2,),
-        operand_batching_dims=(0, 1),
-        start_indices_batching_dims=(0, 1),
-    )
-    picked = jax.lax.gather(logp, tokens[:, 1:, None], along, (1, 1, 1), mode="promise_in_bounds")
+    # Per position, the log-probability of its target: a masked sum over the vocabulary, which is
+    # reduced where it lies (split over `model`) like the logsumexp, with one small all-reduce.
+    hit = jnp.arange(logp.shape[-1])[None, None, :] == tokens[:, 1:, None]
+    picked = jnp.sum(logp, axis=-1, where=hit)
     return -jnp.mean(picked)
 
 

@@ -1,8 +1,9 @@
 """Per-call cost of ``fsdp``/``named_jit`` over ``jax.jit`` at the main example's size.
 
 Run: ``python benchmarks/step_overhead.py`` (``--rounds 40``, ``--mesh auto|explicit|both``). The
-model is examples/train_lm.py's GPT with optax AdamW (through ``benchmarks/_twin.py``), on 8
-simulated CPU devices as (data=2, model=4). Three figures per mesh kind:
+model is examples/train_lm.py's Llama-style Transformer with optax AdamW (through
+``benchmarks/_twin.py``), on 8 simulated CPU devices as (data=2, model=4). Three figures per mesh
+kind:
 
 * **wrapper alone**: the ``fsdp`` step with its compiled call stubbed (the cached program is
   replaced by a function returning the outputs of one real call), so what remains is namedaxes'
@@ -50,13 +51,13 @@ import _twin as tw  # noqa: E402
 import namedaxes as na  # noqa: E402
 
 
-def body_for(cfg: tw.Config) -> Callable[..., Any]:
+def body_for(cfg: tw.Size) -> Callable[..., Any]:
     """The example's step body, with the compute mapping in force (what ``fsdp`` traces)."""
     opt = tw.optimizer(cfg)
 
     def body(model: Any, opt_state: Any, batch: na.NamedArray) -> Any:
         with na.axis_mapping(tw.COMPUTE):
-            loss, grads = eqx.filter_value_and_grad(tw.named_loss)(model, batch)
+            loss, grads = eqx.filter_value_and_grad(tw.train_lm.loss_fn)(model, batch)
             with jax.numpy_dtype_promotion("standard"):
                 updates, opt_state = opt.update(grads, opt_state, model)
             return eqx.apply_updates(model, updates), opt_state, loss
@@ -141,7 +142,7 @@ def show(t: dict[str, list[float]], title: str) -> None:
         print(f"  {name:<26}{value:>10.1f}{value - base:>14.1f}{ratio:>8.3f}")
 
 
-def run(cfg: tw.Config, kind: AxisType, calls: int, rounds: int) -> None:
+def run(cfg: tw.Size, kind: AxisType, calls: int, rounds: int) -> None:
     n = len(jax.devices())
     shape = (2, n // 2) if n % 2 == 0 else (n, 1)  # (data=2, model=4) on 8 CPU devices
     mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(kind,) * 2)
@@ -240,9 +241,10 @@ def main() -> None:
     kinds = {"auto": [AxisType.Auto], "explicit": [AxisType.Explicit]}.get(
         args.mesh, [AxisType.Auto, AxisType.Explicit]
     )
-    print(f"jax {jax.__version__}, {len(jax.devices())} devices, config {tw.Config()}")
+    size = tw.SIZES["small"]  # the example's default
+    print(f"jax {jax.__version__}, {len(jax.devices())} devices, size {size}")
     for kind in kinds:
-        run(tw.Config(), kind, args.calls, args.rounds)
+        run(size, kind, args.calls, args.rounds)
 
 
 if __name__ == "__main__":

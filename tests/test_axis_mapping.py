@@ -1,11 +1,18 @@
-"""The axis_mapping context: nesting, merge, kwargs, isolation across threads/tasks/generators."""
+"""The axis_mapping context: nesting, merge, kwargs, isolation across threads/tasks/generators, and
+its part in jax.jit's trace cache key."""
 
 import asyncio
 import contextlib
 import threading
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import pytest
+from _helpers import spec_of
+from jax.sharding import PartitionSpec as P
 
+import namedaxes as na
 from namedaxes import AxisRules, MappingTypeError, axis_mapping, current_axis_mapping
 
 
@@ -310,3 +317,67 @@ def test_one_decorator_active_in_several_threads():
     for t in threads:
         t.join()
     assert after == [({"batch": "data"}, None)] * 2
+
+
+# -- the mapping is part of jax.jit's trace cache key ----------------------------------------------
+
+
+def test_jax_jit_traces_again_under_another_mapping(mesh_2x4):
+    """A plain ``jax.jit`` (or ``eqx.filter_jit``) function that places by the mapping in force is
+    traced once per mapping, and each call places by its own: no trace made under another mapping
+    is reused (equal rules share one), on Auto and Explicit meshes."""
+    traces = []
+
+    def place(x):
+        traces.append(current_axis_mapping())
+        return na.auto_sharded(x)
+
+    x = na.named(jnp.arange(32.0).reshape(8, 4), ("batch", "embed"))
+    order = [{"batch": "data"}, {"batch": "model"}, AxisRules([("batch", "data")]), None]
+    for jit in (jax.jit, eqx.filter_jit):
+        traces.clear()
+        f = jit(place)
+        specs = []
+        with jax.set_mesh(mesh_2x4):
+            for mapping in order:
+                with contextlib.ExitStack() as stack:
+                    if mapping is not None:
+                        stack.enter_context(axis_mapping(mapping))
+                    y = f(x)
+                specs.append(spec_of(y))
+                assert (y.array == x.array).all()
+        assert specs == [P("data"), P("model"), P("data"), P()]
+        assert traces == [{"batch": "data"}, {"batch": "model"}, None]  # A again: A's trace
+
+    # Blocks left out of order (an ExitStack's entries popped early): the key is what stays.
+    traces.clear()
+    f = jax.jit(lambda x: place(x))  # a new function: jax.jit caches traces per function
+    with jax.set_mesh(mesh_2x4):
+        outer, inner = axis_mapping({"batch": "data"}), axis_mapping({"batch": "model"})
+        outer.__enter__()
+        inner.__enter__()
+        outer.__exit__(None, None, None)  # the inner mapping is still in force
+        assert spec_of(f(x)) == P("model")
+        inner.__exit__(None, None, None)
+        assert spec_of(f(x)) == P()
+    assert traces == [{"batch": "model"}, None]
+
+
+def test_jax_jit_in_threads_keys_each_threads_mapping(mesh_2x4):
+    """Threads each key jax.jit's cache by their own mapping."""
+    f = jax.jit(na.auto_sharded)
+    x = na.named(jnp.ones((8, 4)), ("batch", "embed"))
+    specs = {}
+    barrier = threading.Barrier(2)
+
+    def run(name, mesh_axis):
+        with jax.set_mesh(mesh_2x4), axis_mapping({"batch": mesh_axis}):
+            barrier.wait()  # both mappings in force at once
+            specs[name] = spec_of(f(x))
+
+    threads = [threading.Thread(target=run, args=(n, n)) for n in ("data", "model")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert specs == {"data": P("data"), "model": P("model")}

@@ -3,6 +3,7 @@ loss, optimizer and na.fsdp step) against its plain-JAX twin on a tiny config: h
 equal what namedaxes resolves, losses agree step by step, and the compiled training steps contain
 the same collectives. Speed is measured by benchmarks/model_step.py and benchmarks/accelerator.py."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -98,6 +99,35 @@ def test_twin_compiles_to_the_same_collectives(kind):
     assert tw.counts(named) == tw.counts(plain)
     assert {op: sorted(s) for op, s in named.items()} == {op: sorted(s) for op, s in plain.items()}
     assert sum(tw.counts(plain).values()) > 0  # the parser sees the FSDP gathers at all
+
+
+def _moved(found):
+    """Per collective, the arrays it moves: tuples flattened, scalars and size-1 dimensions dropped
+    (XLA groups scalar all-reduces as it likes, and gathers a layer's weight before or after the
+    unit-size slice of the stacked one depending on how the slice's sharding is stated)."""
+    moved = {}
+    for op, shapes in found.items():
+        arrays = []
+        for shape in shapes:
+            for dtype, dims in re.findall(r"(\w+)\[([^\]]*)\]", shape):
+                kept = [d for d in dims.split(",") if d and d != "1"]
+                if kept:
+                    arrays.append(f"{dtype}[{','.join(kept)}]")
+        moved[op] = sorted(arrays)
+    return moved
+
+
+def test_explicit_mesh_compiles_to_the_collectives_of_the_auto_mesh():
+    """The same model moves the same arrays on both mesh kinds: on an Explicit mesh the embedding
+    lookup and the loss reduce the vocabulary where it lies (split over `model`) as XLA does on an
+    Auto mesh, gathering neither the table nor the (batch, position, vocab) log-probabilities."""
+    auto, explicit = (
+        _moved(twin_run(AxisType.Auto)["named"]),
+        _moved(twin_run(AxisType.Explicit)["named"]),
+    )
+    assert explicit == auto
+    vocab = tw.model_config(tw.TINY, tw.TINY.vocab).vocab_size
+    assert not any(str(vocab) in s for s in explicit["all-gather"])
 
 
 def test_collective_parser():

@@ -654,6 +654,35 @@ def test_cross_entropy_integer_and_soft_targets_with_padding():
     close(na.nn.cross_entropy(logits, "vocab", soft).scalar(), nll.mean())
 
 
+def test_cross_entropy_target_entry_values_gradients_and_program():
+    """Integer targets pick their class's log-probability exactly as take(log_softmax) does, values
+    and gradients (negative ids count from the end; targets over some of the logits' axes; small
+    integer dtypes), and the compiled gradient is elementwise: no gather, no scatter."""
+    V = Axis("vocab", 7)
+    logits = data(B, T, V)
+    rng = np.random.default_rng(4)
+    cases = [
+        named(jnp.asarray(rng.integers(-7, 7, size=(2, 5)), jnp.int32), (B, T)),
+        named(jnp.asarray(rng.integers(0, 7, size=(2, 5)), jnp.int8), (B, T)),
+        named(jnp.asarray(rng.integers(0, 7, size=(5,)), jnp.uint32), (T,)),
+    ]
+
+    def ours(x, ids):
+        return na.nn.cross_entropy(named(x, logits.axis_names), "vocab", ids, reduction="sum").array
+
+    def via_take(x, ids):
+        logp = na.log_softmax(named(x, logits.axis_names), "vocab")
+        return -na.take(logp, "vocab", ids).array.sum()
+
+    for ids in cases:
+        v, g = jax.value_and_grad(ours)(logits.array, ids)
+        v_ref, g_ref = jax.value_and_grad(via_take)(logits.array, ids)
+        np.testing.assert_array_equal(v, v_ref)
+        np.testing.assert_array_equal(g, g_ref)
+    hlo = jax.jit(jax.grad(ours)).lower(logits.array, cases[0]).as_text()
+    assert "gather" not in hlo and "scatter" not in hlo
+
+
 def test_cross_entropy_errors():
     logits = na.ones({"batch": 2, "vocab": 3})
     ids = named(jnp.zeros(2, jnp.int32), "batch")

@@ -167,3 +167,40 @@ def test_grouped_query_attention_shards_by_heads(mesh_2x4, monkeypatch):
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         close(getattr(grads, name).weight.array, getattr(want_grads, name).weight.array)
     close(grads.k_norm.weight.array, want_grads.k_norm.weight.array)
+
+
+def test_vocab_split_lookup_and_loss_gather_nothing_whole(mesh_2x4):
+    """With `vocab` on `model`, a tied embedding's lookup and the integer cross-entropy reduce the
+    split vocabulary where it lies, on Auto and Explicit meshes alike: the compiled training step
+    all-reduces per-device pieces (looked-up vectors, picked log-probabilities, gradient shards)
+    and gathers neither the table nor the (batch, position, vocab) log-probabilities."""
+    import re
+
+    emb = na.nn.Embedding(V, E, key=KEY)
+    ids = na.random.randint(jax.random.key(1), (B, T), 0, V.size)
+    mapping = {"batch": "data", "vocab": "model"}
+
+    def step(emb, ids):
+        def loss(emb):
+            return na.nn.cross_entropy(emb.unembed(emb(ids)), "vocab", ids).scalar()
+
+        return eqx.filter_value_and_grad(loss)(emb)
+
+    want_loss, want_grads = eqx.filter_jit(step)(emb, ids)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
+        emb_s, ids_s = na.shard((emb, ids), mapping)
+        jitted = jax.jit(step)  # every leaf is an array
+        loss, grads = jitted(emb_s, ids_s)
+        hlo = jitted.lower(emb_s, ids_s).compile().as_text()
+    close(loss, want_loss)
+    close(grads.weight.array, want_grads.weight.array)
+    assert spec_of(emb_s.weight) == P("model") and spec_of(grads.weight) == P("model")
+    assert not re.search(r"all-gather(-start)?\(", hlo)
+    reduced = {
+        tuple(int(d) for d in dims.split(",") if d)
+        for shapes in re.findall(r"= (\(.*?\)|\S+) all-reduce(?:-start)?\(", hlo)
+        for dims in re.findall(r"f32\[([\d,]*)\]", shapes)
+    }
+    # (batch/2, position, embed), (batch/2, position), (vocab/4, embed), scalars
+    assert reduced <= {(2, 6, 8), (2, 6), (3, 8), ()}, reduced
+    assert (2, 6, 8) in reduced and (3, 8) in reduced

@@ -152,3 +152,27 @@ def test_output_dtype_sets_the_stream():
         h = jax.jit(lambda m, i: m.blocks(m.emb(i)))(model, IDS)
         logits = jax.jit(lambda m, i: m(i))(model, IDS)
     assert h.dtype == logits.dtype == jnp.bfloat16
+
+
+def test_jax_jit_traces_again_under_another_policy():
+    """A plain ``jax.jit`` (or ``eqx.filter_jit``) function whose layers read the policy is traced
+    once per policy, and each call computes in its own policy's dtype."""
+    lin = na.nn.Linear(Embed, {"mlp": 8}, key=KEY)
+    x = na.ones({"batch": 2, "embed": Embed.size})
+    traces = []
+
+    def apply(lin, x):
+        traces.append(na.nn.current_precision())
+        return lin(x)
+
+    policies = ["compute=bfloat16", "compute=float16", "compute=bfloat16", None]
+    for jit in (jax.jit, eqx.filter_jit):
+        traces.clear()
+        f = jit(apply)
+        dtypes = []
+        for policy in policies:
+            with na.nn.precision(policy):
+                dtypes.append(f(lin, x).dtype)
+        assert dtypes == [jnp.bfloat16, jnp.float16, jnp.bfloat16, jnp.float32]
+        # bfloat16 again: its trace
+        assert traces == [na.nn.Precision.parse(p) for p in policies[:2]] + [na.nn.Precision()]

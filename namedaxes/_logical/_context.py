@@ -17,6 +17,16 @@ Only public interfaces are used: ``inspect.currentframe`` and code objects' flag
 ``contextlib`` wrappers are recognized by the code of their (public) ``__enter__`` methods.
 
 The common case (no generator is suspended inside a mapping) costs one ``ContextVar.get``.
+
+Traces. Code traced by ``jax.jit`` (or ``eqx.filter_jit``) reads the mapping while it is traced, so
+the mapping is part of the key JAX caches traces by: a ``jax.make_user_context`` that every ``with``
+block (and decorated call) sets to the rules it leaves in force. A function traced under one
+mapping is traced again under another, and reused under the first again; equal rules share a
+trace. Like JAX's own contexts (``jax.set_mesh``), that key is per thread and follows the ``with``
+blocks run in it: a mapping entered inside a plain generator (visible only while it runs) is not
+part of it, nor is the switch between asyncio tasks with different mappings in one thread; a
+function jitted there should be a ``named_jit``, which keys its programs by the mapping visible at
+each call.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, NamedTuple, TypeVar
+
+import jax
 
 from .._errors import MappingTypeError, ShardingError
 from ._rules import AxisRules, MeshAxes, RulesLike, as_rules, merge_rules
@@ -84,6 +96,16 @@ _STACK: contextvars.ContextVar[tuple[_Pushed, ...]] = contextvars.ContextVar(
 # the frame being on the current call stack, whichever thread runs it.
 _SCOPED: dict[int, tuple[_Pushed, ...]] = {}
 _SCOPED_LOCK = threading.Lock()
+# The rules in force, as part of the key jax.jit caches traces by (see "Traces" above).
+_TRACE_KEY = jax.make_user_context(None)
+
+
+def _set_stack(stack: tuple[_Pushed, ...]) -> None:
+    """Make ``stack`` this context's mapping stack, and its top's rules JAX's trace key."""
+    _STACK.set(stack)
+    # A user context is entered to set its value and left entered: the key follows the stack
+    # (whose entries may leave out of order, as with ExitStack), not the order of the blocks.
+    _TRACE_KEY(stack[-1].rules if stack else None).__enter__()
 
 
 def _visible_entry() -> _Pushed | None:
@@ -246,7 +268,7 @@ class axis_mapping:
             with _SCOPED_LOCK:
                 _SCOPED[id(with_frame)] = _SCOPED.get(id(with_frame), ()) + (entry,)
         else:
-            _STACK.set(_STACK.get() + (entry,))
+            _set_stack(_STACK.get() + (entry,))
         return value
 
     def __exit__(
@@ -277,7 +299,7 @@ class axis_mapping:
             return
         same_frame = [i for i in mine if stack[i].frame is with_frame]
         drop = (same_frame or mine)[-1]
-        _STACK.set(stack[:drop] + stack[drop + 1 :])
+        _set_stack(stack[:drop] + stack[drop + 1 :])
 
     def __call__(self, func: _F) -> _F:
         """Use as a decorator: the mapping is in force while ``func`` runs, also for generator

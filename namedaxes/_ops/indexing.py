@@ -22,7 +22,10 @@ reading, dropped when updating), and so do static ones when ``x.at[...]`` is giv
 
 On Explicit meshes the result is sharded by name: every output axis keeps the mesh axes it had (in
 ``x`` for kept and batch axes, in the index array for gathered axes). An axis of ``x`` that is
-integer-indexed, gathered or sliced is replicated first, which is what XLA does on Auto meshes.
+integer-indexed, sliced or gathered by several index arrays is replicated first, which is what XLA
+does on Auto meshes. The axis of a one-index gather (``take``, ``x[{axis: ids}]``, an embedding
+lookup) stays split, as XLA partitions it on Auto meshes: each device gathers the entries it holds
+and one all-reduce of the (index-shaped) result combines them; the operand is never gathered whole.
 Updates (``x.at[...]``) keep the sharding of ``x``.
 """
 
@@ -116,7 +119,9 @@ class _Plan:
     def gather(self, x: NamedArray, **kwargs: Any) -> NamedArray:
         """``x[index]`` with names, sharded by name on Explicit meshes."""
         self.check_range(kwargs)
-        array = unshard_dims(x.array, self.unshard)
+        # The one-index gather reads its axis where it is: XLA partitions it (see _take_along).
+        keep = self.along[0] if self.along is not None else None
+        array = unshard_dims(x.array, [d for d in self.unshard if d != keep])
         sharding = self.out_sharding(array)
         if self.along is not None and "out_sharding" not in kwargs:
             if sharding is not None:  # out_sharding() is in layout order; the gather gives `out`
@@ -352,7 +357,6 @@ def _take_along(
     slices = tuple(e if isinstance(e, _builtin_slice) else _builtin_slice(None) for e in plan.index)
     if any(s != _builtin_slice(None) for s in slices):
         array = array[slices]
-    array = unshard_dims(array, [pos])  # the gathered dimension is read anywhere: replicate it
     kept = [Axis(a.name, d) for a, d in zip(x.axes, array.shape)]
     gathered_size = kept[pos].size
     idx_axes = tuple(a for a in plan.out if index.has_axis(a.name))  # the result's order
@@ -372,13 +376,19 @@ def _take_along(
     slice_sizes = tuple(1 if d == pos or d in batch else a.size for d, a in enumerate(kept))
     info = explicit_sharding(array)
     idx_info = explicit_sharding(idx)
-    out_spec = None
+    mine = dict(zip(names, info[1])) if info is not None else {}
+    # A gathered dimension split over mesh axes stays split: each device gathers the entries it
+    # holds (the others masked) and one all-reduce of the result sums them, as XLA partitions
+    # the gather on Auto meshes, instead of gathering the whole operand first. Its mesh axes are
+    # free in the result (the dimension is gone).
+    split = bool(entry_axes(mine.pop(names[pos], None)))
+    by_name = dict(mine)
+    kept_by_index = False
     if idx_info is not None:
         # Index batch dimensions follow the operand. The index's other dimensions (an embedding
-        # lookup's batch axes, which the table lacks) keep their own mesh axes when no dimension
-        # of the operand uses them: the gather then needs no collective, and JAX is told the
-        # result's sharding (it cannot infer it). Otherwise they are replicated first.
-        mine = dict(zip(names, info[1])) if info is not None else {}
+        # lookup's batch axes, which the table lacks) keep their own mesh axes when no kept
+        # dimension of the operand uses them: the gather then needs no collective for them, and
+        # JAX is told the result's sharding (it cannot infer it). Otherwise they are replicated.
         used = {m for e in mine.values() for m in entry_axes(e)}
         want = []
         for n, e in zip(idx_names, idx_info[1]):
@@ -387,16 +397,16 @@ def _take_along(
             elif e is not None and not used.intersection(entry_axes(e)):
                 want.append(e)
                 used.update(entry_axes(e))
+                kept_by_index = True
             else:
                 want.append(None)
         if tuple(idx_info[1]) != tuple(want):
             idx = jax.sharding.reshard(idx, NamedSharding(idx_info[0], PartitionSpec(*want)))
-        kept_by_index = {n: e for n, e in zip(idx_names, want) if n not in names and e is not None}
-        if kept_by_index:
-            by_name = {**mine, **dict(zip(idx_names, want))}
-            out_spec = NamedSharding(
-                idx_info[0], PartitionSpec(*(by_name.get(a.name) for a in plan.out))
-            )
+        by_name.update(zip(idx_names, want))
+    out_spec = None
+    if split or kept_by_index:  # JAX cannot infer the result's sharding: say it, let XLA partition
+        mesh = (idx_info or info)[0]  # type: ignore[index]
+        out_spec = NamedSharding(mesh, PartitionSpec(*(by_name.get(a.name) for a in plan.out)))
     if out_spec is None:
         result = jax.lax.gather(array, idx[..., None], dnums, slice_sizes, **kwargs)
     else:

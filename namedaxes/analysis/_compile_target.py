@@ -43,7 +43,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._errors import CompileTargetError, DeviceOutOfMemoryError, PlanError, format_mesh
 from .._logical._context import axis_mapping
-from .._logical._rules import as_rules
 from .._mesh import mesh_axis_sizes
 from .._partitioning._specs import pspec_for
 from ._report import compile_checked, memory_figures, out_of_memory_error
@@ -356,12 +355,6 @@ def _cost(compiled: Any) -> dict[str, float]:
     }
 
 
-# The rules a step is compiled under, as part of the context jax.jit caches its traces by: a step
-# whose trace reads the mapping (an attention that runs per shard, a layer that places its
-# parameters) is traced again for each mapping instead of reusing another mapping's trace.
-_COMPILE_RULES = jax.make_user_context(None)
-
-
 def summarize_compiled(
     step: Any, args: Any, specs: list[Any], mesh: Mesh, rules: Any
 ) -> dict[str, Any]:
@@ -371,7 +364,7 @@ def summarize_compiled(
     lower = getattr(fn, "lower", None)
     if lower is None:
         lower = jax.jit(fn, keep_unused=True).lower
-    with jax.set_mesh(mesh), axis_mapping(rules), _COMPILE_RULES(as_rules(rules)):
+    with jax.set_mesh(mesh), axis_mapping(rules):  # part of jax.jit's key: a trace per mapping
         lowered = lower(*placed)
     compiled = compile_checked(lowered.compile)
     return {

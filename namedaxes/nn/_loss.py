@@ -10,10 +10,11 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
 from .._errors import AxisNotFoundError, NamedTypeError, format_axes, format_names
-from .._ops.elementwise import maximum
-from .._ops.indexing import take
+from .._ops.creation import arange
+from .._ops.elementwise import clip, maximum
 from .._ops.reductions import log_softmax
 from .._ops.reductions import sum as named_sum
+from .._ops.sets import where
 from ._common import expect_axes, expect_free
 from ._precision import upcast
 
@@ -54,6 +55,23 @@ def one_hot(indices: NamedArray, axis: Axis, *, dtype: Any = jnp.float32) -> Nam
         )
     expect_free(indices, (axis.name,), "one_hot", "is the class axis to create")
     return NamedArray(jax.nn.one_hot(indices.array, axis.size, dtype=dtype), indices.axes + (axis,))
+
+
+def _target_entry(logp: NamedArray, cls: Axis, targets: NamedArray) -> NamedArray:
+    """``take(logp, cls, targets)``, as a masked sum over ``cls``.
+
+    The ids are read as ``take`` reads them (negative ones count from the end, the rest are
+    clamped), so values are the gather's, and so are gradients for ids inside the axis (a clamped
+    id gets its clamped entry's gradient, which JAX's gather drops). A sum reduces a class axis split
+    over a mesh axis where it lies, like the logsumexp beside it: one all-reduce of the
+    targets-shaped result, on Auto and Explicit meshes alike, and its gradient is the mask itself,
+    where the gather's is a scatter into a zero array of the logits' size.
+    """
+    ids = targets if targets.dtype.itemsize >= 4 else targets.astype(jnp.int32)
+    if jnp.issubdtype(ids.dtype, jnp.signedinteger):
+        ids = where(ids < 0, ids + cls.size, ids)
+    ids = clip(ids, 0, cls.size - 1)
+    return named_sum(logp, cls.name, where=arange(cls, dtype=ids.dtype) == ids)
 
 
 def cross_entropy(
@@ -115,7 +133,7 @@ def cross_entropy(
         why = "is the class axis (integer targets are class ids)"
         expect_free(targets, (name,), "cross_entropy", why)
         _subset(targets, logits, "targets", "the logits")
-        nll = -take(logp, name, targets)
+        nll = -_target_entry(logp, cls, targets)
     else:
         expect_axes(targets, (cls,), "cross_entropy", "targets")
         _subset(targets, logits, "targets", "the logits")

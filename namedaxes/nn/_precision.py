@@ -168,6 +168,10 @@ _NONE = Precision()
 _POLICY: contextvars.ContextVar[Precision] = contextvars.ContextVar(
     "namedaxes_precision", default=_NONE
 )
+# The policy in force, as part of the key jax.jit caches traces by: layers read it while traced,
+# so a function traced under one policy is traced again under another (per thread, following the
+# `with` blocks run in it, like JAX's own contexts).
+_TRACE_KEY = jax.make_user_context(None)
 
 
 def as_precision(policy: Precision | str | None) -> Precision:
@@ -203,8 +207,9 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
 
     Layers read the policy when they run, so under ``jax.jit`` (and ``named_jit``/``fsdp``) what
     counts is the policy in force while the function is *traced*: set it inside the jitted
-    function (decorate the loss), or around the whole run before its first call. A compiled
-    function keeps the policy it was traced with. ``None`` turns a policy off.
+    function (decorate the loss), or around its calls. The policy is part of the key JAX caches
+    traces by, so a jitted function called under another policy is traced again (and the trace
+    of each policy reused). ``None`` turns a policy off.
 
     Args:
         policy: A :class:`Precision`, a string for :meth:`Precision.parse`, or ``None``.
@@ -221,9 +226,11 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
         >>> y.dtype, lin.weight.dtype
         (dtype('float32'), dtype('float32'))
     """
-    token = _POLICY.set(as_precision(policy))
+    policy = as_precision(policy)
+    token = _POLICY.set(policy)
     try:
-        yield _POLICY.get()
+        with _TRACE_KEY(None if policy == _NONE else policy):
+            yield policy
     finally:
         _POLICY.reset(token)
 
