@@ -18,7 +18,11 @@ kind:
   back to back per round, rounds interleaved and alternating in order; the difference of the
   medians is the per-call overhead, and an A/A run (``jax.jit`` against a second ``jax.jit`` of the
   same body) shows how much of it is noise.
-* the same whole-step comparison for ``named_jit`` with the compute mapping.
+* the same whole-step comparison for ``named_jit`` with the compute mapping. That is another
+  program (parameters placed by the compute mapping, not sharded over ``data``): with the same
+  (FSDP-placed) inputs it moves them to its layout every call, and in the training loop it keeps
+  them there and gathers nothing, so its whole-step ratios say how the layouts differ, not what
+  the wrapper costs; its per-call cost is the stubbed line below.
 
 Times are only meaningful on a quiet machine; the A/A ratio says how quiet it was.
 """
