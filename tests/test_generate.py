@@ -224,6 +224,23 @@ def test_generate_sharded(mesh_2x4):
     assert spec_of(out)[0] == "data"
 
 
+def test_generate_with_the_prompt_split_over_context(mesh_2x4):
+    """A mapping that splits position: the prefill splits the prompt, the one-position decode
+    step needs the fallback rule (a typed error says so without it); transformers' tokens."""
+    rows = [0, 2]
+    prompt, mask = REFS["llama_prompt"][rows], REFS["llama_mask"][rows]
+    split = [("batch", "data"), ("position", "model")]
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(split):
+        model = models.from_hf(FIXTURES / "llama", mapping=split)
+        with pytest.raises(na.ShardingError, match=r"'position' \(size 1\).*\('position', None\)"):
+            models.generate(model, ids(prompt), attention_mask=mask_of(mask), max_new_tokens=12)
+        with na.axis_mapping(split + [("position", None)]):
+            out = models.generate(
+                model, ids(prompt), attention_mask=mask_of(mask), max_new_tokens=12
+            )
+    np.testing.assert_array_equal(out.array, REFS["llama_greedy"][rows])
+
+
 def test_decode_traces_once_per_bucket():
     """Prompts of 3, 9 and 16 positions share the bucket 16: one trace of the prefill and one of
     the decode loop, whatever the eos, pad and temperature values."""
