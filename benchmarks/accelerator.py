@@ -51,6 +51,7 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402  (the example's model and its plain twin)
+from _timing import Budget, clock  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
@@ -87,22 +88,6 @@ def on_accelerator() -> bool:
 def attention_kernel() -> str | None:
     """What the plain twin asks ``jax.nn.dot_product_attention`` for (cuDNN on GPUs)."""
     return "cudnn" if platform() == "gpu" else None
-
-
-def clock(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-class Budget:
-    """A section's wall-clock allowance."""
-
-    def __init__(self, seconds: float):
-        self.end = time.perf_counter() + seconds
-
-    def left(self) -> float:
-        return self.end - time.perf_counter()
 
 
 def out_of_memory(e: Exception) -> bool:

@@ -16,14 +16,18 @@ import jax
 jax.config.update("jax_num_cpu_devices", 8)
 
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 import namedaxes as na
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import per_call  # noqa: E402
 
 MAPPING = {"batch": "data", "embed": "model"}
 ROUNDS = int(os.environ.get("DISPATCH_ROUNDS", "30"))
@@ -32,16 +36,6 @@ ROUNDS = int(os.environ.get("DISPATCH_ROUNDS", "30"))
 def tree_of(n: int, mesh: Any) -> list[na.NamedArray]:
     leaves = [na.named(jnp.ones((8, 4)), ("batch", "embed")) for _ in range(n)]
     return na.shard(leaves, MAPPING, mesh)
-
-
-def per_call(fn: Callable[[], Any], calls: int) -> float:
-    """Microseconds per call over ``calls`` back-to-back calls (results blocked at the end)."""
-    out = None
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def compare(

@@ -44,7 +44,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # namedaxes without an install; _timing
+
+from _timing import Budget, clock  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes import models  # noqa: E402
@@ -58,20 +61,6 @@ CPU = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4
 
 def on_accelerator() -> bool:
     return jax.default_backend() in ("gpu", "tpu")
-
-
-def clock(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.perf_counter() + seconds
-
-    def left(self) -> float:
-        return self.end - time.perf_counter()
 
 
 # -- the plain twin ------------------------------------------------------------------------------

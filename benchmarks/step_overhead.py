@@ -40,7 +40,6 @@ jax.config.update("jax_num_cpu_devices", 8)  # CPU only; an accelerator runs on 
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402
+from _timing import per_call  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 
@@ -109,16 +109,6 @@ def rewrapped(tree: Any) -> Any:
         return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
 
     return jax.tree.map(new, tree)
-
-
-def per_call(fn: Callable[[], Any], calls: int) -> float:
-    """Microseconds per call over ``calls`` back-to-back calls, blocked once at the end."""
-    out = None
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def interleaved(
