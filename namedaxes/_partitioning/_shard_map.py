@@ -522,14 +522,20 @@ def psum_scatter(x: NamedArray, axis: AxisSelector) -> NamedArray:
     mesh_axes = _mesh_axes(axis, "psum_scatter")
     if not mesh_axes:
         return x
+    _check_blocks(x, i, axis, "psum_scatter")
+    out = jax.lax.psum_scatter(x.array, mesh_axes, scatter_dimension=i, tiled=True)
+    return NamedArray(out, x.axes[:i] + (Axis(x.axes[i].name, out.shape[i]),) + x.axes[i + 1 :])
+
+
+def _check_blocks(x: NamedArray, i: int, axis: AxisSelector, caller: str) -> None:
+    """Refuse an axis ``i`` of ``x`` that does not split into one block per device of ``axis``."""
     n = shard_count(axis)
     if x.axes[i].size % n:
         raise AxisSizeError(
-            f"psum_scatter(): axis {x.axes[i].name!r} of size {x.axes[i].size} does not split "
-            f"into {n} blocks."
+            f"{caller}(): axis {x.axes[i].name!r} of NamedArray({format_axes(x.axes)}) does not "
+            f"split into {n} blocks (one per device of {axis_name(axis)!r}). Pad it to a multiple "
+            f"of {n}."
         )
-    out = jax.lax.psum_scatter(x.array, mesh_axes, scatter_dimension=i, tiled=True)
-    return NamedArray(out, x.axes[:i] + (Axis(x.axes[i].name, out.shape[i]),) + x.axes[i + 1 :])
 
 
 def shard_count(axis: AxisSelector | Sequence[AxisSelector]) -> int:

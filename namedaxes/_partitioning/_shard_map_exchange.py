@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_name
-from .._errors import AxisSizeError, NamedTypeError, format_axes
-from ._shard_map import _mesh_axes, _own_axis, shard_count
+from .._axis import Axis, AxisSelector
+from .._errors import NamedTypeError
+from ._shard_map import _check_blocks, _mesh_axes, _own_axis
 
 __all__ = ["all_to_all"]
 
@@ -60,13 +60,7 @@ def all_to_all(
     mesh_axes = _mesh_axes(axis, "all_to_all")
     if not mesh_axes:
         return x
-    n = shard_count(axis)
-    if x.axes[i].size % n:
-        raise AxisSizeError(
-            f"all_to_all(): axis {x.axes[i].name!r} of NamedArray({format_axes(x.axes)}) does not "
-            f"split into {n} blocks (one per device of {axis_name(axis)!r}). Pad it to a multiple "
-            f"of {n}."
-        )
+    _check_blocks(x, i, axis, "all_to_all")
     name = mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
     out = jax.lax.all_to_all(x.array, name, split_axis=i, concat_axis=j, tiled=True)
     axes = tuple(Axis(a.name, int(d)) for a, d in zip(x.axes, out.shape))
