@@ -12,22 +12,11 @@ CheckpointManager saves asynchronously from both. Prints one line ``RESULT {json
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import traceback
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-import numpy as np  # noqa: E402
-
-NUM_PROCESSES = 2
+import _worker  # first: sets up JAX for this process
+import jax
+import numpy as np
 
 
 def global_data() -> np.ndarray:
@@ -89,24 +78,11 @@ def check_manager(out: dict, directory: str) -> None:
     )
 
 
-def main() -> None:
-    process_id, port, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}",
-        num_processes=NUM_PROCESSES,
-        process_id=process_id,
-        initialization_timeout=30,
-    )
-    out: dict = {"process_index": jax.process_index()}
-    try:
-        for mode in ("auto", "explicit"):
-            check(out, directory, mode)
-        check_manager(out, directory)
-    except Exception:  # report, so the test shows the failure of this process
-        out["error"] = traceback.format_exc()
-    print("RESULT " + json.dumps(out), flush=True)
-    jax.distributed.shutdown()
+def check_all(out: dict, directory: str) -> None:
+    for mode in ("auto", "explicit"):
+        check(out, directory, mode)
+    check_manager(out, directory)
 
 
 if __name__ == "__main__":
-    main()
+    _worker.serve(check_all)

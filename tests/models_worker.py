@@ -12,21 +12,11 @@ process writes its own). Prints one line ``RESULT {json}``.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
 from pathlib import Path
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-import numpy as np  # noqa: E402
+import _worker  # first: sets up JAX for this process
+import jax
+import numpy as np
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hf" / "llama"
 MAPPING = {"embed": "data", "mlp": "model", "vocab": "model", "heads": "model"}
@@ -98,19 +88,5 @@ def check(out: dict, directory: str) -> None:
     out["bit_exact"] = all(np.array_equal(saved[k], v) for k, v in want.items() if k in saved)
 
 
-def main() -> None:
-    process_id, port, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=30
-    )
-    out: dict = {"process_index": jax.process_index()}
-    try:
-        check(out, directory)
-    except Exception:  # report, so the test shows the failure of this process
-        out["error"] = traceback.format_exc()
-    print("RESULT " + json.dumps(out), flush=True)
-    jax.distributed.shutdown()
-
-
 if __name__ == "__main__":
-    main()
+    _worker.serve(check)

@@ -11,23 +11,12 @@ against a single-process NumPy oracle. Checks are combined in one launch to keep
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-import traceback
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _worker  # first: sets up JAX for this process
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-import numpy as np  # noqa: E402
-
-NUM_PROCESSES = 2
 BARRIER_TIMEOUT = 1.0  # the one barrier that process 1 skips
 
 
@@ -131,33 +120,18 @@ def check_barriers(out: dict) -> None:
     out["rejoined"] = True
 
 
-def main() -> None:
-    process_id, port = int(sys.argv[1]), int(sys.argv[2])
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}",
-        num_processes=NUM_PROCESSES,
-        process_id=process_id,
-        initialization_timeout=30,
-    )
+def check_all(out: dict) -> None:
     import namedaxes as na
 
-    out: dict = {
-        "process_index": jax.process_index(),
-        "process_count": jax.process_count(),
-        "device_count": jax.device_count(),
-        "is_multiprocess": na.distributed.is_multiprocess(),
-    }
-    try:
-        check_meshes(out)
-        for axis_type in ("auto", "explicit"):
-            check_arrays(out, axis_type)
-        check_interleaved_rows(out)
-        check_barriers(out)
-    except Exception:  # report, so the test shows the failure of this process
-        out["error"] = traceback.format_exc()
-    print("RESULT " + json.dumps(out), flush=True)
-    jax.distributed.shutdown()
+    out["process_count"] = jax.process_count()
+    out["device_count"] = jax.device_count()
+    out["is_multiprocess"] = na.distributed.is_multiprocess()
+    check_meshes(out)
+    for axis_type in ("auto", "explicit"):
+        check_arrays(out, axis_type)
+    check_interleaved_rows(out)
+    check_barriers(out)
 
 
 if __name__ == "__main__":
-    main()
+    _worker.serve(check_all)

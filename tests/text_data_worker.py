@@ -11,22 +11,9 @@ Auto and an Explicit mesh), gathers them, and prints one line ``RESULT {json}``.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import traceback
-
-os.environ["JAX_PLATFORMS"] = "cpu"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-import numpy as np  # noqa: E402
+import _worker  # first: sets up JAX for this process
+import jax
+import numpy as np
 
 LENGTH = 16
 MAPPING = {"batch": "data"}
@@ -69,25 +56,14 @@ def batches(text, axis_type: str) -> dict:
     return out
 
 
-def main() -> None:
-    process_id, port = int(sys.argv[1]), int(sys.argv[2])
-    corpus_dir, cache_dir, vocab = sys.argv[3], sys.argv[4], int(sys.argv[5])
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=30
-    )
-    out: dict = {"process_index": jax.process_index()}
-    try:
-        import text_data as td
+def check(out: dict, corpus_dir: str, cache_dir: str, vocab: str) -> None:
+    import text_data as td
 
-        text = td.load_text(corpus_dir, vocab_size=vocab, cache_dir=cache_dir)
-        out["from_cache"] = text.from_cache
-        for axis_type in ("auto", "explicit"):
-            out[axis_type] = batches(text, axis_type)
-    except Exception:  # report, so the test shows the failure of this process
-        out["error"] = traceback.format_exc()
-    print("RESULT " + json.dumps(out), flush=True)
-    jax.distributed.shutdown()
+    text = td.load_text(corpus_dir, vocab_size=int(vocab), cache_dir=cache_dir)
+    out["from_cache"] = text.from_cache
+    for axis_type in ("auto", "explicit"):
+        out[axis_type] = batches(text, axis_type)
 
 
 if __name__ == "__main__":
-    main()
+    _worker.serve(check)

@@ -13,47 +13,26 @@ with the training and held-out losses.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import traceback
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples"))
-
-import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 4)
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
+import _worker  # first: sets up JAX for this process
+import jax
 
 
-def main() -> None:
-    process_id, port = int(sys.argv[1]), int(sys.argv[2])
-    corpus_dir, cache_dir, size_json, axis_type = sys.argv[3:7]
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=30
-    )
-    out: dict = {"process_index": jax.process_index()}
-    try:
-        import text_data
-        import train_lm
+def check(out: dict, corpus_dir: str, cache_dir: str, size_json: str, axis_type: str) -> None:
+    import text_data
+    import train_lm
 
-        import namedaxes as na
+    import namedaxes as na
 
-        text = text_data.load_text(corpus_dir, vocab_size=300, cache_dir=cache_dir)
-        size = train_lm.Size(**json.loads(size_json))
-        mesh = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
-        result = train_lm.train(text, size, mesh, seed=3, eval_batches=2)
-        out["losses"] = [result.losses[s] for s in sorted(result.losses)]
-        out["heldout"] = {str(s): v for s, v in result.heldout.items()}
-        out["devices"] = jax.device_count()
-        out["local_devices"] = jax.local_device_count()
-    except Exception:  # report, so the test shows the failure of this process
-        out["error"] = traceback.format_exc()
-    print("RESULT " + json.dumps(out), flush=True)
-    jax.distributed.shutdown()
+    text = text_data.load_text(corpus_dir, vocab_size=300, cache_dir=cache_dir)
+    size = train_lm.Size(**json.loads(size_json))
+    mesh = na.mesh.create_mesh((2, 4), ("data", "model"), axis_types=axis_type)
+    result = train_lm.train(text, size, mesh, seed=3, eval_batches=2)
+    out["losses"] = [result.losses[s] for s in sorted(result.losses)]
+    out["heldout"] = {str(s): v for s, v in result.heldout.items()}
+    out["devices"] = jax.device_count()
+    out["local_devices"] = jax.local_device_count()
 
 
 if __name__ == "__main__":
-    main()
+    _worker.serve(check)
