@@ -115,7 +115,8 @@ def _short(value: Any) -> str:
 # -- axis selections ------------------------------------------------------------------------------
 
 
-def _is_position(a: Any) -> bool:
+def is_static_int(a: Any) -> bool:
+    """A Python or NumPy integer (not a bool, not a traced array)."""
     return isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
 
 
@@ -127,14 +128,14 @@ def reject_positional(caller: str, axis: Any, axes: Sequence[Axis], where: str =
     Raises:
         NamedTypeError: if ``axis`` is an int or a sequence holding one.
     """
-    single = _is_position(axis)
+    single = is_static_int(axis)
     items = (axis,) if single else tuple(axis) if isinstance(axis, (list, tuple)) else ()
-    positions = [int(a) for a in items if _is_position(a)]
+    positions = [int(a) for a in items if is_static_int(a)]
     if not positions:
         return
     where = where or f"NamedArray({format_axes(axes)})"
     if all(-len(axes) <= i < len(axes) for i in positions):
-        names = tuple(axes[int(a)].name if _is_position(a) else a for a in items)
+        names = tuple(axes[int(a)].name if is_static_int(a) else a for a in items)
         fixed = names[0] if single else names
         said = ", ".join(f"{i} is {axes[i].name!r}" for i in positions)
         fix = f"In {where}, position {said}: pass axis={fixed!r}"

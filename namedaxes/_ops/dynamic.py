@@ -21,18 +21,15 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, check_unique, find_axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to
+from ._checks import is_static_int
 from ._common import expect_named, explicit_sharding, unshard_dims
 
 __all__ = ["ds", "updated_slice"]
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _check_start(start: Any, ax: Axis, size: int, caller: str) -> Any:
     """A valid start for a window of ``size`` along ``ax``: static ones checked, others typed."""
-    if _is_int(start):
+    if is_static_int(start):
         if not 0 <= int(start) <= ax.size - size:
             raise AxisSizeError(
                 f"{caller}: start {int(start)} with size {size} runs outside axis {ax.name!r} of size "
@@ -86,7 +83,7 @@ class ds:  # noqa: N801 - short lowercase name, like jax.lax's and Pallas' ds
     size: int
 
     def __post_init__(self) -> None:
-        if not _is_int(self.size) or self.size < 0:
+        if not is_static_int(self.size) or self.size < 0:
             raise NamedTypeError(
                 f"ds(start, size): size must be a static int >= 0, got {self.size!r}. Only the "
                 "start may be traced."
@@ -101,7 +98,7 @@ class ds:  # noqa: N801 - short lowercase name, like jax.lax's and Pallas' ds
             )
         start = _check_start(self.start, ax, self.size, "ds()")
         offsets = jnp.arange(self.size, dtype=jnp.int32)
-        if _is_int(start):
+        if is_static_int(start):
             return np.arange(start, start + self.size, dtype=np.int32)
         if isinstance(start, NamedArray):
             first = jnp.clip(start.array, 0, ax.size - self.size).astype(jnp.int32)

@@ -52,7 +52,7 @@ from .._errors import (
 )
 from .._spec import entry_axes
 from ._align import align_to
-from ._checks import check_static_index, static_index_array
+from ._checks import check_static_index, is_static_int, static_index_array
 from ._common import expect_named, explicit_sharding, unshard_dims
 from .dynamic import ds
 
@@ -142,10 +142,6 @@ class _Plan:
         return NamedArray(array, self.out)
 
 
-def _is_static_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _parse_key(x: NamedArray, key: Any) -> dict[int, Any]:
     """``{dimension: index}`` from ``{"a": i}`` or ``("a", i, "b", j)``."""
     usage = "Index by name: x['batch', 3], x['batch', 3, 'seq', 0:4] or x[{'batch': 3}]."
@@ -227,7 +223,7 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
             kept[pos] = Axis(ax.name, size)
             continue
         kept[pos] = None
-        if _is_static_int(v):
+        if is_static_int(v):
             i = int(v)
             error = check_static_index(ax, i, x.axes)
             range_error = range_error or error
@@ -608,7 +604,7 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
     x = expect_named(x, "slice")
     i = find_axis(x.axes, axis)
     ax = x.axes[i]
-    if not _is_static_int(length):
+    if not is_static_int(length):
         raise NamedTypeError(
             f"slice(): length must be a static int (the new size of {ax.name!r}), got {length!r}. "
             "Only start may be traced."
@@ -619,7 +615,7 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
             f"slice(): length {length} does not fit axis {ax.name!r} of size {ax.size} in "
             f"NamedArray({format_axes(x.axes)}). Use a length between 0 and {ax.size}."
         )
-    if _is_static_int(start):
+    if is_static_int(start):
         start = int(start)
         if not 0 <= start <= ax.size - length:
             raise AxisSizeError(

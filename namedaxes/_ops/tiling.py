@@ -17,14 +17,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, check_unique, find_axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes
+from ._checks import is_static_int
 from ._common import expect_named, explicit_sharding, unshard_dims
 from .shape import flatten_axes
 
 __all__ = ["pad", "ravel", "repeat", "roll", "tile"]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _per_axis(x: NamedArray, spec: Any, caller: str, what: str) -> dict[int, Any]:
@@ -89,7 +86,7 @@ def repeat(
                 "repeat(): per-entry repeats must be a NamedArray over "
                 f"({format_axes((ax,))}) alone, got NamedArray({format_axes(repeats.axes)})."
             )
-        if not _is_int(total_repeat_length):
+        if not is_static_int(total_repeat_length):
             raise AxisError(
                 "repeat(): per-entry repeats need total_repeat_length= (the static new size of "
                 f"{ax.name!r})."
@@ -133,7 +130,7 @@ def tile(x: NamedArray, reps: Mapping[AxisSelector, int]) -> NamedArray:
     per = _per_axis(x, reps, "tile", "reps")
     counts = [1] * x.ndim
     for i, r in per.items():
-        if not _is_int(r) or r < 0:
+        if not is_static_int(r) or r < 0:
             raise AxisSizeError(
                 f"tile(): the count for axis {x.axes[i].name!r} must be an int >= 0, got {r!r}."
             )
@@ -231,8 +228,8 @@ def pad(
     per = _per_axis(x, pad_width, "pad", "pad_width")
     widths = [(0, 0)] * x.ndim
     for i, w in per.items():
-        pair = (w, w) if _is_int(w) else tuple(w) if isinstance(w, (tuple, list)) else None
-        if pair is None or len(pair) != 2 or not all(_is_int(p) and p >= 0 for p in pair):
+        pair = (w, w) if is_static_int(w) else tuple(w) if isinstance(w, (tuple, list)) else None
+        if pair is None or len(pair) != 2 or not all(is_static_int(p) and p >= 0 for p in pair):
             raise AxisSizeError(
                 f"pad(): the width for axis {x.axes[i].name!r} must be an int >= 0 or a "
                 f"(before, after) pair of them, got {w!r}."

@@ -48,7 +48,7 @@ from .._errors import (
 )
 from .._logical._context import current_axis_mapping
 from .._logical._resolve import resolve
-from .._spec import entry_axes
+from .._spec import entry_axes, entry_of
 
 __all__ = [
     "all_gather",
@@ -571,7 +571,7 @@ def axis_index(axis: AxisSelector | Sequence[AxisSelector]) -> Any:
     mesh_axes = _mesh_axes(axis, "axis_index")
     if not mesh_axes:
         return jax.numpy.zeros((), jax.numpy.int32)
-    return jax.lax.axis_index(mesh_axes if len(mesh_axes) > 1 else mesh_axes[0])
+    return jax.lax.axis_index(entry_of(mesh_axes))
 
 
 def ppermute(
@@ -613,7 +613,7 @@ def ppermute(
         )
     if not mesh_axes:
         return x
-    name = mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
+    name = entry_of(mesh_axes)
     if isinstance(x, NamedArray):
         return NamedArray(jax.lax.ppermute(x.array, name, pairs), x.axes)
     return jax.tree_util.tree_map(lambda v: jax.lax.ppermute(v, name, pairs), x)

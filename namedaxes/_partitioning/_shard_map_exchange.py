@@ -7,6 +7,7 @@ import jax
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector
 from .._errors import NamedTypeError
+from .._spec import entry_of
 from ._shard_map import _check_blocks, _mesh_axes, _own_axis
 
 __all__ = ["all_to_all"]
@@ -61,7 +62,7 @@ def all_to_all(
     if not mesh_axes:
         return x
     _check_blocks(x, i, axis, "all_to_all")
-    name = mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
+    name = entry_of(mesh_axes)
     out = jax.lax.all_to_all(x.array, name, split_axis=i, concat_axis=j, tiled=True)
     axes = tuple(Axis(a.name, int(d)) for a, d in zip(x.axes, out.shape))
     return NamedArray(out, axes)

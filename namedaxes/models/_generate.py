@@ -22,6 +22,7 @@ from .. import nn
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisNotFoundError, GenerationError, NamedTypeError, format_axes
+from .._ops._checks import is_static_int
 from .._ops.creation import full
 from .._ops.dynamic import updated_slice
 from .._ops.elementwise import minimum
@@ -33,6 +34,7 @@ from .._ops.sorting import top_k as _top_k
 from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
+from ..nn._kv_cache import as_traced_index
 from ..random import categorical
 from ._transformer import Transformer
 
@@ -121,7 +123,7 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
             "generate: attention_mask must be a boolean NamedArray with the prompt's axes "
             f"({format_axes(prompt.axes)}), True at real tokens, got {attention_mask!r}."
         )
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_static_int(max_new_tokens) or max_new_tokens < 1:
         raise GenerationError(
             f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}."
         )
@@ -133,7 +135,7 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise GenerationError(
             f"generate: temperature must be a float >= 0 (0 is greedy), got {temperature!r}."
         )
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+    if top_k is not None and (not is_static_int(top_k) or top_k < 1):
         raise GenerationError(f"generate: top_k must be a positive int or None, got {top_k!r}.")
     if top_p is not None and (
         isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
@@ -144,7 +146,7 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
             f"generate: temperature={temperature} samples, which needs key=jax.random.key(...); "
             "pass temperature=0.0 for greedy decoding."
         )
-    if not all(_is_int(e) for e in eos):
+    if not all(is_static_int(e) for e in eos):
         raise GenerationError(
             f"generate: eos_token_id must be an int or a sequence of ints, got {eos!r}."
         )
@@ -163,10 +165,6 @@ def _check_left_padded(mask: NamedArray) -> None:
             "batch flattened); decoder-only generation needs left padding: put each row's "
             "padding before its tokens."
         )
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
@@ -249,7 +247,7 @@ def generate(
         )
     eos = _eos_ids(eos_token_id)
     _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p, key, eos)
-    if pad_token_id is not None and not _is_int(pad_token_id):
+    if pad_token_id is not None and not is_static_int(pad_token_id):
         raise GenerationError(f"generate: pad_token_id must be an int, got {pad_token_id!r}.")
     pad_id = int(pad_token_id if pad_token_id is not None else eos[0] if eos else 0)
     n = prompt.axis_size(POSITION)
@@ -298,7 +296,7 @@ def _prefill(
         cache = model.init_cache(batch, length)
         hidden, cache = model.hidden_states(ids, mask, positions, cache=cache)
         logits = model.logits(hidden[POSITION, -1]).astype(jnp.float32)
-    return logits, cache.with_index(jnp.asarray(cache.index, jnp.int32)), counted[POSITION, -1]
+    return logits, as_traced_index(cache), counted[POSITION, -1]
 
 
 def _choose(logits: NamedArray, step: Any, dynamic: tuple[Any, ...], *, sample: bool,

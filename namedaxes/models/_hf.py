@@ -31,7 +31,7 @@ from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
 from ._config import TransformerConfig
 from ._families import family_of
-from ._layout import Tensor, pick, read_block, tensors_of, to_stored
+from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
 from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
 from ._transformer import Transformer
 
@@ -155,12 +155,6 @@ def _shardings(model: Any, tensors: list[Tensor], mapping: Any, mesh: Any) -> li
         )
     specs = pspec_for(model, rules, mesh=mesh)
     return [NamedSharding(mesh, _get(specs, t.path)) for t in tensors]
-
-
-def _get(tree: Any, path: tuple[str, ...]) -> Any:
-    for p in path:
-        tree = getattr(tree, p)
-    return tree
 
 
 def _make_array(shape: tuple[int, ...], sharding: Sharding, block: Any) -> jax.Array:

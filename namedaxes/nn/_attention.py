@@ -16,12 +16,13 @@ import jax
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisSizeError, LayerError, NamedTypeError
+from .._ops._checks import is_static_int
 from .._ops.creation import arange
 from .._ops.shape import rename
 from ._common import expect_axes, place
 from ._context_parallel import STRATEGIES
 from ._dot_product_attention import dot_product_attention
-from ._kv_cache import KVCache, is_static_int
+from ._kv_cache import KVCache
 from ._linear import Linear
 from ._norm import RmsNorm
 from ._rotary import RotaryEmbedding

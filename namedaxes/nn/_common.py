@@ -7,7 +7,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec, index_of, to_axes
@@ -19,6 +21,9 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._logical._context import current_rules
+from .._logical._resolve import resolve
+from .._mesh import context_mesh
 from .._partitioning._shard import auto_sharded
 from ._precision import current_precision, param_dtype
 
@@ -127,3 +132,32 @@ def check_dtype_float(dtype: Any, layer: str) -> Any:
             f"{layer}: parameters need a floating dtype, got {dt}. Pass e.g. jnp.float32."
         )
     return dt
+
+
+def mesh_entries(*xs: NamedArray) -> list[dict[str, Any]] | None:
+    """``{axis name: mesh axes}`` of each array, for a layer that runs per shard (``shard_map``):
+    by the mapping in force, else by the arrays' own shardings on an Explicit mesh. ``None`` when
+    nothing is split: no mesh, one device, an Auto mesh without a mapping (XLA places the layer),
+    or every entry ``None``."""
+    mesh = context_mesh()
+    if mesh is None or math.prod(mesh.shape.values()) == 1:
+        return None
+    rules = current_rules()
+    if rules is not None:
+        specs = [resolve(x.axes, rules, mesh) for x in xs]
+    elif any(t == AxisType.Explicit for t in mesh.axis_types):
+        specs = [jax.typeof(x.array).sharding.spec for x in xs]
+    else:
+        return None
+    entries = [dict(zip(x.axis_names, tuple(sp) + (None,) * x.ndim)) for x, sp in zip(xs, specs)]
+    if not any(e is not None for d in entries for e in d.values()):
+        return None
+    return entries
+
+
+def spec_by_name(x: Any, entries: dict[str, Any]) -> PartitionSpec:
+    """``x``'s ``PartitionSpec`` from ``{axis name: mesh axes}`` (an empty spec for anything that
+    is not a NamedArray)."""
+    if not isinstance(x, NamedArray):
+        return PartitionSpec()
+    return PartitionSpec(*(entries.get(n) for n in x.axis_names))

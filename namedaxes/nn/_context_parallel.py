@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._spec import entry_of
 from . import _attention_kernels as kernels
 
 __all__ = ["RING_FROM", "STRATEGIES", "Context", "attend", "strategy_for"]
@@ -67,7 +68,7 @@ class Context:
 
     @property
     def axis(self) -> Any:
-        return self.mesh_axes if len(self.mesh_axes) > 1 else self.mesh_axes[0]
+        return entry_of(self.mesh_axes)
 
 
 def strategy_for(requested: str | None, key_length: int, shards: int) -> str:

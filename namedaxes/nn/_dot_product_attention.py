@@ -18,7 +18,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
@@ -30,8 +29,6 @@ from .._errors import (
     format_axes,
     format_names,
 )
-from .._logical._context import current_rules
-from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._ops.contract import dot
 from .._ops.creation import arange
@@ -39,10 +36,10 @@ from .._ops.reductions import softmax
 from .._ops.sets import where
 from .._ops.shape import rearrange
 from .._partitioning._shard_map import shard_map
-from .._spec import entry_axes
+from .._spec import entry_axes, entry_of
 from . import _attention_kernels as kernels
 from . import _context_parallel as cp
-from ._common import expect_axes, expect_free
+from ._common import expect_axes, expect_free, mesh_entries, spec_by_name
 from ._precision import current_precision, upcast
 
 __all__ = ["dot_product_attention"]
@@ -164,7 +161,7 @@ def _local_attention(
     va = _to_layout(v, groups_k, sizes, (True,) * 4)
     if select is not None:
         names = select.mesh_axes
-        i = jax.lax.axis_index(names if len(names) > 1 else names[0]) // select.per_kv
+        i = jax.lax.axis_index(entry_of(names)) // select.per_kv
         ka = jax.lax.dynamic_slice_in_dim(ka, i, 1, axis=2)
         va = jax.lax.dynamic_slice_in_dim(va, i, 1, axis=2)
     real = length = general = None
@@ -220,22 +217,10 @@ def _kernel_specs(
     (the key/value heads split the same way) or one key/value head (the key/value heads stay whole
     and each shard keeps its one: ``_KVSelect``); otherwise every head stays on each shard.
     """
-    mesh = context_mesh()
-    if mesh is None or math.prod(mesh.shape.values()) == 1:
+    per_name = mesh_entries(q, k, v)
+    if per_name is None:
         return None
-    rules = current_rules()
-    if rules is not None:
-        specs = [resolve(x.axes, rules, mesh) for x in (q, k, v)]
-    elif any(t == AxisType.Explicit for t in mesh.axis_types):
-        specs = [jax.typeof(x.array).sharding.spec for x in (q, k, v)]
-    else:
-        return None  # Auto mesh, no mapping: XLA places the call
-    per_name: list[dict[str, Any]] = [
-        dict(zip(x.axis_names, tuple(sp) + (None,) * x.ndim)) for x, sp in zip((q, k, v), specs)
-    ]
-    if not any(e is not None for d in per_name for e in d.values()):
-        return None
-    sizes = dict(mesh.shape)
+    sizes = dict(context_mesh().shape)  # type: ignore[union-attr]
     out: dict[str, Any] = {n: per_name[0][n] for n in layout.batch}
     select = None
     if layout.q_heads:
@@ -272,12 +257,6 @@ def _kernel_specs(
     return _Placement(out, dict(out, **{layout.kpos: None}), select, context)
 
 
-def _spec(x: Any, entries: dict[str, Any]) -> PartitionSpec:
-    if not isinstance(x, NamedArray):
-        return PartitionSpec()
-    return PartitionSpec(*(entries.get(n) for n in x.axis_names))
-
-
 def _run_kernel(
     impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
     strategy: str | None, arrays: tuple[Any, ...],
@@ -293,8 +272,8 @@ def _run_kernel(
             impl, layout, scale, causal, window, placed.select, placed.context, *a
         )
 
-    specs = tuple(_spec(x, placed.entries) for x in arrays)
-    specs = specs[:3] + (_spec(arrays[3], placed.mask),) + specs[4:]
+    specs = tuple(spec_by_name(x, placed.entries) for x in arrays)
+    specs = specs[:3] + (spec_by_name(arrays[3], placed.mask),) + specs[4:]
     return shard_map(local, in_specs=specs, out_specs=specs[0], check_vma=False)(*arrays)
 
 

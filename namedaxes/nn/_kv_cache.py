@@ -6,22 +6,18 @@ from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec, to_axes
 from .._errors import AxisSizeError, LayerError, NamedTypeError, format_axes
+from .._ops._checks import is_static_int
 from .._ops.creation import full, zeros
 from .._ops.dynamic import updated_slice
 from ._common import expect_axes, place
 
-__all__ = ["KVCache", "is_static_int"]
+__all__ = ["KVCache"]
 
 KEY_POSITION = "key_position"
-
-
-def is_static_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 class KVCache(eqx.Module):

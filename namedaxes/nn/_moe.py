@@ -10,7 +10,7 @@ from typing import Any, cast
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
@@ -22,15 +22,22 @@ from .._errors import (
     format_axes,
     format_names,
 )
-from .._logical._context import current_rules
-from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._ops.elementwise import sigmoid
 from .._ops.hof import vmap
 from .._ops.shape import broadcast_to, rearrange
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
-from ._common import as_axes, compute, expect_axes, expect_free, output, param
+from ._common import (
+    as_axes,
+    compute,
+    expect_axes,
+    expect_free,
+    mesh_entries,
+    output,
+    param,
+    spec_by_name,
+)
 from ._linear import Linear
 from ._mlp import MLP, _by_name
 from ._moe_dispatch import Placement, Routing, local_moe
@@ -362,19 +369,10 @@ class MoE(eqx.Module):
         """``{axis name: mesh axes}`` for the tokens, experts and hidden axes, or ``None`` when
         the layer runs without ``shard_map`` (no mesh, one device, or an Auto mesh without a
         mapping: XLA places it)."""
-        mesh = context_mesh()
-        if mesh is None or math.prod(mesh.shape.values()) == 1:
+        per_name = mesh_entries(x, up)
+        if per_name is None:
             return None
-        rules = current_rules()
-        if rules is not None:
-            specs = [resolve(x.axes, rules, mesh), resolve(up.axes, rules, mesh)]
-        elif any(t == AxisType.Explicit for t in mesh.axis_types):
-            specs = [jax.typeof(v.array).sharding.spec for v in (x, up)]
-        else:
-            return None
-        out: dict[str, Any] = {}
-        for v, spec in zip((x, up), specs):
-            out.update(zip(v.axis_names, tuple(spec) + (None,) * v.ndim))
+        out = {**per_name[0], **per_name[1]}
         for a in self.Embed:
             out[a.name] = None
         if not any(e is not None for e in out.values()):
@@ -418,13 +416,9 @@ class MoE(eqx.Module):
             sizes=sizes,
         )
 
-        def spec(v: Any) -> Any:
-            if v is None:
-                return None
-            return PartitionSpec(*(entries.get(n) for n in v.axis_names))
-
         router = PartitionSpec()
-        specs = (spec(x), spec(mask), router, *(spec(w) for w in weights[1:]))
+        by_name = [None if v is None else spec_by_name(v, entries) for v in (x, mask, *weights[1:])]
+        specs = (by_name[0], by_name[1], router, *by_name[2:])
         return placement, specs
 
 

@@ -30,6 +30,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from .._spec import entry_of
+
 __all__ = ["Placement", "Routing", "local_moe"]
 
 F32 = jnp.float32
@@ -66,12 +68,8 @@ class Placement:
         return math.prod(sizes[a] for a in axes)
 
 
-def _name(axes: tuple[str, ...]) -> str | tuple[str, ...]:
-    return axes[0] if len(axes) == 1 else axes
-
-
 def _psum(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    return jax.lax.psum(x, _name(axes)) if axes else x
+    return jax.lax.psum(x, entry_of(axes)) if axes else x
 
 
 def route(
@@ -146,15 +144,15 @@ def _dense(
     t = x.shape[0]
     combine = jnp.zeros((t, r.experts), F32).at[jnp.arange(t)[:, None], ids].add(weights)
     if p.split:  # the group's tokens, from the devices that split them
-        x = jax.lax.all_gather(x, _name(p.split), axis=0, tiled=True)
-        combine = jax.lax.all_gather(combine, _name(p.split), axis=0, tiled=True)
+        x = jax.lax.all_gather(x, entry_of(p.split), axis=0, tiled=True)
+        combine = jax.lax.all_gather(combine, entry_of(p.split), axis=0, tiled=True)
     local = w[1].shape[0]
     if p.ep:
-        first = jax.lax.axis_index(_name(p.ep)) * local
+        first = jax.lax.axis_index(entry_of(p.ep)) * local
         combine = jax.lax.dynamic_slice_in_dim(combine, first, local, axis=1)
     y = _psum(_ffn_dense(x, combine, w, r), p.tp + p.rep)
     if p.split:
-        y = jax.lax.psum_scatter(y, _name(p.split), scatter_dimension=0, tiled=True)
+        y = jax.lax.psum_scatter(y, entry_of(p.split), scatter_dimension=0, tiled=True)
     return y
 
 
@@ -195,7 +193,7 @@ def _ragged_exchange(
             x = jnp.pad(x, ((0, pad), (0, 0)))
             weights, ids = jnp.pad(weights, ((0, pad), (0, 0))), jnp.pad(ids, ((0, pad), (0, 0)))
             keep = jnp.pad(keep, ((0, pad), (0, 0)))
-        first = jax.lax.axis_index(_name(p.rep)) * share
+        first = jax.lax.axis_index(entry_of(p.rep)) * share
         x, weights, ids, keep = (
             jax.lax.dynamic_slice_in_dim(a, first, share, axis=0) for a in (x, weights, ids, keep)
         )
@@ -213,7 +211,7 @@ def _ragged_exchange(
     send_expert = (
         jnp.full((n, a), local, jnp.int32).at[dest, slot].set(key - dest * local, mode="drop")
     )
-    ep = _name(p.ep)
+    ep = entry_of(p.ep)
     rows = jax.lax.all_to_all(send, ep, 0, 0, tiled=True).reshape(n * a, h)
     expert = jax.lax.all_to_all(send_expert, ep, 0, 0, tiled=True).reshape(n * a)
     by_expert = jnp.argsort(expert, stable=True)
@@ -225,7 +223,7 @@ def _ragged_exchange(
     contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
     y = jnp.zeros_like(x).at[token].add(contrib)
     if p.rep:
-        y = jax.lax.all_gather(y, _name(p.rep), axis=0, tiled=True)[:t_all]
+        y = jax.lax.all_gather(y, entry_of(p.rep), axis=0, tiled=True)[:t_all]
     return y
 
 
