@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import spec_of
 from _meshes import make_mesh
 from jax.sharding import PartitionSpec as P
 
@@ -222,3 +223,23 @@ def test_fsdp_places_returned_activations_by_the_compute_mapping(axis_type):
         plain_hlo = plain_step.lower(pw, p_state, px).compile().as_text()
     assert _twin_collectives(named_hlo) == _twin_collectives(plain_hlo)
     assert any(_twin_collectives(plain_hlo).values())  # the FSDP gathers are seen at all
+
+
+def test_fsdp_resolves_each_output_only_by_the_mapping_that_places_it(axis_type):
+    """A parameter output is placed by the parameter mapping alone and an activation by the compute
+    mapping alone: a mapping that could not place the other kind of output is never asked to."""
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    with jax.set_mesh(mesh):
+        # vocab=3 cannot split over model=4: fine for the parameter, which the compute mapping
+        # (which splits vocab) never places.
+        w = na.shard(named(jnp.ones((4, 3)), ("embed", "vocab")), {"embed": "data"})
+        b = named(jnp.ones((8, 8)), ("batch", "vocab"))
+        step = na.fsdp(lambda w, b: (w, b), {"embed": "data"}, {"batch": "data", "vocab": "model"})
+        new_w, new_b = step(w, b)
+        assert spec_of(new_w) == P("data") and spec_of(new_b) == P("data", "model")
+        # The other way round: the parameter mapping splits vocab, an activation's cannot split.
+        w = na.shard(named(jnp.ones((4, 8)), ("embed", "vocab")), {"vocab": "model"})
+        b = named(jnp.ones((8, 3)), ("batch", "vocab"))
+        step = na.fsdp(lambda w, b: (w, b), {"vocab": "model"}, {"batch": "data", "vocab": None})
+        new_w, new_b = step(w, b)
+        assert spec_of(new_w) == P(None, "model") and spec_of(new_b) == P("data")

@@ -81,14 +81,14 @@ def constrain_outputs(
     planned = plan_tree(out, rules, mesh, caller=caller, flat=(out_leaves, out_def))
     if not planned.any_named:
         return out_leaves, {}
-    targets = planned.targets
+    mask = [True] * len(out_leaves)
     if compute_rules is not None:
         mask = _parameter_mask(out, parameters, len(out_leaves))
-        if not all(mask):
-            computed = plan_tree(
-                out, compute_rules, mesh, caller=caller, flat=(out_leaves, out_def)
-            ).targets
-            targets = [t if keep else c for t, c, keep in zip(targets, computed, mask)]
+    if all(mask):
+        targets = planned.targets
+    else:  # each leaf resolved only by the mapping it is placed by
+        computed = plan_tree(out, compute_rules, mesh, caller=caller, flat=(out_leaves, out_def))
+        targets = [(planned if keep else computed).target(i) for i, keep in enumerate(mask)]
     new = list(out_leaves)
     specs = {}
     for i, (leaf, target) in enumerate(zip(out_leaves, targets)):

@@ -156,6 +156,13 @@ class TreePlan:
         """Every leaf's spec (see :meth:`spec`)."""
         return [self.spec(i) for i in range(len(self.leaves))]
 
+    def target(self, i: int) -> NamedSharding | None:
+        """Where to place leaf ``i`` (see :attr:`targets`), resolving only that leaf."""
+        if self._structure.walk.infos[i] is None:
+            return None
+        spec = self.spec(i)
+        return None if spec is None else _named_sharding(self.mesh, spec)  # type: ignore[arg-type]
+
     @property
     def targets(self) -> list[NamedSharding | None]:
         """Where to place each leaf: a ``NamedSharding`` on the plan's mesh for a named leaf,
@@ -175,13 +182,8 @@ class TreePlan:
             )
         if not structure.walk.any_field:
             return list(cached)  # type: ignore[arg-type]
-        out: list[NamedSharding | None] = []
-        for i, t in enumerate(cached):
-            if isinstance(t, FieldAxes):  # sizes come from the leaf's shape
-                spec = self.spec(i)
-                t = None if spec is None else _named_sharding(self.mesh, spec)  # type: ignore[arg-type]
-            out.append(t)
-        return out
+        # A field's sizes come from its leaf's shape: its target is made per call.
+        return [self.target(i) if isinstance(t, FieldAxes) else t for i, t in enumerate(cached)]
 
     def _plain(self, leaf: Any) -> PartitionSpec | None:
         spec = plain_spec(leaf)
