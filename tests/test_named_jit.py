@@ -1,5 +1,7 @@
 """named_jit: shardings of outputs, retrace counts, static leaves, in/out resources, donation."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +82,26 @@ def test_one_trace_per_signature_mapping_and_mesh(mesh_2x4, axis_type):
         c = f(x)  # a different mesh: retraced
     assert len(traces) == 3
     assert shard_shapes(c) == [(2, 12)]
+
+
+def test_own_mapping_traces_once_whatever_mapping_surrounds_the_call(mesh_2x4):
+    """A named_jit with its own axis_resources, and an fsdp step, run the same program under any
+    surrounding mapping: one trace, not one per mapping around the call."""
+    traces = []
+
+    def f(x):
+        traces.append(na.current_axis_mapping())
+        return scale(x)
+
+    g = na.named_jit(f, axis_resources={"batch": "data"})
+    step = na.fsdp(lambda w, x: (w, f(x)), {"embed": "data"}, {"batch": "data"})
+    x, w = data(), na.named(jnp.ones((8, 4)), ("embed", "mlp"))
+    with jax.set_mesh(mesh_2x4):
+        for outer in (None, {"batch": "model"}, {"embed": None}):
+            with axis_mapping(outer) if outer else contextlib.nullcontext():
+                assert spec_of(g(x)) == P("data")
+                assert spec_of(step(w, x)[1]) == P("data")
+    assert len(traces) == 2  # one for g, one for the step
 
 
 def test_static_leaves_hash_by_value():

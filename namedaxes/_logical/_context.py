@@ -108,6 +108,13 @@ def _set_stack(stack: tuple[_Pushed, ...]) -> None:
     _TRACE_KEY(stack[-1].rules if stack else None).__enter__()
 
 
+def trace_key(rules: AxisRules | None) -> Any:
+    """A context that sets JAX's trace key to ``rules``: for a wrapper that keys its programs by
+    the mapping itself (``named_jit``), so that its inner ``jax.jit`` is keyed by the mapping the
+    program is traced with, not again by whatever mapping surrounds the call."""
+    return _TRACE_KEY(rules)
+
+
 def _visible_entry() -> _Pushed | None:
     stack = _STACK.get()
     if not _SCOPED:

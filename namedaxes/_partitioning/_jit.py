@@ -25,7 +25,7 @@ import jax
 
 from .._caches import register_owner
 from .._errors import NamedTypeError
-from .._logical._context import axis_mapping, current_mapping_and_rules
+from .._logical._context import axis_mapping, current_mapping_and_rules, trace_key
 from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._jit_args import (
@@ -176,7 +176,8 @@ class NamedJitWrapped(Generic[P, R]):
                     dyn = place_inputs_fast(dyn, compiled)
                 if layout.donate:
                     check_donation(layout, dyn, args, kwargs)
-                out = compiled.jitted(*dyn)
+                with trace_key(rules):  # the program's own mapping (see _call_slow)
+                    out = compiled.jitted(*dyn)
                 info = compiled.single
                 return (info if info is not None else compiled.out_info(dyn)).rebuild(out)
         with self._lock:
@@ -200,11 +201,15 @@ class NamedJitWrapped(Generic[P, R]):
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if layout.donate:
             check_donation(layout, dyn, args, kwargs)
-        if compiled.set_mesh is not None:
-            with jax.set_mesh(compiled.set_mesh):
+        # Each entry is keyed by the mapping its program runs under (fast_key[2]: named_jit's own
+        # axis_resources, else the visible mapping); JAX's trace key says the same, so a program
+        # with its own mapping is not traced again for each mapping around the call.
+        with trace_key(fast_key[2]):
+            if compiled.set_mesh is not None:
+                with jax.set_mesh(compiled.set_mesh):
+                    out = compiled.jitted(*dyn)
+            else:
                 out = compiled.jitted(*dyn)
-        else:
-            out = compiled.jitted(*dyn)
         return compiled.out_info(dyn).rebuild(out)
 
     def lower(self, *args: P.args, **kwargs: P.kwargs) -> Any:
@@ -221,10 +226,15 @@ class NamedJitWrapped(Generic[P, R]):
             layout, compiled, dyn, leaves = self._lookup(args, kwargs)
         if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
-        if compiled.set_mesh is not None:
-            with jax.set_mesh(compiled.set_mesh):
-                return compiled.jitted.lower(*dyn)
-        return compiled.jitted.lower(*dyn)
+        rules = self._axis_rules
+        if rules is None:
+            found = current_mapping_and_rules()
+            rules = None if found is None else found[1]
+        with trace_key(rules):
+            if compiled.set_mesh is not None:
+                with jax.set_mesh(compiled.set_mesh):
+                    return compiled.jitted.lower(*dyn)
+            return compiled.jitted.lower(*dyn)
 
     def _place_inputs(
         self, layout: Layout, compiled: Compiled, dyn: Any, leaves: list[Any]
