@@ -136,12 +136,8 @@ def _single_axis_spec(
         sizes: MeshLike = {m: 1 for m in rules.mesh_axes}  # the rule decides; no mesh to check
     else:
         sizes = mesh_axis_sizes(require_mesh(mesh, caller=caller, mappings=True))
-    if not isinstance(axis, Axis):
-        missing = [m for m in candidates[0] if m not in sizes]
-        size = 1 if missing else math.prod(sizes[m] for m in candidates[0])  # type: ignore[index]
-        axis = Axis(name, size)  # resolve reports a missing mesh axis
-    elif known is None:
-        axis = Axis(name, math.prod(sizes[m] for m in candidates[0]))  # type: ignore[index]
+    if not isinstance(axis, Axis):  # the size its rule's mesh axes divide
+        axis = Axis(name, math.prod(sizes.get(m, 1) for m in candidates[0]))  # type: ignore[union-attr]
     return resolve((axis,), rules, sizes)[0]
 
 
