@@ -7,12 +7,13 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._errors import NamedTypeError, ShardingError
 from .._logical._context import current_axis_mapping
 from .._logical._resolve import resolve
+from .._mesh import explicit_axes
 from .._spec import entry_axes, entry_of
 
 __all__ = [
@@ -205,9 +206,7 @@ def agree_by_name(
     # axis whose rule cannot apply here (its mesh axes taken by another operand's axis) is
     # replicated: this placement is internal to the op.
     spec = resolve(tuple(every.values()), rules, mesh, unsatisfied="replicate")
-    explicit = {
-        name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind == AxisType.Explicit
-    }
+    explicit = explicit_axes(mesh)
     target = {
         name: tuple(m for m in entry_axes(entry) if m in explicit) or None
         for name, entry in zip(every, spec)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, AxisSpec, axis_name, check_unique, find_axis, to_axes
@@ -40,6 +40,7 @@ from .._errors import (
     format_names,
 )
 from .._logical._resolve import resolve
+from .._mesh import explicit_axes
 from .._spec import entry_axes, entry_of
 from ._common import expect_named, explicit_sharding, mapping_in_force
 
@@ -163,7 +164,7 @@ def _place_undecided(
     # Internal to the op (its result is still placed by the caller's mapping): an axis whose rule
     # cannot apply here is replicated instead of raising.
     spec = resolve(out, rules, context, unsatisfied="replicate")
-    explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+    explicit = explicit_axes(mesh)
     used = {m for axes in decided if axes for m in axes}
     for _, outs in undecided:
         for k in outs:

@@ -75,7 +75,8 @@ class _Plan:
     out: tuple[Axis, ...]
     # Where each layout axis comes from: a dimension of x, or (index NamedArray, its dimension).
     sources: tuple[int | tuple[NamedArray, int], ...]
-    # Dimensions of x that cannot stay sharded (integer-indexed, gathered or sliced).
+    # Dimensions of x that cannot stay sharded (integer-indexed, sliced, or gathered by a NumPy-style
+    # index; not the one gathered axis of ``along``, which XLA partitions where it lies).
     unshard: tuple[int, ...]
     # One index NamedArray and only slices besides: ``(dimension, index)``, read with one batched
     # gather (see ``_take_along``) instead of the NumPy-style index above.
@@ -119,9 +120,7 @@ class _Plan:
     def gather(self, x: NamedArray, **kwargs: Any) -> NamedArray:
         """``x[index]`` with names, sharded by name on Explicit meshes."""
         self.check_range(kwargs)
-        # The one-index gather reads its axis where it is: XLA partitions it (see _take_along).
-        keep = self.along[0] if self.along is not None else None
-        array = unshard_dims(x.array, [d for d in self.unshard if d != keep])
+        array = unshard_dims(x.array, self.unshard)
         sharding = self.out_sharding(array)
         if self.along is not None and "out_sharding" not in kwargs:
             if sharding is not None:  # out_sharding() is in layout order; the gather gives `out`
@@ -320,6 +319,8 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
     others = [v for i, v in selection.items() if i not in gathers]
     if len(gathers) == 1 and all(isinstance(v, _builtin_slice) for v in others):
         along = next(iter(gathers.items()))
+        # The one-index gather reads its axis where it is: XLA partitions it (see _take_along).
+        unshard = tuple(d for d in unshard if d != along[0])
     return _Plan(tuple(entries), layout, tuple(out), sources, unshard, along, range_error)
 
 
