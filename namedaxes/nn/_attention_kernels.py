@@ -142,6 +142,13 @@ def padding_from_mask(mask: jax.Array) -> Padding:
     return Padding(mask, length, jnp.argmax(mask, axis=1).astype(jnp.int32))
 
 
+def padding_of(mask: jax.Array | None, lengths: jax.Array | None, s: int) -> Padding | None:
+    """The ``Padding`` of a key mask, else of key lengths (of ``s`` keys), else ``None``."""
+    if mask is not None:
+        return padding_from_mask(mask)
+    return None if lengths is None else padding_from_lengths(lengths, s)
+
+
 def padding_from_lengths(length: jax.Array, s: int) -> Padding:
     """The ``Padding`` of ``(B,)`` key lengths (the first ``length`` of ``s`` keys are real)."""
     length = length.astype(jnp.int32)

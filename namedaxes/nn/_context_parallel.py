@@ -111,14 +111,9 @@ def attend(
     if ctx.keys_split:
         k, v = _gather(k, ctx), _gather(v, ctx)
         key_mask = None if key_mask is None else _gather(key_mask, ctx)
-    padding = None
-    if key_mask is not None:
-        padding = kernels.padding_from_mask(key_mask)
-    elif key_lengths is not None:
-        padding = kernels.padding_from_lengths(key_lengths, s)
     call = kernels.KernelCall(
         q=q, k=k, v=v, scale=scale, causal=causal, window=window, offset=start,
-        padding=padding, mask=mask,
+        padding=kernels.padding_of(key_mask, key_lengths, s), mask=mask,
     )  # fmt: skip
     return kernels.run(impl, call)
 

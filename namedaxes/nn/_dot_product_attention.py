@@ -179,14 +179,10 @@ def _local_attention(
             offset=offset, key_mask=real, key_lengths=length, mask=general,
         )  # fmt: skip
     else:
-        padding = None
-        if real is not None:
-            padding = kernels.padding_from_mask(real)
-        elif length is not None:
-            padding = kernels.padding_from_lengths(length, s)
         call = kernels.KernelCall(
             q=qa, k=ka, v=va, scale=scale, causal=causal, window=window,
-            offset=s - t if offset is None else offset, padding=padding, mask=general,
+            offset=s - t if offset is None else offset,
+            padding=kernels.padding_of(real, length, s), mask=general,
         )  # fmt: skip
         out = kernels.run(impl, call)
     axes = tuple(q.resolve_axis(n) for g in groups_q for n in g)

@@ -152,25 +152,18 @@ class Stacked(eqx.Module, Generic[M]):
 
     def fold(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
         """The same as calling the stack."""
-        keys = None if key is None else jax.random.split(key, self.Layer.size)
-        remat, whole = _remat(self.gradient_checkpointing)
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> Any:
             layer, k = xs
             extra = kwargs if k is None else {**kwargs, "key": k}
             return _like(layer(_name_carry(h), *args, **extra), h)
 
-        run = fold(body, self.Layer, remat=remat)
-        if whole:
-            run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
-        return run(x, (self.stacked, keys), *args, **kwargs)
+        return self._run(fold, body, x, key, args, kwargs)
 
     def scan(
         self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any
     ) -> tuple[Any, Any]:
         """Apply layers that return ``(x, y)``; returns ``(x, ys)``, ``ys`` stacked on ``Layer``."""
-        keys = None if key is None else jax.random.split(key, self.Layer.size)
-        remat, whole = _remat(self.gradient_checkpointing)
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             layer, k = xs
@@ -183,7 +176,16 @@ class Stacked(eqx.Module, Generic[M]):
                 )
             return _like(out[0], h), out[1]
 
-        run = scan(body, self.Layer, remat=remat)
+        return self._run(scan, body, x, key, args, kwargs)
+
+    def _run(
+        self, loop: Any, body: Any, x: Any, key: Any, args: tuple[Any, ...], kwargs: Any
+    ) -> Any:
+        """``loop`` (``fold`` or ``scan``) of ``body`` over the layers, with a key per layer and
+        the stack's remat policy."""
+        keys = None if key is None else jax.random.split(key, self.Layer.size)
+        remat, whole = _remat(self.gradient_checkpointing)
+        run = loop(body, self.Layer, remat=remat)
         if whole:
             run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
         return run(x, (self.stacked, keys), *args, **kwargs)
