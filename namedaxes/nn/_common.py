@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec
 
 from .._array import NamedArray
@@ -25,7 +24,7 @@ from .._logical._context import current_rules
 from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._partitioning._shard import auto_sharded
-from ._precision import current_precision, param_dtype
+from ._precision import current_precision, float_dtype, param_dtype
 
 __all__ = [
     "as_axes",
@@ -118,20 +117,7 @@ def output(y: Any) -> Any:
 
 def check_dtype_float(dtype: Any, layer: str) -> Any:
     """The parameters' dtype: ``dtype``, else the policy's ``param``; ``None`` is JAX's default."""
-    dtype = param_dtype(dtype)
-    if dtype is None:
-        return None
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        raise NamedTypeError(
-            f"{layer}: {dtype!r} is not a dtype. Pass e.g. jnp.float32 or 'bfloat16'."
-        ) from None
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise NamedTypeError(
-            f"{layer}: parameters need a floating dtype, got {dt}. Pass e.g. jnp.float32."
-        )
-    return dt
+    return float_dtype(param_dtype(dtype), f"{layer}: ", f"{layer}: parameters need")
 
 
 def mesh_entries(*xs: NamedArray) -> list[dict[str, Any]] | None:

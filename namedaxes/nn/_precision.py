@@ -42,21 +42,23 @@ _FIELDS = {
 }
 
 
-def _float_dtype(value: Any, what: str) -> jnp.dtype | None:
+def float_dtype(value: Any, prefix: str, needs: str) -> jnp.dtype | None:
+    """``value`` as a floating dtype (``None`` passes through).
+
+    Raises:
+        NamedTypeError: ``"{prefix}{value!r} is not a dtype ..."`` or ``"{needs} a floating dtype,
+            got ..."``.
+    """
     if value is None:
         return None
-    if isinstance(value, str):
-        value = _ALIASES.get(value.strip().lower(), value.strip())
     try:
         dt = jnp.dtype(value)
     except TypeError:
         raise NamedTypeError(
-            f"Precision {what}={value!r} is not a dtype. Pass e.g. jnp.bfloat16 or 'bfloat16'."
+            f"{prefix}{value!r} is not a dtype. Pass e.g. jnp.float32 or 'bfloat16'."
         ) from None
     if not jnp.issubdtype(dt, jnp.floating):
-        raise NamedTypeError(
-            f"Precision {what} must be a floating dtype, got {dt}. Pass e.g. jnp.float32."
-        )
+        raise NamedTypeError(f"{needs} a floating dtype, got {dt}. Pass e.g. jnp.float32.")
     return dt
 
 
@@ -92,7 +94,11 @@ class Precision:
 
     def __post_init__(self) -> None:
         for f in ("param", "compute", "output"):
-            object.__setattr__(self, f, _float_dtype(getattr(self, f), f))
+            value = getattr(self, f)
+            if isinstance(value, str):
+                value = _ALIASES.get(value.strip().lower(), value.strip())
+            dtype = float_dtype(value, f"Precision {f}=", f"Precision {f} must be")
+            object.__setattr__(self, f, dtype)
 
     @classmethod
     def parse(cls, spec: str) -> Precision:
