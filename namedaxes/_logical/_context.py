@@ -108,11 +108,16 @@ def _set_stack(stack: tuple[_Pushed, ...]) -> None:
     _TRACE_KEY(stack[-1].rules if stack else None).__enter__()
 
 
-def trace_key(rules: AxisRules | None) -> Any:
-    """A context that sets JAX's trace key to ``rules``: for a wrapper that keys its programs by
-    the mapping itself (``named_jit``), so that its inner ``jax.jit`` is keyed by the mapping the
-    program is traced with, not again by whatever mapping surrounds the call."""
-    return _TRACE_KEY(rules)
+def trace_key_is_neutral() -> bool:
+    """Whether no mapping is part of JAX's trace key now (the common case: one attribute read)."""
+    return _TRACE_KEY.value is None
+
+
+def neutral_trace_key() -> Any:
+    """A context that takes the mapping out of JAX's trace key: for a wrapper that keys its
+    programs by the mapping itself (``named_jit``, one ``jax.jit`` per entry), so that its inner
+    ``jax.jit`` is not keyed again by whatever mapping surrounds the call."""
+    return _TRACE_KEY(None)
 
 
 def _visible_entry() -> _Pushed | None:

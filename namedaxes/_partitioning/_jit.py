@@ -25,7 +25,12 @@ import jax
 
 from .._caches import register_owner
 from .._errors import NamedTypeError
-from .._logical._context import axis_mapping, current_mapping_and_rules, trace_key
+from .._logical._context import (
+    axis_mapping,
+    current_mapping_and_rules,
+    neutral_trace_key,
+    trace_key_is_neutral,
+)
 from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._jit_args import (
@@ -176,8 +181,11 @@ class NamedJitWrapped(Generic[P, R]):
                     dyn = place_inputs_fast(dyn, compiled)
                 if layout.donate:
                     check_donation(layout, dyn, args, kwargs)
-                with trace_key(rules):  # the program's own mapping (see _call_slow)
+                if trace_key_is_neutral():  # see _call_slow
                     out = compiled.jitted(*dyn)
+                else:
+                    with neutral_trace_key():
+                        out = compiled.jitted(*dyn)
                 info = compiled.single
                 return (info if info is not None else compiled.out_info(dyn)).rebuild(out)
         with self._lock:
@@ -201,10 +209,10 @@ class NamedJitWrapped(Generic[P, R]):
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         if layout.donate:
             check_donation(layout, dyn, args, kwargs)
-        # Each entry is keyed by the mapping its program runs under (fast_key[2]: named_jit's own
-        # axis_resources, else the visible mapping); JAX's trace key says the same, so a program
-        # with its own mapping is not traced again for each mapping around the call.
-        with trace_key(fast_key[2]):
+        # Each entry (its own jax.jit) is keyed by the mapping its program runs under: named_jit's
+        # own axis_resources, else the visible mapping. The mapping is kept out of JAX's trace key
+        # here, so a program with its own mapping is not traced again for each mapping around it.
+        with neutral_trace_key():
             if compiled.set_mesh is not None:
                 with jax.set_mesh(compiled.set_mesh):
                     out = compiled.jitted(*dyn)
@@ -226,11 +234,7 @@ class NamedJitWrapped(Generic[P, R]):
             layout, compiled, dyn, leaves = self._lookup(args, kwargs)
         if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
-        rules = self._axis_rules
-        if rules is None:
-            found = current_mapping_and_rules()
-            rules = None if found is None else found[1]
-        with trace_key(rules):
+        with neutral_trace_key():
             if compiled.set_mesh is not None:
                 with jax.set_mesh(compiled.set_mesh):
                     return compiled.jitted.lower(*dyn)
