@@ -7,16 +7,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._axis import Axis
-from .._errors import ModelConfigError
+from .._errors import ModelConfigError, NamedTypeError
 from ..nn import RopeScaling, activation
 from ..nn._context_parallel import STRATEGIES
 from ..nn._moe import DISPATCHES, SCORINGS
+from ..nn._pipeline import check_options
 
 __all__ = ["RUNTIME_FIELDS", "TransformerConfig"]
 
 #: Fields that say how the model runs, not what it is: not stored in ``config.json``, so left out
 #: when a config is compared with what a ``config.json`` reads back as.
-RUNTIME_FIELDS = ("moe_dispatch", "capacity_factor", "context_strategy")
+RUNTIME_FIELDS = (
+    "moe_dispatch",
+    "capacity_factor",
+    "context_strategy",
+    "pipeline_microbatches",
+    "pipeline_schedule",
+    "pipeline_repeats",
+)
 NORMS = ("rms", "layer")
 QK_NORMS = (None, "head", "projection")
 
@@ -89,6 +97,11 @@ class TransformerConfig:
             training (kept for ``config.json``; scale ``Transformer``'s ``aux_loss`` by it).
         moe_dispatch: How the experts run (``namedaxes.nn.MoE``'s ``dispatch``: ``"auto"``,
             ``"ragged"``, ``"dense"``); not part of ``config.json``.
+        pipeline_microbatches: Microbatches of the pipeline when the mapping places ``layer`` on
+            mesh axes (``{"layer": "stage"}``); ``None``: one per stage. Not part of
+            ``config.json``, like the other pipeline options (see ``namedaxes.nn.Stacked``).
+        pipeline_schedule: ``"gpipe"``, ``"1f1b"`` or ``"circular"``.
+        pipeline_repeats: Blocks of layers per stage for the ``"circular"`` schedule.
         capacity_factor: Expert capacity (``namedaxes.nn.MoE``), ``None`` for dropless (as
             ``transformers``); not part of ``config.json``.
         hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
@@ -142,6 +155,9 @@ class TransformerConfig:
     router_aux_loss_coef: float = 0.001
     moe_dispatch: str = "auto"
     capacity_factor: float | None = None
+    pipeline_microbatches: int | None = None
+    pipeline_schedule: str = "gpipe"
+    pipeline_repeats: int = 2
     hf_config: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,6 +205,13 @@ class TransformerConfig:
                 f"{', '.join(map(repr, STRATEGIES))} or None (chosen by length), got "
                 f"{self.context_strategy!r}."
             )
+        try:
+            check_options(
+                self.pipeline_microbatches, self.pipeline_schedule, self.pipeline_repeats,
+                "TransformerConfig (pipeline_microbatches, pipeline_schedule, pipeline_repeats)",
+            )  # fmt: skip
+        except NamedTypeError as e:
+            raise ModelConfigError(str(e)) from None
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise ModelConfigError(
                 "TransformerConfig.rope_scaling must be a namedaxes.nn.RopeScaling or None, got "

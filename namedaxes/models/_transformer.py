@@ -203,6 +203,9 @@ class Transformer(eqx.Module):
             lambda k: DecoderLayer(cfg, key=k, dtype=dtype),
             key=k_layers,
             gradient_checkpointing=gradient_checkpointing,
+            microbatches=cfg.pipeline_microbatches,
+            schedule=cfg.pipeline_schedule,
+            repeats=cfg.pipeline_repeats,
         )
         self.final_norm = _norm(cfg, Embed, dtype)
         self.lm_head = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -14,6 +15,8 @@ from .._axis import Axis
 from .._errors import NamedTypeError
 from .._ops.hof import check_remat, fold, scan, vmap
 from .._ops.shape import rearrange
+from ._pipeline import check_options, pipeline_for
+from ._pipeline import run as run_pipeline
 
 __all__ = ["REMAT_POLICIES", "Stacked"]
 
@@ -59,6 +62,16 @@ def _name_carry(h: Any) -> Any:
 
 
 M = TypeVar("M", bound=eqx.Module)
+
+
+class _Keep:
+    """The default of ``with_pipeline``'s options: keep the stack's value."""
+
+    def __repr__(self) -> str:
+        return "<keep>"
+
+
+_KEEP = _Keep()
 
 
 def _like(out: Any, carry: Any) -> Any:
@@ -119,6 +132,10 @@ class Stacked(eqx.Module, Generic[M]):
     stacked: M
     Layer: Axis = eqx.field(static=True)
     gradient_checkpointing: Any = eqx.field(static=True)
+    microbatches: int | None = eqx.field(static=True)
+    schedule: str = eqx.field(static=True)
+    repeats: int = eqx.field(static=True)
+    batch_axis: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -127,6 +144,10 @@ class Stacked(eqx.Module, Generic[M]):
         *,
         key: jax.Array,
         gradient_checkpointing: bool | str | Callable[..., Any] = False,
+        microbatches: int | None = None,
+        schedule: str = "gpipe",
+        repeats: int = 2,
+        batch_axis: str = "batch",
     ):
         if not isinstance(Layer, Axis):
             raise NamedTypeError(
@@ -138,9 +159,16 @@ class Stacked(eqx.Module, Generic[M]):
         if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
             names = ", ".join(repr(n) for n in REMAT_POLICIES)
             check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
+        check_options(microbatches, schedule, repeats, "Stacked")
+        if not isinstance(batch_axis, str) or not batch_axis:
+            raise NamedTypeError(f"Stacked needs an axis name for batch_axis, got {batch_axis!r}.")
         self.stacked = vmap(make, Layer, map_plain=True)(jax.random.split(key, Layer.size))
         self.Layer = Layer
         self.gradient_checkpointing = gradient_checkpointing
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.repeats = repeats
+        self.batch_axis = batch_axis
 
     def __call__(self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any) -> Any:
         """Apply the layers in order: ``x = layer_i(x, *args, **kwargs)`` (a fold over ``Layer``).
@@ -159,6 +187,44 @@ class Stacked(eqx.Module, Generic[M]):
             return _like(layer(_name_carry(h), *args, **extra), h)
 
         return self._run(fold, body, x, key, args, kwargs)
+
+    def with_pipeline(
+        self,
+        *,
+        microbatches: int | None | _Keep = _KEEP,
+        schedule: str | _Keep = _KEEP,
+        repeats: int | _Keep = _KEEP,
+        batch_axis: str | _Keep = _KEEP,
+        gradient_checkpointing: Any = _KEEP,
+    ) -> Stacked[M]:
+        """A copy with other runtime options (the parameters are shared, not copied).
+
+        Example:
+            >>> import jax
+            >>> import namedaxes as na
+            >>> s = na.nn.Stacked(na.Axis("layer", 2), lambda k: na.nn.RmsNorm({"embed": 3}),
+            ...                   key=jax.random.key(0))
+            >>> s.with_pipeline(microbatches=4, schedule="circular").schedule
+            'circular'
+        """
+        new = {
+            "microbatches": microbatches, "schedule": schedule, "repeats": repeats,
+            "batch_axis": batch_axis, "gradient_checkpointing": gradient_checkpointing,
+        }  # fmt: skip
+        new = {k: v for k, v in new.items() if v is not _KEEP}
+        merged = {
+            k: new.get(k, getattr(self, k))
+            for k in ("microbatches", "schedule", "repeats", "batch_axis", "gradient_checkpointing")
+        }
+        check_options(merged["microbatches"], merged["schedule"], merged["repeats"], "Stacked")
+        g = merged["gradient_checkpointing"]
+        if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
+            names = ", ".join(repr(n) for n in REMAT_POLICIES)
+            check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
+        out = copy.copy(self)
+        for k, v in merged.items():
+            object.__setattr__(out, k, v)
+        return out
 
     def scan(
         self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any
@@ -182,13 +248,34 @@ class Stacked(eqx.Module, Generic[M]):
         self, loop: Any, body: Any, x: Any, key: Any, args: tuple[Any, ...], kwargs: Any
     ) -> Any:
         """``loop`` (``fold`` or ``scan``) of ``body`` over the layers, with a key per layer and
-        the stack's remat policy."""
+        the stack's remat policy; pipelined when the mapping places ``layer`` on mesh axes."""
         keys = None if key is None else jax.random.split(key, self.Layer.size)
+        pipe = pipeline_for(
+            self.Layer, self.stacked, self.microbatches, self.schedule, self.repeats,
+            self.batch_axis,
+        )  # fmt: skip
+        if pipe is None:
+            return self._layers(loop, body, self.stacked, self.Layer, keys, x, args, kwargs)
+        with_ys = loop is scan
+        block = Axis(self.Layer.name, self.Layer.size // (pipe.stages * pipe.repeats))
+
+        def stage(blk: Any, kb: Any, h: Any, a: Any, kw: Any, j: Any) -> tuple[Any, Any]:
+            if kb is not None:  # each microbatch its own keys
+                kb = jax.vmap(lambda k: jax.random.fold_in(k, j))(kb)
+            out = self._layers(loop, body, blk, block, kb, h, a, kw)
+            return out if with_ys else (out, None)
+
+        return run_pipeline(pipe, self.Layer, stage, self.stacked, keys, x, args, kwargs, with_ys)
+
+    def _layers(
+        self, loop: Any, body: Any, stacked: Any, Layer: Axis, keys: Any, x: Any,
+        args: tuple[Any, ...], kwargs: Any,
+    ) -> Any:  # fmt: skip
         remat, whole = _remat(self.gradient_checkpointing)
-        run = loop(body, self.Layer, remat=remat)
+        run = loop(body, Layer, remat=remat)
         if whole:
             run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
-        return run(x, (self.stacked, keys), *args, **kwargs)
+        return run(x, (stacked, keys), *args, **kwargs)
 
     def unstacked(self) -> tuple[M, ...]:
         """The layers as separate modules (each without the ``Layer`` axis), in order.

@@ -1,0 +1,509 @@
+"""Pipeline parallelism: a ``Stacked``'s layers split into stages along the mesh axes of ``layer``.
+
+When the mapping in force places the stacked ``layer`` axis on mesh axes (``{"layer": "stage"}``),
+each device along them holds a contiguous block of layers: a *stage*. The stack's input is split
+into ``m`` microbatches along ``batch`` (row ``b`` goes to microbatch ``b mod m``, so every
+microbatch is spread evenly over the mesh axes ``batch`` is split over), and the microbatches flow
+through the stages in one ``lax.scan`` over *ticks*: at each tick every stage runs its layers on the
+microbatch in front of it and hands the result to the next stage (``ppermute``, a collective-permute
+of one microbatch's activations). Everything else about a layer is unchanged: inside a stage the
+other mesh axes keep their mapping (data, tensor, context and expert parallelism compose), and the
+backward pass is JAX's transpose of the same loop (the permutes reversed).
+
+Schedules (``SCHEDULES``):
+
+* ``gpipe``: every microbatch's forward pass, then (autodiff) every backward pass. ``m + p - 1``
+  ticks for ``p`` stages, of which ``p - 1`` are the bubble: idle fraction ``(p - 1) / (m + p - 1)``.
+  Activations of all ``m`` microbatches are kept for the backward pass (less with the stack's
+  remat policy).
+* ``circular``: each device holds ``repeats`` non-adjacent blocks of layers (``repeats * p`` blocks
+  in all, block ``i`` on stage ``i mod p``), and each microbatch goes round the ring ``repeats``
+  times. ``repeats * m + p - 1`` ticks of a ``1 / repeats`` stage each: the bubble shrinks to
+  ``(p - 1) / (repeats * m + p - 1)``. Needs ``m >= p`` (a microbatch coming round waits for the
+  stage to be free). The stacked parameters are stored in layer order, contiguous per device, so
+  each step moves the blocks to their round-robin stage first (an exchange of parameters over the
+  stage axis that GPipe does not have).
+* ``1f1b``: the forward pass keeps only the stack's input; the backward pass is a one-forward-one-
+  backward schedule: each stage recomputes a microbatch's forward and runs its backward as soon as
+  the gradient comes back, so at most ``p`` microbatches are in flight per stage and activation
+  memory no longer grows with ``m``. Costs one extra forward pass (as the ``"full"`` remat policy).
+
+What is outside the stack (embeddings, the final norm, the head and the loss) is not pipelined: it
+runs on every stage (replicated over the stage axes, split over the others as the mapping says).
+The stack's input enters every stage (the first uses it) and its output, made by the last stage,
+is sent to all stages at the end (one all-reduce of the output over the stage axes; its transpose
+gathers the input's gradient the same way): so the stage axes carry activations and their
+gradients only, never parameters (except ``circular``'s re-layout above).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from .._array import NamedArray, is_named_array
+from .._axis import Axis
+from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, ShardingError
+from .._logical._context import axis_mapping, current_rules
+from .._mesh import context_mesh
+from .._ops.shape import flatten_axes, rearrange, unflatten_axis
+from .._spec import entry_axes, entry_of
+from ._common import mesh_entries
+
+__all__ = ["SCHEDULES", "Pipeline", "bubble_fraction", "pipeline_for", "run"]
+
+SCHEDULES = ("gpipe", "1f1b", "circular")
+
+# The microbatch axis the stack's batch is split into (inside the pipeline only).
+_MICRO = "microbatch"
+# The circular schedule's blocks per stage (inside the pipeline only).
+_REPEAT = "pipeline_repeat"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """How a stack is pipelined.
+
+    Attributes:
+        mesh_axes: The mesh axes ``layer`` is placed on (the stage axes).
+        stages: ``p``, the product of their sizes.
+        microbatches: ``m``.
+        schedule: One of ``SCHEDULES``.
+        repeats: Blocks of layers per stage (``circular``; 1 otherwise).
+        batch_axis: The axis split into microbatches.
+    """
+
+    mesh_axes: tuple[str, ...]
+    stages: int
+    microbatches: int
+    schedule: str
+    repeats: int
+    batch_axis: str
+
+    @property
+    def axis(self) -> Any:
+        return entry_of(self.mesh_axes)
+
+    @property
+    def ticks(self) -> int:
+        return self.repeats * self.microbatches + self.stages - 1
+
+
+def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
+    """The idle fraction of a pipeline step: ``(p - 1) / (repeats * m + p - 1)``.
+
+    Example:
+        >>> bubble_fraction(4, 16)
+        0.15789473684210525
+    """
+    return (stages - 1) / (repeats * microbatches + stages - 1)
+
+
+def check_options(microbatches: Any, schedule: Any, repeats: Any, where: str) -> None:
+    """Typed errors for pipeline options that can never be right (checked at construction)."""
+    if microbatches is not None and (
+        isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1
+    ):
+        raise NamedTypeError(
+            f"{where}: microbatches must be a positive int or None (one per stage), got "
+            f"{microbatches!r}."
+        )
+    if schedule not in SCHEDULES:
+        raise NamedTypeError(
+            f"{where}: unknown pipeline schedule {schedule!r}; choose one of "
+            f"{', '.join(repr(s) for s in SCHEDULES)}."
+        )
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise NamedTypeError(f"{where}: repeats must be a positive int, got {repeats!r}.")
+
+
+def pipeline_for(
+    Layer: Axis, stacked: Any, microbatches: int | None, schedule: str, repeats: int,
+    batch_axis: str,
+) -> Pipeline | None:  # fmt: skip
+    """The pipeline the mapping in force asks for, or ``None`` when ``layer`` is not split."""
+    leaf = next(
+        (
+            v
+            for v in jax.tree.leaves(stacked, is_leaf=is_named_array)
+            if isinstance(v, NamedArray) and v.has_axis(Layer.name)
+        ),
+        None,
+    )
+    if leaf is None:
+        return None
+    entries = mesh_entries(leaf)
+    if entries is None:
+        return None
+    mesh_axes = entry_axes(entries[0].get(Layer.name))
+    if not mesh_axes:
+        return None
+    mesh = context_mesh()
+    p = math.prod(mesh.shape[a] for a in mesh_axes)
+    if p == 1:
+        return None
+    rules = current_rules()
+    if rules is not None:
+        others = [
+            n for n, t in rules.ordered_pairs if n != Layer.name and set(t or ()) & set(mesh_axes)
+        ]
+        if others:
+            raise ShardingError(
+                f"The mapping pipelines {Layer} over mesh axes {mesh_axes!r}, and also places "
+                f"{', '.join(repr(n) for n in others)} on them. The stage axes carry the layers "
+                "only: map those names to other mesh axes."
+            )
+    if schedule != "circular":
+        repeats = 1
+    m = p if microbatches is None else microbatches
+    blocks = p * repeats
+    if Layer.size % blocks:
+        raise AxisSizeError(
+            f"Pipelining {Layer} over {p} stages"
+            + (f" x {repeats} repeats" if repeats > 1 else "")
+            + f" needs a layer count divisible by {blocks}. Change the layer count, the stage "
+            "axis size or the repeats."
+        )
+    if schedule == "circular" and m < p:
+        raise AxisSizeError(
+            f"The circular schedule needs at least one microbatch per stage ({p}), got "
+            f"microbatches={m}. Pass microbatches >= {p}."
+        )
+    return Pipeline(tuple(mesh_axes), p, m, schedule, repeats, batch_axis)
+
+
+# -- splitting into microbatches and back -------------------------------------------------------
+
+
+def _split(x: Any, pipe: Pipeline, what: str) -> Any:
+    """Each NamedArray leaf with the batch axis as ``(microbatch, ...)``; row ``b`` of the batch goes
+    to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part)."""
+    m, name = pipe.microbatches, pipe.batch_axis
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, NamedArray) or not v.has_axis(name):
+            return v
+        size = v.axis_size(name)
+        if size % m:
+            raise AxisSizeError(
+                f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches, "
+                f"which do not divide it. Pass microbatches= a divisor of {size}."
+            )
+        v = unflatten_axis(v, name, (Axis(name, size // m), Axis(_MICRO, m)))
+        return rearrange(v, (_MICRO, *(a for a in v.axis_names if a != _MICRO)))
+
+    return jax.tree.map(one, x, is_leaf=is_named_array)
+
+
+def _merge(x: Any, pipe: Pipeline) -> Any:
+    """The inverse of ``_split`` on the outputs."""
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, NamedArray) or not v.has_axis(_MICRO):
+            return v
+        names = [a for a in v.axis_names if a != _MICRO]
+        if pipe.batch_axis not in names:
+            return v
+        i = names.index(pipe.batch_axis)
+        v = rearrange(v, (*names[: i + 1], _MICRO, *names[i + 1 :]))
+        return flatten_axes(v, (pipe.batch_axis, _MICRO), pipe.batch_axis)
+
+    return jax.tree.map(one, x, is_leaf=is_named_array)
+
+
+def _has_micro(v: Any) -> bool:
+    return isinstance(v, NamedArray) and v.ndim > 0 and v.axis_names[0] == _MICRO
+
+
+def _pick(x: Any, j: Any) -> Any:
+    """Microbatch ``j`` (traced) of every split leaf; other leaves as they are."""
+
+    def one(v: Any) -> Any:
+        if not _has_micro(v):
+            return v
+        a = jax.lax.dynamic_index_in_dim(v.array, j, 0, keepdims=False)
+        return NamedArray(a, v.axes[1:])
+
+    return jax.tree.map(one, x, is_leaf=is_named_array)
+
+
+# -- the stage loop ------------------------------------------------------------------------------
+
+
+def _arrays(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """The array leaves of ``tree`` (a NamedArray's array, plain arrays) and how to rebuild it with
+    arrays of other (local) sizes."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+    idx = [i for i, v in enumerate(leaves) if isinstance(v, NamedArray) or isinstance(v, jax.Array)]
+
+    def rebuild(arrays: list[Any]) -> Any:
+        out = list(leaves)
+        for i, a in zip(idx, arrays):
+            v = leaves[i]
+            if isinstance(v, NamedArray):
+                out[i] = NamedArray(
+                    a, tuple(Axis(ax.name, int(d)) for ax, d in zip(v.axes, a.shape))
+                )
+            else:
+                out[i] = a
+        return jax.tree.unflatten(treedef, out)
+
+    arrays = [leaves[i].array if isinstance(leaves[i], NamedArray) else leaves[i] for i in idx]
+    return arrays, rebuild
+
+
+def _layer_dim(v: Any, name: str) -> int | None:
+    if isinstance(v, NamedArray):
+        return v.axis_names.index(name) if v.has_axis(name) else None
+    return 0  # plain leaves of the stacked module (keys) have the layer first
+
+
+def _layer_specs(stacked: Any, name: str, pipe: Pipeline) -> list[PartitionSpec]:
+    leaves = [
+        v
+        for v in jax.tree.leaves(stacked, is_leaf=is_named_array)
+        if isinstance(v, NamedArray) or isinstance(v, jax.Array)
+    ]
+    specs = []
+    for v in leaves:
+        d = _layer_dim(v, name)
+        if d is None:
+            specs.append(PartitionSpec())
+        else:
+            specs.append(PartitionSpec(*([None] * d), pipe.axis))
+    return specs
+
+
+def _circular_layout(stacked: Any, name: str, pipe: Pipeline, inverse: bool = False) -> Any:
+    """The layer axis reordered so that contiguous per-stage blocks hold the round-robin layers:
+    layer ``r * p * c + s * c + j`` to position ``s * repeats * c + r * c + j``."""
+    p, v = pipe.stages, pipe.repeats
+
+    def one(x: Any) -> Any:
+        if not (isinstance(x, NamedArray) and x.has_axis(name)):
+            return x
+        found = mesh_entries(x)
+        placed = found[0] if found is not None else {name: pipe.axis}
+        x = _place_like(x, placed)  # (its transpose keeps the gradient where the parameter is)
+        c = x.axis_size(name) // (p * v)
+        r, st, j = Axis("_pipe_r", v), Axis("_pipe_s", p), Axis("_pipe_c", c)
+        src, dst = ((r, st, j), (st, r, j)) if not inverse else ((st, r, j), (r, st, j))
+        parts = unflatten_axis(x, name, src)
+        names = list(parts.axis_names)
+        i = names.index(src[0].name)
+        names[i : i + 3] = [a.name for a in dst]
+        out = flatten_axes(rearrange(parts, names), [a.name for a in dst], name)
+        return _place_like(out, {**placed, name: pipe.axis})
+
+    return jax.tree.map(one, stacked, is_leaf=is_named_array)
+
+
+def _place_like(x: NamedArray, entries: dict[str, Any]) -> NamedArray:
+    """``x`` with its axes on ``entries`` (by name): a reshard on an Explicit mesh, a sharding
+    constraint on an Auto one."""
+    spec = PartitionSpec(*(entries.get(n) for n in x.axis_names))
+    mesh = context_mesh()
+    if any(t == AxisType.Explicit for t in mesh.axis_types):
+        return NamedArray(jax.sharding.reshard(x.array, spec), x.axes)
+    return NamedArray(jax.lax.with_sharding_constraint(x.array, NamedSharding(mesh, spec)), x.axes)
+
+
+def run(
+    pipe: Pipeline,
+    Layer: Axis,
+    stage: Callable[..., tuple[Any, Any]],
+    stacked: Any,
+    keys: Any,
+    x: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    with_ys: bool,
+) -> Any:
+    """Run ``stage(stacked_block, keys_block, h, args, kwargs) -> (h, ys)`` as a pipeline.
+
+    ``stacked`` and ``keys`` have the whole ``Layer`` axis; each stage sees its block (``Layer``
+    of the local size). Returns the carry (and, ``with_ys``, the ``ys`` of every layer with a
+    ``microbatch`` axis after ``Layer``).
+    """
+    name = Layer.name
+    mesh = context_mesh()
+    rules = current_rules()
+    if pipe.schedule == "circular" and pipe.repeats > 1:
+        stacked = _circular_layout(stacked, name, pipe)
+        if keys is not None:
+            keys = _circular_keys(keys, pipe)
+    xs = _split(x, pipe, "the stack's input")
+    extra = _split((args, kwargs), pipe, "an argument of the stack")
+    if not jax.tree.leaves(xs, is_leaf=_has_micro) or not any(
+        _has_micro(v) for v in jax.tree.leaves(xs, is_leaf=is_named_array)
+    ):
+        raise AxisNotFoundError(
+            f"The pipeline splits the stack's input into microbatches along {pipe.batch_axis!r}, "
+            "but no NamedArray of the input has that axis. Give the input a batch axis, or "
+            "pass batch_axis= to the Stacked."
+        )
+    body_rules = rules.replace({name: None}) if rules is not None else None
+
+    p_arrays, p_rebuild = _arrays(stacked)
+    p_specs = _layer_specs(stacked, name, pipe)
+    k_arrays = [] if keys is None else [keys]
+    k_specs = [] if keys is None else [PartitionSpec(pipe.axis)]
+    x_arrays, x_rebuild = _arrays(xs)
+    e_arrays, e_rebuild = _arrays(extra)
+    n_p, n_k, n_x = len(p_arrays), len(k_arrays), len(x_arrays)
+    in_specs = tuple(p_specs + k_specs + [PartitionSpec()] * (n_x + len(e_arrays)))
+    traced: list[Any] = []  # (how to rebuild the outputs, how many are the carry's)
+
+    def body(*flat: Any) -> Any:
+        params = p_rebuild(list(flat[:n_p]))
+        kb = flat[n_p] if n_k else None
+        h_all = x_rebuild(list(flat[n_p + n_k : n_p + n_k + n_x]))
+        ex = e_rebuild(list(flat[n_p + n_k + n_x :]))
+        with axis_mapping(body_rules) if body_rules is not None else contextlib.nullcontext():
+            out, ys = _loop(pipe, Layer, stage, params, kb, h_all, ex, with_ys)
+        o_arrays, o_rebuild = _arrays((out, ys))
+        traced.append((o_rebuild, len(_arrays(out)[0])))
+        return tuple(o_arrays)
+
+    def mapped(out_specs: Any) -> Any:
+        return jax.shard_map(
+            body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+            axis_names=frozenset(pipe.mesh_axes), check_vma=False,
+        )  # fmt: skip
+
+    operands = (*p_arrays, *k_arrays, *x_arrays, *e_arrays)
+    # The carry leaves the stages replicated; ys (layer first) split on the layer axis like the
+    # parameters. A first abstract trace counts the carry's leaves.
+    probe = jax.eval_shape(mapped(PartitionSpec()), *operands)
+    n_out = traced[-1][1]
+    specs = tuple(
+        PartitionSpec() if i < n_out else PartitionSpec(pipe.axis) for i in range(len(probe))
+    )
+    flat_out = mapped(specs)(*operands)
+    out, ys = traced[-1][0](list(flat_out))
+    out = _merge(out, pipe)
+    if not with_ys:
+        return out
+    if pipe.repeats > 1:
+        ys = _circular_layout(ys, name, pipe, inverse=True)
+    return out, _merge(ys, pipe)
+
+
+def _circular_keys(keys: Any, pipe: Pipeline) -> Any:
+    p, v = pipe.stages, pipe.repeats
+    c = keys.shape[0] // (p * v)
+    return keys.reshape(v, p, c).transpose(1, 0, 2).reshape(p * v * c)
+
+
+def _loop(
+    pipe: Pipeline, Layer: Axis, stage: Callable[..., Any], params: Any, keys: Any,
+    h_all: Any, extra: Any, with_ys: bool,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The per-device tick loop (inside ``shard_map`` over the stage axes)."""
+    p, m, v = pipe.stages, pipe.microbatches, pipe.repeats
+    s = jax.lax.axis_index(pipe.axis)
+    c = Layer.size // (p * v)  # layers per block
+    block_axis = Axis(Layer.name, c)
+
+    def block(r: Any) -> tuple[Any, Any]:
+        """The stage's ``r``-th block of layers (and their keys)."""
+        if v == 1:
+            return params, keys
+
+        def one(x: Any) -> Any:
+            if isinstance(x, NamedArray) and x.has_axis(Layer.name):
+                i = x.axis_names.index(Layer.name)
+                a = jax.lax.dynamic_slice_in_dim(x.array, r * c, c, axis=i)
+                return NamedArray(a, x.axes[:i] + (block_axis,) + x.axes[i + 1 :])
+            return x
+
+        kb = None if keys is None else jax.lax.dynamic_slice_in_dim(keys, r * c, c)
+        return jax.tree.map(one, params, is_leaf=is_named_array), kb
+
+    first = _pick(h_all, 0)
+    zeros = jax.tree.map(lambda a: jnp.zeros_like(a), first)
+    outputs = jax.tree.map(lambda a: jnp.zeros_like(a), h_all)
+    circ = outputs if v > 1 else None
+    # 1f1b: a tick keeps only the stage's input; the backward pass recomputes one stage on one
+    # microbatch and runs its backward at once (the stack's policy applies inside that recompute).
+    run_stage = (
+        eqx.filter_checkpoint(stage, policy=jax.checkpoint_policies.nothing_saveable)
+        if pipe.schedule == "1f1b"
+        else stage
+    )
+
+    def tick(carry: Any, t: Any) -> Any:
+        state, outs, circ = carry
+        k = t - s
+        valid = (k >= 0) & (k < v * m)
+        kc = jnp.clip(k, 0, v * m - 1)
+        j, r = kc % m, kc // m
+        fresh = _pick(h_all, j)
+        if v > 1:
+            again = _pick(circ, j)
+            fresh = _where(r == 0, fresh, again)
+        h = _where(s == 0, fresh, state)
+        blk, kb = block(r)
+        h, y = run_stage(blk, kb, h, *_pick(extra, j), j)
+        last = valid & (s == p - 1) & (r == v - 1)
+        outs = _put(outs, j, h, last)
+        perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
+        recv = jax.tree.map(lambda a: jax.lax.ppermute(a, pipe.axis, perm), h)
+        if v > 1:
+            # What the last stage sent at this tick reaches stage 0 and waits for its next round.
+            k_back = t - (p - 1)
+            kb_c = jnp.clip(k_back, 0, v * m - 1)
+            keep = (s == 0) & (k_back >= 0) & (kb_c // m < v - 1)
+            circ = _put(circ, kb_c % m, recv, keep)
+        return (recv, outs, circ), y
+
+    init = (zeros, outputs, circ)
+    (state, outs, circ), ys = jax.lax.scan(tick, init, jnp.arange(pipe.ticks))
+    # The last stage holds the outputs: send them to every stage.
+    outs = jax.tree.map(
+        lambda a: jax.lax.psum(jnp.where(s == p - 1, a, jnp.zeros_like(a)), pipe.axis), outs
+    )
+    if with_ys:
+        ys = jax.tree.map(lambda y: _ys_layout(y, s, pipe, Layer.name), ys, is_leaf=is_named_array)
+    return outs, ys
+
+
+def _ys_layout(y: NamedArray, s: Any, pipe: Pipeline, name: str) -> NamedArray:
+    """The ``ys`` of every tick ``(tick, layer, ...)`` as ``(layer, microbatch, ...)``: stage
+    ``s`` works on item ``k`` (repeat ``k // m``, microbatch ``k % m``) at tick ``s + k``."""
+    v, m = pipe.repeats, pipe.microbatches
+    a = jax.lax.dynamic_slice_in_dim(y.array, s, v * m, axis=0)
+    a = a.reshape(v, m, *a.shape[1:])
+    y = NamedArray(a, (Axis(_REPEAT, v), Axis(_MICRO, m), *y.axes))
+    rest = [n for n in y.axis_names if n not in (_REPEAT, _MICRO, name)]
+    return flatten_axes(rearrange(y, (_REPEAT, name, _MICRO, *rest)), (_REPEAT, name), name)
+
+
+def _where(c: Any, a: Any, b: Any) -> Any:
+    return jax.tree.map(
+        lambda x, y: NamedArray(jnp.where(c, x.array, y.array), x.axes)
+        if isinstance(x, NamedArray)
+        else jnp.where(c, x, y),
+        a, b, is_leaf=is_named_array,
+    )  # fmt: skip
+
+
+def _put(buf: Any, j: Any, val: Any, cond: Any) -> Any:
+    """``buf[j] = val`` (the leading microbatch dimension) where ``cond``."""
+
+    def one(b: Any, x: Any) -> Any:
+        ba = b.array if isinstance(b, NamedArray) else b
+        xa = x.array if isinstance(x, NamedArray) else x
+        old = jax.lax.dynamic_index_in_dim(ba, j, 0, keepdims=False)
+        new = jax.lax.dynamic_update_index_in_dim(ba, jnp.where(cond, xa, old), j, 0)
+        return NamedArray(new, b.axes) if isinstance(b, NamedArray) else new
+
+    return jax.tree.map(one, buf, val, is_leaf=is_named_array)

@@ -1,0 +1,232 @@
+"""Pipeline parallelism: ``nn.Stacked`` and ``models.Transformer`` with ``layer`` mapped to a
+``stage`` mesh axis, compared with the same stack run unsharded (loss and every gradient, float32);
+the compiled steps are checked for what crosses the stage axis."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _collectives import collectives_over
+from _helpers import spec_of
+from _meshes import make_mesh
+from jax.sharding import AxisType
+
+import namedaxes as na
+from namedaxes.models import Transformer, TransformerConfig
+
+SCHEDULES = ["gpipe", "1f1b", "circular"]
+FAST = {"compiler_options": {"xla_backend_optimization_level": 0}}
+Embed = na.Axis("embed", 8)
+LAYERS = 8
+
+
+def _stack(**options):
+    make = lambda k: na.nn.MLP(Embed, {"mlp": 16}, key=k)
+    return na.nn.Stacked(na.Axis("layer", LAYERS), make, key=jax.random.key(0), **options)
+
+
+def _input():
+    return na.random.normal(jax.random.key(1), {"batch": 8, "position": 2, "embed": 8})
+
+
+def _loss(stack, x):
+    return (stack(x) ** 2).mean().array
+
+
+_grad = jax.value_and_grad(_loss, argnums=(0, 1))
+# (stages, mesh shape, mesh axes, mapping besides the layer's)
+MESHES = {
+    2: ((2, 2, 2), ("stage", "data", "model"), {"batch": "data", "mlp": "model"}),
+    4: ((4, 2), ("stage", "data"), {"batch": "data"}),
+}
+
+
+def _close(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_stacked_pipeline_equals_unsharded(stages, schedule, axis_type):
+    """Loss, parameter and input gradients equal the unsharded stack's, with data (and tensor)
+    parallelism on the other mesh axes; the parameters stay split over the stages."""
+    want = _grad(_stack(), _input())
+    shape, names, mapping = MESHES[stages]
+    mesh = make_mesh(shape, names, axis_type)
+    stack = _stack(schedule=schedule, microbatches=4)
+    mapping = {"layer": "stage", **mapping}
+    with jax.set_mesh(mesh), na.axis_mapping(mapping):
+        stack, x = na.shard((stack, _input()))
+        loss, (g_stack, g_x) = jax.jit(_grad)(stack, x)
+    np.testing.assert_allclose(loss, want[0], rtol=1e-6)
+    _close(g_stack.stacked, want[1][0].stacked)
+    _close(g_x.array, want[1][1].array)
+    assert spec_of(g_stack.stacked.up.weight)[0] == "stage"
+    assert spec_of(g_x)[0] == "data"
+
+
+def _stage_collectives(schedule, axis_type):
+    mesh = make_mesh((2, 2, 2), ("stage", "data", "model"), axis_type)
+    stack = _stack(schedule=schedule, microbatches=4)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", **MESHES[2][2]}):
+        stack, x = na.shard((stack, _input()))
+        hlo = jax.jit(_grad).lower(stack, x).compile().as_text()
+    return [(op, arrays) for op, arrays, axes in collectives_over(hlo, mesh) if "stage" in axes]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_only_activations_cross_the_stage_axis(schedule, axis_type):
+    """Over ``stage``: collective-permutes of one microbatch's activations (forward and backward),
+    and the all-reduces that hand the last stage's output to every stage (and the gradient back);
+    never a parameter or a gradient of one."""
+    found = _stage_collectives(schedule, axis_type)
+    microbatch = [1, 2, 8]  # (batch 8 / data 2 / 4 microbatches, position, embed)
+    outputs = [4, *microbatch]  # every microbatch's output
+    permutes = [arrays for op, arrays in found if op == "collective-permute"]
+    assert len(permutes) == 2 and all(a == [microbatch] for a in permutes), found
+    assert {op for op, _ in found} == {"collective-permute", "all-reduce"}, found
+    assert all(arrays == [outputs] for op, arrays in found if op == "all-reduce"), found
+
+
+def test_circular_moves_parameters_to_their_stage():
+    """The circular schedule's documented cost: the stored (contiguous) blocks move to their
+    round-robin stage, an all-to-all of the parameters over the stage axis (and of their
+    gradients back), besides the activations' permutes."""
+    found = _stage_collectives("circular", AxisType.Auto)
+    assert any(op == "collective-permute" for op, _ in found)
+    weights = [a for op, arrays in found if op == "all-to-all" for a in arrays]
+    assert [1, 1, 1, 2, 8, 8] in weights, found  # an MLP weight block: (embed 8, mlp 16 / model 2)
+
+
+def test_scan_ys_keep_a_microbatch_axis(axis_type):
+    """``Stacked.scan`` pipelined: per-token ``ys`` come back on the batch axis as unsharded; the
+    stack's ``ys`` without the batch axis get a ``microbatch`` axis after ``layer``."""
+
+    class Block(eqx.Module):
+        mlp: na.nn.MLP
+
+        def __call__(self, x):
+            y = self.mlp(x)
+            return x + y, (y.sum("embed"), y.sum(("batch", "position", "embed")))
+
+    stack = na.nn.Stacked(
+        na.Axis("layer", 4),
+        lambda k: Block(na.nn.MLP(Embed, {"mlp": 16}, key=k)),
+        key=jax.random.key(0),
+    )
+    want_x, (want_tok, want_tot) = stack.scan(_input())
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        piped, x = na.shard((stack.with_pipeline(microbatches=2), _input()))
+        got_x, (tok, tot) = jax.jit(lambda s, x: s.scan(x))(piped, x)
+    _close(got_x.array, want_x.array)
+    assert tok.axis_names == want_tok.axis_names
+    _close(tok.array, want_tok.array)
+    assert tot.axis_names == ("layer", "microbatch")
+    _close(tot.sum("microbatch").array, want_tot.array)
+
+
+CONFIG = TransformerConfig(
+    "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=4,
+    num_kv_heads=2, head_dim=4,
+)  # fmt: skip
+MOE = CONFIG.replace(
+    model_type="mixtral", num_experts=4, num_experts_per_tok=2, moe_dispatch="dense"
+)
+_REFERENCE = {}
+
+
+def _lm_loss(model, ids):
+    logits, aux = model(ids, return_aux_loss=True) if model.config.moe else (model(ids), 0.0)
+    return na.nn.cross_entropy(logits, "vocab", ids).array + 0.01 * aux
+
+
+def _ids():
+    ids = jax.random.randint(jax.random.key(2), (8, 6), 0, 64)
+    return na.named(ids, ("batch", "position"))
+
+
+def _reference(cfg):
+    if cfg not in _REFERENCE:
+        model = Transformer(cfg, key=jax.random.key(0))
+        _REFERENCE[cfg] = na.named_jit(jax.value_and_grad(_lm_loss), **FAST)(model, _ids())
+    return _REFERENCE[cfg]
+
+
+@pytest.mark.parametrize(
+    "cfg, schedule, kind",
+    [
+        (CONFIG, "gpipe", AxisType.Explicit),
+        (CONFIG, "1f1b", AxisType.Auto),
+        (CONFIG, "circular", AxisType.Explicit),
+        (MOE, "gpipe", AxisType.Auto),
+    ],
+    ids=["gpipe-explicit", "1f1b-auto", "circular-explicit", "moe-gpipe-auto"],
+)
+def test_transformer_trains_pipelined(cfg, schedule, kind):
+    """A whole model (embeddings and head replicated over the stages, the layers pipelined) with
+    data and tensor parallelism: loss and every gradient as unsharded."""
+    want_loss, want_grads = _reference(cfg)
+    piped = cfg.replace(pipeline_schedule=schedule, pipeline_microbatches=2, pipeline_repeats=2)
+    mapping = {"layer": "stage", "batch": "data", "heads": "model", "mlp": "model"}
+    if cfg.moe:
+        mapping = {"layer": "stage", "batch": "data", "experts": "model"}
+    mesh = make_mesh((2, 2, 2), ("stage", "data", "model"), kind)
+    model = Transformer(piped, key=jax.random.key(0))
+    step = na.named_jit(jax.value_and_grad(_lm_loss), axis_resources=mapping, **FAST)
+    with jax.set_mesh(mesh):
+        loss, grads = step(model, na.shard(_ids(), mapping))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    _close(jax.tree.leaves(grads), jax.tree.leaves(want_grads))
+    assert spec_of(grads.layers.stacked.attn_norm.weight)[0] == "stage"
+
+
+def test_checkpoint_restores_across_stage_counts(tmp_path, axis_type):
+    """A stack saved split over 2 stages restores onto 4 (laid out by name), the same values."""
+    checkpoint = pytest.importorskip("namedaxes.checkpoint")
+    stack = _stack()
+    two = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(two), na.axis_mapping({"layer": "stage"}):
+        checkpoint.save(tmp_path / "ckpt", {"stack": na.shard(stack)})
+    four = make_mesh((4, 2), ("stage", "data"), axis_type)
+    like = {"stack": eqx.filter_eval_shape(_stack)}
+    restored = checkpoint.restore(tmp_path / "ckpt", like, mapping={"layer": "stage"}, mesh=four)
+    w = restored["stack"].stacked.up.weight
+    assert spec_of(w)[0] == "stage"
+    assert w.array.sharding.shard_shape(w.array.shape)[0] == LAYERS // 4
+    _close(w.array, stack.stacked.up.weight.array)
+
+
+def test_pipeline_errors_name_the_fix(axis_type):
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    x = _input()
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        with pytest.raises(na.AxisSizeError, match="into 3 microbatches, which do not divide it"):
+            _stack(microbatches=3)(x)
+        with pytest.raises(na.AxisSizeError, match="at least one microbatch per stage"):
+            _stack(schedule="circular", microbatches=1)(x)
+        odd = na.nn.Stacked(
+            na.Axis("layer", 3), lambda k: na.nn.MLP(Embed, {"mlp": 4}, key=k),
+            key=jax.random.key(0),
+        )  # fmt: skip
+        with pytest.raises(na.ShardingError):  # 2 stages do not divide 3 layers
+            na.shard(odd)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": ("stage", "data")}):
+        with pytest.raises(na.ShardingError, match="also places 'batch' on them"):
+            _stack()(jnp.zeros(()) + x)
+    with pytest.raises(na.NamedTypeError, match="unknown pipeline schedule 'zigzag'"):
+        _stack(schedule="zigzag")
+    with pytest.raises(na.ModelConfigError, match="microbatches must be a positive int"):
+        CONFIG.replace(pipeline_microbatches=0)
+
+
+def test_no_pipeline_without_a_stage_mapping():
+    """A stack whose ``layer`` is not mapped runs its one scan, whatever its pipeline options."""
+    x = _input()
+    want = _stack()(x)
+    mesh = make_mesh((8,), ("data",), AxisType.Auto)
+    with jax.set_mesh(mesh), na.axis_mapping({"batch": "data"}):
+        got = jax.jit(lambda s, x: s(x))(_stack(schedule="circular", microbatches=4), x)
+    _close(got.array, want.array)
