@@ -26,6 +26,7 @@ from namedaxes import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointStructureError,
+    DonatedArrayError,
     MeshError,
     MeshTypeError,
     NamedTypeError,
@@ -421,6 +422,35 @@ def test_manager_saves_async_and_keeps_the_last_steps(tmp_path, mesh_2x4):
         with pytest.raises(CheckpointError, match=r"step 1 is not after the latest step 3"):
             mgr.save(1, {"x": x})
     assert restore(tmp_path / "run")["step"] == 3  # the plain restore reads a manager's directory
+
+
+def test_saving_a_donated_tree_names_the_leaf_and_the_donation(tmp_path, mesh_2x4):
+    """After a donating step the old model's buffers are gone: save, the manager's save and
+    save_safetensors name the leaf and the fix instead of JAX's 'Array has been deleted'."""
+    m0 = {"w": na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh_2x4)}
+    step = na.fsdp(
+        lambda m: jax.tree.map(lambda x: x * 2, m), MAPPING, MAPPING, donate_args=(True,)
+    )
+    with jax.set_mesh(mesh_2x4):
+        m1 = step(m0)
+    assert m0["w"].array.is_deleted()
+    message = (
+        r"{}: leaf 'model/w' was donated to an earlier call \(named_jit or fsdp with "
+        r"donate_args=\.\.\., jax\.jit with donate_argnums=\.\.\.\), so its buffer is gone\. "
+        r"Donation hands an argument's memory to the call's outputs: save the value the call "
+        r"returned instead, or don't donate it\.$"
+    )
+    with pytest.raises(DonatedArrayError, match=message.format("save")):
+        save(tmp_path / "c", {"model": m0, "step": 1})
+    assert not (tmp_path / "c").exists()
+    with CheckpointManager(tmp_path / "run") as mgr:
+        with pytest.raises(DonatedArrayError, match=message.format(r"CheckpointManager\.save")):
+            mgr.save(0, {"model": m0})
+        assert mgr.all_steps() == []
+    with pytest.raises(RuntimeError, match=message.format("save_safetensors")):  # JAX's type too
+        save_safetensors(tmp_path / "w.safetensors", {"model": m0})
+    save(tmp_path / "c", {"model": m1, "step": 1})  # the step's returned model saves
+    np.testing.assert_array_equal(np.asarray(restore(tmp_path / "c")["model"]["w"].array), DATA * 2)
 
 
 # -- interchange --------------------------------------------------------------------------------

@@ -444,6 +444,26 @@ def test_mapping_without_mesh_and_bad_inputs():
         config.replace(num_kv_heads=3)
 
 
+def test_save_hf_of_a_donated_model_names_the_leaf_and_the_donation(mesh_2x4, tmp_path):
+    """After a donating fsdp step, save_hf of the model before the step names the donated leaf
+    and the fix instead of JAX's 'Array has been deleted'; the returned model saves."""
+    m0 = models.from_hf(FIXTURES / "llama", mapping=MAPPING, mesh=mesh_2x4)
+    step = na.fsdp(lambda m: jax.tree.map(lambda x: x * 1, m), MAPPING, {}, donate_args=(True,))
+    with jax.set_mesh(mesh_2x4):
+        m1 = step(m0)
+    with pytest.raises(
+        na.DonatedArrayError,
+        match=r"save_hf: leaf 'embed/weight' was donated to an earlier call \(named_jit or fsdp "
+        r"with donate_args=\.\.\., jax\.jit with donate_argnums=\.\.\.\), so its buffer is "
+        r"gone\. Donation hands an argument's memory to the call's outputs: save the value the "
+        r"call returned instead, or don't donate it\.$",
+    ):
+        models.save_hf(m0, tmp_path / "m0")
+    assert not (tmp_path / "m0").exists()
+    models.save_hf(m1, tmp_path / "m1")
+    assert_same_tensors(tmp_path / "m1", FIXTURES / "llama")
+
+
 def test_two_processes_read_only_their_blocks_and_write_their_files(tmp_path):
     """Each process of a 2-process run (4 devices each, process p holding data=p) reads only the
     `embed` columns its devices hold, the model gives transformers' logits, and save_hf's files,

@@ -31,6 +31,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._partitioning._jit_args import check_live
 from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value
 from ._placement import Placement, permuted, placement
 
@@ -120,8 +121,13 @@ def _global(x: Any) -> Any:
     return x
 
 
-def save_args(tree: Any) -> ocp.args.Composite:
-    """The orbax arguments that save ``tree``: its arrays and the metadata of every leaf."""
+def save_args(tree: Any, caller: str) -> ocp.args.Composite:
+    """The orbax arguments that save ``tree``: its arrays and the metadata of every leaf.
+
+    Raises:
+        DonatedArrayError: for an array donated to a step (its buffer is gone), naming it.
+    """
+    check_live(tree, caller)
     leaves = leaves_of(tree)
     records, arrays = [], {}
     for i, leaf in enumerate(leaves):
@@ -165,6 +171,8 @@ def save(
     Raises:
         CheckpointError: if the target exists and ``overwrite`` is false.
         CheckpointStructureError: if two leaves share a dotted key.
+        DonatedArrayError: for an array that was donated to a step (``named_jit(...,
+            donate_args=...)``, ``fsdp``), whose buffer is gone: save the tree the step returned.
         NamedTypeError: for abstract (``ShapeDtypeStruct``) or traced leaves.
 
     Example:
@@ -185,7 +193,7 @@ def save(
             f"{str(target)!r} already exists. Save to a new path or step, or pass overwrite=True."
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    args = save_args(tree)
+    args = save_args(tree, "save")
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(target, args=args, force=overwrite)
     return target

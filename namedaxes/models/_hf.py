@@ -27,6 +27,7 @@ from .._errors import (
 )
 from .._logical._context import current_axis_mapping
 from .._mesh import context_mesh
+from .._partitioning._jit_args import check_live
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
 from ._config import TransformerConfig
@@ -347,6 +348,8 @@ def save_hf(
 
     Raises:
         ModelConfigError: if the family's ``config.json`` cannot express ``model.config``.
+        DonatedArrayError: for a parameter donated to a step (``named_jit(...,
+            donate_args=...)``, ``fsdp``), whose buffer is gone: save the model the step returned.
 
     Example:
         >>> import jax, os, tempfile
@@ -364,6 +367,7 @@ def save_hf(
     """
     if not isinstance(model, Transformer):
         raise NamedTypeError(f"save_hf needs a namedaxes.models.Transformer, got {type(model)}.")
+    check_live(model, "save_hf")
     folder = Path(path)
     config = hf_config(model.config)
     tensors = tensors_of(model, family_of(model.config.model_type))
