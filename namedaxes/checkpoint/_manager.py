@@ -96,7 +96,9 @@ class CheckpointManager:
     ) -> Any:
         """Restore ``step`` (default: the latest committed step) as ``namedaxes.checkpoint.restore``.
 
-        Pending saves are waited for first, so the step just saved is the latest.
+        Pending saves are waited for first, so the step just saved is the latest. ``like`` may be
+        a part of the saved tree (``{"model": like_model}`` of a training state): only its arrays
+        are read.
 
         Raises:
             CheckpointNotFoundError: if there is no committed step (or not ``step``).
