@@ -68,6 +68,7 @@ from ._errors import CheckpointStructureError as CheckpointStructureError
 from ._errors import CompileTargetError as CompileTargetError
 from ._errors import DeviceOutOfMemoryError as DeviceOutOfMemoryError
 from ._errors import DistributedError as DistributedError
+from ._errors import DonatedArrayError as DonatedArrayError
 from ._errors import DuplicateAxisError as DuplicateAxisError
 from ._errors import GenerationError as GenerationError
 from ._errors import LayerError as LayerError

@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointStructureError",
     "DistributedError",
+    "DonatedArrayError",
     "DuplicateAxisError",
     "LayerError",
     "MappingTypeError",
@@ -80,6 +81,12 @@ class AxisIndexError(AxisSizeError, IndexError):
 
 class NamedTypeError(NamedAxesError, TypeError):
     """An argument has the wrong type (for example a plain array where a NamedArray is needed)."""
+
+
+class DonatedArrayError(NamedTypeError, RuntimeError):
+    """An array's buffer is gone: it was donated to a call (``named_jit``/``fsdp`` with
+    ``donate_args``, ``jax.jit`` with ``donate_argnums``) and then used again, to call with or to
+    save. Also a ``RuntimeError``, what JAX raises for a deleted array."""
 
 
 class ShardingError(NamedAxesError, ValueError):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from _helpers import run_two_processes, spec_of
 from _meshes import make_mesh
@@ -26,6 +27,7 @@ from namedaxes import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointStructureError,
+    DonatedArrayError,
     MeshError,
     MeshTypeError,
     NamedTypeError,
@@ -192,6 +194,76 @@ def test_equinox_module_and_optax_adamw_state_round_trip(tmp_path, mesh_2x4):
     assert out["opt"][0].mu.w.sharding.spec == P("data", "model")
 
 
+def _train_state(mesh):
+    """A model (an equinox module) and its adamw state after one update, as a training loop saves."""
+
+    class Block(eqx.Module):
+        w: na.NamedArray
+        b: jax.Array
+
+    model = Block(
+        na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh), jnp.ones(3)
+    )
+    opt = optax.adamw(1e-2)
+    state = opt.init(model)
+    with jax.numpy_dtype_promotion("standard"):  # optax's bias correction mixes float and int32
+        _, state = opt.update(jax.tree.map(lambda p: p * 0.5, model), state, model)
+    return model, state
+
+
+def test_restore_part_of_a_checkpoint_reads_only_that_part(tmp_path, mesh_2x4, monkeypatch):
+    """A like that is part of the saved tree (the model of a {model, opt_state, step} checkpoint,
+    for export or evaluation) restores that part, placed by the mapping, and reads no other array;
+    the manager's restore does the same."""
+    model, state = _train_state(mesh_2x4)
+    tree = {"model": model, "opt_state": state, "step": 3}
+    save(tmp_path / "c", tree)
+    like = {"model": eqx.filter_eval_shape(lambda: model)}
+    read = []
+    deserialize = ocp.type_handlers.ArrayHandler.deserialize
+
+    async def spy(self, infos, args=None):
+        read.extend(info.name for info in infos)
+        return await deserialize(self, infos, args)
+
+    monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "deserialize", spy)
+    out = restore(tmp_path / "c", like, mapping={"embed": "model"}, mesh=mesh_2x4)
+    assert sorted(read) == ["model.b", "model.w"]  # nothing of opt_state
+    assert jax.tree.structure(out) == jax.tree.structure({"model": model})
+    assert out["model"].w.sharding.spec == P(None, "model")
+    assert _values(out) == _values({"model": model})
+    part = {"opt_state": [{"mu": {"w": like["model"].w}}], "step": 0}  # any part, nested too
+    out = restore(tmp_path / "c", part, mapping=MAPPING, mesh=mesh_2x4)
+    assert out["step"] == 3 and out["opt_state"][0]["mu"]["w"].sharding.spec == P("data", "model")
+    np.testing.assert_array_equal(out["opt_state"][0]["mu"]["w"].array, state[0].mu.w.array)
+    with CheckpointManager(tmp_path / "run") as mgr:
+        mgr.save(0, tree)
+        out = mgr.restore(like, mapping={"embed": "model"}, mesh=mesh_2x4)
+    assert out["model"].w.sharding.spec == P(None, "model") and _values(out) == _values(
+        {"model": model}
+    )
+
+
+def test_a_like_that_is_not_part_of_the_checkpoint_is_refused(tmp_path, mesh_2x4):
+    model, state = _train_state(mesh_2x4)
+    save(tmp_path / "c", {"model": model, "opt_state": state})
+    with pytest.raises(  # the saved model's leaves are under 'model': say how to ask for them
+        CheckpointStructureError,
+        match=r"like has 2 leaf/leaves the checkpoint lacks: 'w', 'b'\. They are saved under "
+        r"'model': restore into \{'model': like\}\.$",
+    ):
+        restore(tmp_path / "c", model)
+    save(tmp_path / "d", {"train": {"model": model}})
+    with pytest.raises(CheckpointStructureError, match=r"\{'train': \{'model': like\}\}\.$"):
+        restore(tmp_path / "d", model)
+    with pytest.raises(
+        CheckpointStructureError,
+        match=r"like has 1 leaf/leaves the checkpoint lacks: 'model\.c'\. Restore into the "
+        r"structure that was saved or a part of it \(checkpoint leaves: 'model\.w', 'model\.b', ",
+    ):
+        restore(tmp_path / "c", {"model": {"w": model.w, "c": model.b}})
+
+
 def test_python_scalars_into_a_jax_eval_shape_like(tmp_path, mesh_2x4):
     tree = {"step": 7, "lr": 0.5, "x": na.named(jnp.ones(8), "embed")}
     save(tmp_path / "c", tree)
@@ -288,11 +360,10 @@ def test_missing_extra_and_kind_mismatch(saved):
         CheckpointStructureError, match=r"like has 1 leaf/leaves the checkpoint lacks: 'extra'"
     ):
         restore(path, {**tree, "extra": jnp.zeros(2)})
-    short = {k: v for k, v in tree.items() if k != "bias"}
-    with pytest.raises(
-        CheckpointStructureError, match=r"The checkpoint has 1 leaf/leaves that like lacks: 'bias'"
+    with pytest.raises(  # a part of the saved tree may be restored, but not with new leaves
+        CheckpointStructureError, match=r"like has 1 leaf/leaves the checkpoint lacks: 'extra'"
     ):
-        restore(path, short)
+        restore(path, {"bias": tree["bias"], "extra": jnp.zeros(2)})
     with pytest.raises(
         CheckpointStructureError,
         match=r"Leaf 'x' is a NamedArray in the checkpoint but a plain array in like \(ArrayImpl\)",
@@ -421,6 +492,35 @@ def test_manager_saves_async_and_keeps_the_last_steps(tmp_path, mesh_2x4):
         with pytest.raises(CheckpointError, match=r"step 1 is not after the latest step 3"):
             mgr.save(1, {"x": x})
     assert restore(tmp_path / "run")["step"] == 3  # the plain restore reads a manager's directory
+
+
+def test_saving_a_donated_tree_names_the_leaf_and_the_donation(tmp_path, mesh_2x4):
+    """After a donating step the old model's buffers are gone: save, the manager's save and
+    save_safetensors name the leaf and the fix instead of JAX's 'Array has been deleted'."""
+    m0 = {"w": na.shard(na.named(jnp.asarray(DATA), ("batch", "embed")), MAPPING, mesh=mesh_2x4)}
+    step = na.fsdp(
+        lambda m: jax.tree.map(lambda x: x * 2, m), MAPPING, MAPPING, donate_args=(True,)
+    )
+    with jax.set_mesh(mesh_2x4):
+        m1 = step(m0)
+    assert m0["w"].array.is_deleted()
+    message = (
+        r"{}: leaf 'model/w' was donated to an earlier call \(named_jit or fsdp with "
+        r"donate_args=\.\.\., jax\.jit with donate_argnums=\.\.\.\), so its buffer is gone\. "
+        r"Donation hands an argument's memory to the call's outputs: save the value the call "
+        r"returned instead, or don't donate it\.$"
+    )
+    with pytest.raises(DonatedArrayError, match=message.format("save")):
+        save(tmp_path / "c", {"model": m0, "step": 1})
+    assert not (tmp_path / "c").exists()
+    with CheckpointManager(tmp_path / "run") as mgr:
+        with pytest.raises(DonatedArrayError, match=message.format(r"CheckpointManager\.save")):
+            mgr.save(0, {"model": m0})
+        assert mgr.all_steps() == []
+    with pytest.raises(RuntimeError, match=message.format("save_safetensors")):  # JAX's type too
+        save_safetensors(tmp_path / "w.safetensors", {"model": m0})
+    save(tmp_path / "c", {"model": m1, "step": 1})  # the step's returned model saves
+    np.testing.assert_array_equal(np.asarray(restore(tmp_path / "c")["model"]["w"].array), DATA * 2)
 
 
 # -- interchange --------------------------------------------------------------------------------

@@ -448,6 +448,46 @@ def test_parse_mesh_from_string_more_devices_than_available():
         parse_mesh_from_string("2,8", ("a", "b"), num_devices=16)
 
 
+CPU_HINT = (
+    r"On CPU, JAX makes as many devices per process as its jax_num_cpu_devices option says \(1 "
+    r'by default\): call jax\.config\.update\("jax_num_cpu_devices", 16\) before JAX initializes '
+    r"its backends \(at the top of the script, before the first jax\.devices\(\) call or array\)\.$"
+)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: create_mesh((4, 4), ("data", "model")),
+        lambda: create_mesh((16, -1), ("data", "model")),
+        lambda: create_cpu_mesh((2, 8), ("data", "model")),
+        lambda: parse_mesh_shape("data:4,model:4", ("data", "model")),
+        lambda: parse_mesh_from_string("4,4", ("data", "model")),
+        lambda: parse_mesh_from_string("2,8", ("a", "b"), num_devices=16),
+        lambda: na.mesh.MeshConfig(
+            na.mesh.HybridMeshShape((4, 4), (1, 1)), ("data", "model")
+        ).device_array(),
+    ],
+    ids=["create", "minus_one", "cpu_mesh", "parse_shape", "parse", "num_devices", "hybrid"],
+)
+def test_too_large_a_mesh_on_cpu_names_jax_num_cpu_devices(make):
+    """On CPU the fix for too few devices is jax_num_cpu_devices (set before JAX starts)."""
+    with pytest.raises(MeshError, match=CPU_HINT):
+        make()
+
+
+def test_no_cpu_hint_without_real_cpu_devices_or_when_devices_are_left_over():
+    with pytest.raises(MeshError, match=r"needs 16 devices, but 8 are available") as e:
+        create_mesh((4, 4), ("data", "model"), devices=fake_devices(1, 8))
+    assert "jax_num_cpu_devices" not in str(e.value)
+    with pytest.raises(MeshError, match=r"needs 4 devices, but 8 are available") as e:
+        create_mesh((2, 2), ("data", "model"))
+    assert "jax_num_cpu_devices" not in str(e.value)
+    with pytest.raises(MeshError, match=r"needs 16 devices, but 8 are available") as e:
+        parse_mesh_shape("4,4", ("a", "b"), num_devices=8)  # a count, not this machine's devices
+    assert "jax_num_cpu_devices" not in str(e.value)
+
+
 # -- CPU helpers -------------------------------------------------------------------------------
 
 

@@ -97,6 +97,7 @@ def test_logits_match_transformers_and_save_round_trips(name, tmp_path):
     assert_matches(r, plain, padded)
     models.save_hf(model, tmp_path)
     assert_same_tensors(tmp_path, FIXTURES / name)
+    assert generation_config(tmp_path) == generation_config(FIXTURES / name)
     again = models.from_hf(tmp_path)
     assert again.config == model.config
     plain2, padded2 = logits(again, ids, mask)  # same structure: no new compile
@@ -358,6 +359,52 @@ def test_config_that_a_family_cannot_express():
 # -- errors ---------------------------------------------------------------------------------
 
 
+def generation_config(folder):
+    return json.loads((Path(folder) / "generation_config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["gemma", "olmo2"])  # bos/eos/pad set; olmo2: no bos, pad 1
+def test_save_hf_writes_the_generation_config_it_was_loaded_with(name, tmp_path):
+    """The generation_config.json from_hf read is written back (what transformers' generate takes
+    its eos and pad ids from), also when config.json is written anew; without one it is made from
+    config.json's token ids, as transformers makes it from the model config."""
+    original = generation_config(FIXTURES / name)
+    assert original["eos_token_id"] is not None and original["pad_token_id"] is not None
+    model = models.from_hf(FIXTURES / name)
+    models.save_hf(model, tmp_path / "as_loaded")
+    assert generation_config(tmp_path / "as_loaded") == original
+    again = models.from_hf(tmp_path / "as_loaded")
+    assert json.loads(again.config.hf_generation_config) == original
+    generated = model.config.replace(hf_config="")  # config.json written by the family's writer
+    like = eqx.filter_eval_shape(models.Transformer, generated, key=jax.random.key(0))
+    rewritten = jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(model))
+    models.save_hf(rewritten, tmp_path / "rewritten")
+    assert generation_config(tmp_path / "rewritten") == original
+    folder = copy_fixture(tmp_path, name)  # no generation_config.json
+    (folder / "generation_config.json").unlink()
+    models.save_hf(models.from_hf(folder), tmp_path / "made")
+    ids = json.loads((FIXTURES / name / "config.json").read_text())
+    want = {
+        k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if ids[k] is not None
+    }
+    assert generation_config(tmp_path / "made") == {"_from_model_config": True, **want}
+    assert want["eos_token_id"] == original["eos_token_id"]
+    assert want["pad_token_id"] == original["pad_token_id"]
+
+
+def test_generation_config_of_a_new_model_and_a_bad_file(tmp_path):
+    cfg = models.TransformerConfig("llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)  # fmt: skip
+    models.save_hf(models.Transformer(cfg, key=jax.random.key(0)), tmp_path / "new")
+    assert generation_config(tmp_path / "new") == {"_from_model_config": True}
+    folder = copy_fixture(tmp_path)
+    (folder / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(
+        na.ModelConfigError, match=r"generation_config\.json holds list, not a JSON object\."
+    ):
+        models.from_hf(folder)
+
+
 def copy_fixture(tmp_path, name="llama"):
     folder = tmp_path / name
     shutil.copytree(FIXTURES / name, folder)
@@ -442,6 +489,26 @@ def test_mapping_without_mesh_and_bad_inputs():
         model(ids, positions=na.arange(na.Axis("position", 3)))
     with pytest.raises(na.ModelConfigError, match=r"num_kv_heads=3 must divide num_heads=4"):
         config.replace(num_kv_heads=3)
+
+
+def test_save_hf_of_a_donated_model_names_the_leaf_and_the_donation(mesh_2x4, tmp_path):
+    """After a donating fsdp step, save_hf of the model before the step names the donated leaf
+    and the fix instead of JAX's 'Array has been deleted'; the returned model saves."""
+    m0 = models.from_hf(FIXTURES / "llama", mapping=MAPPING, mesh=mesh_2x4)
+    step = na.fsdp(lambda m: jax.tree.map(lambda x: x * 1, m), MAPPING, {}, donate_args=(True,))
+    with jax.set_mesh(mesh_2x4):
+        m1 = step(m0)
+    with pytest.raises(
+        na.DonatedArrayError,
+        match=r"save_hf: leaf 'embed/weight' was donated to an earlier call \(named_jit or fsdp "
+        r"with donate_args=\.\.\., jax\.jit with donate_argnums=\.\.\.\), so its buffer is "
+        r"gone\. Donation hands an argument's memory to the call's outputs: save the value the "
+        r"call returned instead, or don't donate it\.$",
+    ):
+        models.save_hf(m0, tmp_path / "m0")
+    assert not (tmp_path / "m0").exists()
+    models.save_hf(m1, tmp_path / "m1")
+    assert_same_tensors(tmp_path / "m1", FIXTURES / "llama")
 
 
 def test_two_processes_read_only_their_blocks_and_write_their_files(tmp_path):

@@ -1,5 +1,8 @@
 """What ``named_jit`` checks about its options and arguments: known options, hashable statics,
-donation flags, donated buffers. Errors name the argument (``args[0]['w']``) and the fix."""
+donation flags, donated buffers. Errors name the argument (``args[0]['w']``) and the fix.
+
+``check_live`` is the same check of donated buffers for a tree about to be written (checkpoints,
+state dicts, Hugging Face folders), so that reusing a donated array reads the same everywhere."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import NamedTypeError
+from .._array import NamedArray
+from .._errors import DonatedArrayError, NamedTypeError, format_path
 from .._logical._rules import RulesLike
 from ._jit_entries import Layout, is_dynamic_type
 
@@ -74,6 +78,29 @@ def unhashable_static(
 _IS_DELETED = operator.methodcaller("is_deleted")
 
 
+def donated_error(what: str, caller: str, use: str = "use") -> DonatedArrayError:
+    """The error for a deleted array (``what``: ``argument args[0]``, ``leaf 'w'``) used again."""
+    return DonatedArrayError(
+        f"{caller}: {what} was donated to an earlier call (named_jit or fsdp with donate_args=..., "
+        "jax.jit with donate_argnums=...), so its buffer is gone. Donation hands an argument's "
+        f"memory to the call's outputs: {use} the value the call returned instead, or don't "
+        "donate it."
+    )
+
+
+def check_live(tree: Any, caller: str) -> None:
+    """Refuse to save ``tree`` if one of its arrays was donated (deleted), naming its path.
+
+    Raises:
+        DonatedArrayError: naming the first such leaf (``model/embed/weight``).
+    """
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, NamedArray))
+    for path, x in flat[0]:
+        array = x.array if isinstance(x, NamedArray) else x
+        if isinstance(array, jax.Array) and array.is_deleted():
+            raise donated_error(f"leaf {format_path(path)!r}", caller, use="save")
+
+
 def check_donation(layout: Layout, dyn: Any, args: Any, kwargs: Any) -> None:
     """Refuse donated buffers that are already deleted or also passed as another argument.
 
@@ -88,11 +115,7 @@ def check_donation(layout: Layout, dyn: Any, args: Any, kwargs: Any) -> None:
     for i in layout.donate:
         x = dyn[i]
         if isinstance(x, jax.Array) and x.is_deleted():
-            raise NamedTypeError(
-                f"named_jit: argument {_leaf_path(args, kwargs, dyn_pos=i)} was donated to an "
-                "earlier call, so its buffer is gone. Donation hands an argument's memory to the "
-                "call's outputs: use the value the earlier call returned instead, or don't donate it."
-            )
+            raise donated_error(f"argument {_leaf_path(args, kwargs, dyn_pos=i)}", "named_jit")
     if len(set(map(id, dyn))) < len(dyn):
         seen: dict[int, int] = {}
         for i, x in enumerate(dyn):

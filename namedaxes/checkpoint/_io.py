@@ -31,6 +31,7 @@ from .._errors import (
     format_axes,
     format_names,
 )
+from .._partitioning._jit_args import check_live
 from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value
 from ._placement import Placement, permuted, placement
 
@@ -120,8 +121,13 @@ def _global(x: Any) -> Any:
     return x
 
 
-def save_args(tree: Any) -> ocp.args.Composite:
-    """The orbax arguments that save ``tree``: its arrays and the metadata of every leaf."""
+def save_args(tree: Any, caller: str) -> ocp.args.Composite:
+    """The orbax arguments that save ``tree``: its arrays and the metadata of every leaf.
+
+    Raises:
+        DonatedArrayError: for an array donated to a step (its buffer is gone), naming it.
+    """
+    check_live(tree, caller)
     leaves = leaves_of(tree)
     records, arrays = [], {}
     for i, leaf in enumerate(leaves):
@@ -165,6 +171,8 @@ def save(
     Raises:
         CheckpointError: if the target exists and ``overwrite`` is false.
         CheckpointStructureError: if two leaves share a dotted key.
+        DonatedArrayError: for an array that was donated to a step (``named_jit(...,
+            donate_args=...)``, ``fsdp``), whose buffer is gone: save the tree the step returned.
         NamedTypeError: for abstract (``ShapeDtypeStruct``) or traced leaves.
 
     Example:
@@ -185,7 +193,7 @@ def save(
             f"{str(target)!r} already exists. Save to a new path or step, or pass overwrite=True."
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    args = save_args(tree)
+    args = save_args(tree, "save")
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(target, args=args, force=overwrite)
     return target
@@ -287,34 +295,51 @@ def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, place: Placemen
 
 
 def _match(records: list[dict[str, Any]], likes: list[Leaf]) -> list[tuple[dict[str, Any], Leaf]]:
+    """Each leaf of ``like`` with its record. ``like`` may be a part of the saved tree (the model
+    of a model + optimizer checkpoint): the checkpoint's other leaves are not read."""
     by_key = {r["key"]: r for r in records}
-    like_keys = {leaf.key for leaf in likes}
     missing = [leaf.key for leaf in likes if leaf.key not in by_key]
-    extra = [r["key"] for r in records if r["key"] not in like_keys]
     if missing:
+        prefix = _saved_under(missing, by_key)
+        if prefix is not None:
+            wrapped = "like"
+            for part in reversed(prefix.split(".")):
+                wrapped = f"{{{part!r}: {wrapped}}}"
+            fix = f"They are saved under {prefix!r}: restore into {wrapped}."
+        else:
+            fix = (
+                "Restore into the structure that was saved or a part of it (checkpoint leaves: "
+                f"{format_names([r['key'] for r in records][:8])}"
+                f"{' ...' if len(records) > 8 else ''})."
+            )
         raise CheckpointStructureError(
             f"like has {len(missing)} leaf/leaves the checkpoint lacks: {format_names(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''}. Restore into the structure that was saved "
-            f"(checkpoint leaves: {format_names([r['key'] for r in records][:8])}"
-            f"{' ...' if len(records) > 8 else ''})."
-        )
-    if extra:
-        raise CheckpointStructureError(
-            f"The checkpoint has {len(extra)} leaf/leaves that like lacks: "
-            f"{format_names(extra[:8])}{' ...' if len(extra) > 8 else ''}. Restore into the "
-            "structure that was saved, or restore without like to see every leaf."
+            f"{' ...' if len(missing) > 8 else ''}. {fix}"
         )
     return [(by_key[leaf.key], leaf) for leaf in likes]
 
 
+def _saved_under(keys: list[str], saved: dict[str, Any]) -> str | None:
+    """The dotted prefix under which the checkpoint holds every one of ``keys`` (a bare model
+    given as like for a checkpoint of ``{"model": ...}``), or ``None``."""
+    suffix = "." + keys[0]
+    for candidate in saved:
+        if candidate.endswith(suffix):
+            prefix = candidate[: -len(suffix)]
+            if all(f"{prefix}.{k}" in saved for k in keys):
+                return prefix
+    return None
+
+
 def _read_arrays(where: Path, args: dict[str, ocp.ArrayRestoreArgs]) -> dict[str, jax.Array]:
+    """The stored arrays named in ``args``, and only those (orbax's partial restore)."""
     if not args:
         return {}
+    wanted = ocp.args.PyTreeRestore(
+        item=dict.fromkeys(args, 0), restore_args=args, partial_restore=True
+    )
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        out = ckptr.restore(
-            where,
-            args=ocp.args.Composite(**{ARRAYS: ocp.args.PyTreeRestore(restore_args=args)}),
-        )
+        out = ckptr.restore(where, args=ocp.args.Composite(**{ARRAYS: wanted}))
     return out[ARRAYS]
 
 
@@ -455,6 +480,9 @@ def restore(
     With ``like`` (a concrete tree, or one from ``jax.eval_shape`` / ``eqx.filter_eval_shape``), the
     result has ``like``'s structure; every leaf is checked against the checkpoint by its dotted
     key (axis names and sizes, shapes, dtypes) and NamedArrays come back in ``like``'s axis order.
+    ``like`` may be a part of the saved tree: ``{"model": like_model}`` restores the model of a
+    ``{"model", "opt_state", "step"}`` checkpoint (to export or evaluate it), and only the arrays
+    asked for are read. A leaf of ``like`` that the checkpoint lacks is still an error.
     Without ``like``, the saved leaves come back as nested dicts and lists: dict keys and attribute
     names (equinox fields, optax state fields) become dict keys and sequence positions list
     entries; NamedArrays are rebuilt from their stored axis names; Python scalars come back as
@@ -478,8 +506,9 @@ def restore(
     Raises:
         CheckpointNotFoundError: if the path holds no complete checkpoint (unfinished saves are
             never read).
-        CheckpointStructureError: for a leaf in ``like`` but not in the checkpoint or the other
-            way round, or a leaf of another kind.
+        CheckpointStructureError: for a leaf in ``like`` but not in the checkpoint (when the
+            checkpoint holds them all under one prefix, the message says how to wrap ``like``),
+            or a leaf of another kind.
         CheckpointAxisError: for an axis whose name or size differs (or a plain array's shape).
         CheckpointDtypeError: for a dtype that differs and ``cast=False``.
         MeshError: if a mapping is in force but no mesh.
@@ -492,6 +521,14 @@ def restore(
         >>> w = restore(d + "/c", mapping={"embed": "model"}, mesh=mesh)["w"]
         >>> w.sharding.spec
         P('model', None)
+
+        Part of a checkpoint (here the model of a model + optimizer state one):
+
+        >>> _ = save(d + "/t", {"model": {"w": w}, "opt_state": {"mu": {"w": w}}})
+        >>> like = {"model": {"w": na.named(jax.ShapeDtypeStruct((8, 2), jnp.float32),
+        ...                                 ("embed", "mlp"))}}
+        >>> list(restore(d + "/t", like))
+        ['model']
     """
     where = find(path, step)
     records = read_metadata(where)

@@ -58,6 +58,7 @@ class CheckpointManager:
 
         Raises:
             CheckpointError: if ``step`` is already saved or not after the latest step.
+            DonatedArrayError: for an array of ``tree`` donated to a step (see ``save``).
         """
         step = check_step(step, "CheckpointManager.save")
         latest = self._manager.latest_step()
@@ -66,7 +67,7 @@ class CheckpointManager:
                 f"CheckpointManager.save: step {step} is not after the latest step {latest} in "
                 f"{str(self.directory)!r}. Save increasing steps."
             )
-        if not self._manager.save(step, args=save_args(tree)):
+        if not self._manager.save(step, args=save_args(tree, "CheckpointManager.save")):
             raise CheckpointError(  # orbax declined (its save policy); never drop a save silently
                 f"CheckpointManager.save: orbax did not save step {step} in {str(self.directory)!r}."
             )
@@ -95,7 +96,9 @@ class CheckpointManager:
     ) -> Any:
         """Restore ``step`` (default: the latest committed step) as ``namedaxes.checkpoint.restore``.
 
-        Pending saves are waited for first, so the step just saved is the latest.
+        Pending saves are waited for first, so the step just saved is the latest. ``like`` may be
+        a part of the saved tree (``{"model": like_model}`` of a training state): only its arrays
+        are read.
 
         Raises:
             CheckpointNotFoundError: if there is no committed step (or not ``step``).

@@ -28,6 +28,7 @@ from .._errors import (
     format_names,
 )
 from .._ops.shape import rearrange
+from .._partitioning._jit_args import check_live
 from ._layout import Leaf, leaves_of
 from ._placement import like_sharding
 
@@ -64,6 +65,7 @@ def to_state_dict(tree: Any, *, stacked_axis: str | None = "layer") -> dict[str,
 
     Raises:
         CheckpointStructureError: if two leaves map to the same key.
+        DonatedArrayError: for an array donated to a step, whose buffer is gone (named).
 
     Example:
         >>> import jax.numpy as jnp, namedaxes as na
@@ -71,7 +73,12 @@ def to_state_dict(tree: Any, *, stacked_axis: str | None = "layer") -> dict[str,
         >>> sorted(to_state_dict({"blocks": {"stacked": {"w": w}}, "head": jnp.ones(3)}))
         ['blocks.0.w', 'blocks.1.w', 'head']
     """
+    return _state_dict(tree, stacked_axis, "to_state_dict")
+
+
+def _state_dict(tree: Any, stacked_axis: str | None, caller: str) -> dict[str, Any]:
     _check_stacked_axis(stacked_axis)
+    check_live(tree, caller)
     out: dict[str, Any] = {}
     for leaf in leaves_of(tree):
         if leaf.kind == "static":
@@ -267,6 +274,9 @@ def save_safetensors(
     process); Python scalars are stored as 0-d arrays. The axis names of each NamedArray go in the
     file's metadata (``namedaxes.axes``, JSON) for readers that want them.
 
+    Raises:
+        DonatedArrayError: for an array donated to a step, whose buffer is gone (named).
+
     Example:
         >>> import tempfile, jax.numpy as jnp, namedaxes as na
         >>> f = tempfile.mkdtemp() + "/w.safetensors"
@@ -276,7 +286,7 @@ def save_safetensors(
         [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
     st = _safetensors()
-    state = to_state_dict(tree, stacked_axis=stacked_axis)
+    state = _state_dict(tree, stacked_axis, "save_safetensors")
     arrays = {}
     for k, v in state.items():
         if isinstance(v, str):

@@ -26,6 +26,7 @@ from ._layout import (
     check_dims,
     create_device_array,
     host_mesh_shape,
+    more_cpu_devices,
     resolve_dims,
     select_devices,
 )
@@ -203,8 +204,16 @@ def parse_mesh_shape(
         raise NamedTypeError(
             f"The mesh string must be a str, got {spec!r} ({type(spec).__name__})."
         )
-    if num_devices is not None:
-        num_devices = _check_num_devices(num_devices, spec)
+    if num_devices is not None:  # a count to plan for, not this machine's devices
+        return _parse_shape(spec, names, _check_num_devices(num_devices, spec), None)
+    devices = jax.devices()
+    return _parse_shape(spec, names, len(devices), devices)
+
+
+def _parse_shape(
+    spec: str, names: Sequence[str] | str, num_devices: int, devices: Sequence[Any] | None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``parse_mesh_shape`` for ``num_devices`` devices (``devices``, if they are real ones)."""
     names = check_axis_names(names, what="names")
     tokens = [t.strip() for t in spec.split(",")]
     if not spec.strip() or any(not t for t in tokens):
@@ -242,9 +251,7 @@ def parse_mesh_shape(
             "Use one form throughout."
         )
     dims = check_dims(dims, names, what=f"Mesh string {spec!r} =")
-    if num_devices is None:
-        num_devices = jax.device_count()
-    resolve_dims(dims, names, num_devices, what=f"Mesh string {spec!r} =")
+    resolve_dims(dims, names, num_devices, what=f"Mesh string {spec!r} =", devices=devices)
     return dims, names
 
 
@@ -296,9 +303,10 @@ def parse_mesh_from_string(
             raise MeshError(
                 f"Mesh string {spec!r}: num_devices={n}, but only {len(device_list)} devices are "
                 f"available. Pass num_devices <= {len(device_list)}, or more devices."
+                + more_cpu_devices(n, device_list)
             )
         device_list = device_list[:n]
-    dims, names = parse_mesh_shape(spec, names, num_devices=len(device_list))
+    dims, names = _parse_shape(spec, names, len(device_list), device_list)
     return create_mesh(dims, names, axis_types=axis_types, devices=device_list)
 
 

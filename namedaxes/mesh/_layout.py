@@ -37,6 +37,7 @@ __all__ = [
     "host_mesh_shape",
     "hybrid_device_array",
     "infer_dcn_dims",
+    "more_cpu_devices",
     "normalize_axis_types",
     "resolve_dims",
     "select_devices",
@@ -136,28 +137,51 @@ def resolve_dims(
     *,
     what: str = "axis_dims",
     unit: str = "devices",
+    devices: Sequence[Any] | None = None,
 ) -> tuple[int, ...]:
     """Fill in the ``-1`` of checked ``dims`` so that their product is ``num_devices``.
+
+    ``devices`` (the ``num_devices`` devices), when given, let a mesh too large for them say how to
+    get more CPU devices (see ``more_cpu_devices``).
 
     Raises:
         MeshError: if the product cannot equal ``num_devices``.
     """
     known = math.prod(d for d in dims if d != -1)
+    hint = more_cpu_devices(known, devices) if known > num_devices else ""
     if -1 in dims:
         if num_devices % known:
             raise MeshError(
                 f"{what} {format_dims(dims, names)} cannot use {num_devices} {unit}: the other "
                 f"axes multiply to {known}, which does not divide {num_devices}. Choose sizes "
-                f"whose product divides {num_devices}."
+                f"whose product divides {num_devices}.{hint}"
             )
         return tuple(num_devices // known if d == -1 else d for d in dims)
     if known != num_devices:
         raise MeshError(
             f"{what} {format_dims(dims, names)} needs {known} {unit}, but {num_devices} are "
             f"available. Make the sizes multiply to {num_devices}, or use -1 for one axis to take "
-            "the remaining ones."
+            f"the remaining ones.{hint}"
         )
     return tuple(dims)
+
+
+def more_cpu_devices(needed: int, devices: Sequence[Any] | None) -> str:
+    """The fix for a mesh of ``needed`` devices over fewer real CPU ``devices`` (else ``""``).
+
+    JAX makes one CPU device per process unless ``jax_num_cpu_devices`` says otherwise, and the
+    option only takes effect before its backends start, so a CPU user needs to be told both. The
+    count asked for is per process (``devices`` may span several).
+    """
+    if not devices or not all(isinstance(d, jax.Device) and d.platform == "cpu" for d in devices):
+        return ""
+    per_process = -(-needed // len({d.process_index for d in devices}))
+    return (
+        " On CPU, JAX makes as many devices per process as its jax_num_cpu_devices option says (1 "
+        f'by default): call jax.config.update("jax_num_cpu_devices", {per_process}) before JAX '
+        "initializes its backends (at the top of the script, before the first jax.devices() call "
+        "or array)."
+    )
 
 
 def normalize_axis_types(axis_types: AxisTypes, names: Sequence[str]) -> tuple[AxisType, ...]:
@@ -408,7 +432,7 @@ def create_device_array(
     dims = check_dims(axis_dims, names)
     devices = select_devices(devices)
     kind, granules = device_granules(devices)
-    global_dims = resolve_dims(dims, names, len(devices))
+    global_dims = resolve_dims(dims, names, len(devices), devices=devices)
     if dcn_mesh_dims is None:
         dcn = infer_dcn_dims(global_dims, names, len(granules), kind)
     else:
@@ -440,7 +464,12 @@ def hybrid_device_array(
     devices = select_devices(devices)
     kind, granules = device_granules(devices)
     ici = resolve_dims(
-        ici, names, len(granules[0]), what="ici_mesh_shape", unit=f"devices per {kind}"
+        ici,
+        names,
+        len(granules[0]),
+        what="ici_mesh_shape",
+        unit=f"devices per {kind}",
+        devices=granules[0],
     )
     dcn = resolve_dims(dcn, names, len(granules), what="dcn_mesh_shape", unit=f"{_plural(kind)}")
     return _arrange(granules, ici, dcn, kind)

@@ -106,6 +106,9 @@ class TransformerConfig:
             ``transformers``); not part of ``config.json``.
         hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
             writes it back); not compared.
+        hf_generation_config: The ``generation_config.json`` text read beside it (its bos, eos
+            and pad token ids are what ``transformers``' ``generate`` uses), written back by
+            ``save_hf``; ``""`` when the folder had none. Not compared.
 
     Raises:
         ModelConfigError: for sizes that are not positive, ``num_kv_heads`` not dividing
@@ -159,6 +162,7 @@ class TransformerConfig:
     pipeline_schedule: str = "gpipe"
     pipeline_repeats: int = 2
     hf_config: str = field(default="", compare=False, repr=False)
+    hf_generation_config: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         sizes = (

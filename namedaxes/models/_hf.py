@@ -27,6 +27,7 @@ from .._errors import (
 )
 from .._logical._context import current_axis_mapping
 from .._mesh import context_mesh
+from .._partitioning._jit_args import check_live
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
 from ._config import TransformerConfig
@@ -38,6 +39,8 @@ from ._transformer import Transformer
 __all__ = ["config_from_hf", "from_hf", "hf_config", "save_hf"]
 
 CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 FUSED_EXPERTS = ".experts.down_proj"  # a tensor only the fused layout of experts has
 
 
@@ -51,9 +54,23 @@ def _folder(path: str | os.PathLike[str]) -> Path:
     return folder
 
 
-def _from_dict(raw: dict[str, Any], text: str = "") -> TransformerConfig:
+def _from_dict(raw: dict[str, Any], text: str = "", generation: str = "") -> TransformerConfig:
     family = family_of(raw.get("model_type"))
-    return TransformerConfig(family.model_type, **family.read(raw), hf_config=text)
+    return TransformerConfig(
+        family.model_type, **family.read(raw), hf_config=text, hf_generation_config=generation
+    )
+
+
+def _json_object(file: Path) -> tuple[dict[str, Any], str]:
+    """A JSON file holding one object: the object and the text."""
+    text = file.read_text()
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise ModelConfigError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{file} holds {type(raw).__name__}, not a JSON object.")
+    return raw, text
 
 
 def config_from_hf(path: str | os.PathLike[str]) -> TransformerConfig:
@@ -61,7 +78,8 @@ def config_from_hf(path: str | os.PathLike[str]) -> TransformerConfig:
 
     Fields missing from the file take the defaults of that family's ``transformers`` config class;
     RoPE settings are read from ``rope_parameters`` or from a top-level ``rope_theta`` and
-    ``rope_scaling`` (older files).
+    ``rope_scaling`` (older files). A ``generation_config.json`` beside it is kept as
+    ``hf_generation_config`` for ``save_hf`` to write back.
 
     Args:
         path: The folder.
@@ -69,7 +87,8 @@ def config_from_hf(path: str | os.PathLike[str]) -> TransformerConfig:
     Raises:
         CheckpointNotFoundError: if the folder or its ``config.json`` is missing.
         ModelConfigError: for an unsupported ``model_type`` (the message lists the supported
-            ones) or option.
+            ones) or option, or a ``config.json`` or ``generation_config.json`` that is not a
+            JSON object.
 
     Example:
         >>> import json, tempfile, pathlib
@@ -85,14 +104,9 @@ def config_from_hf(path: str | os.PathLike[str]) -> TransformerConfig:
     file = folder / CONFIG
     if not file.exists():
         raise CheckpointNotFoundError(f"{folder} has no {CONFIG}.")
-    text = file.read_text()
-    try:
-        raw = json.loads(text)
-    except ValueError as e:
-        raise ModelConfigError(f"{file} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ModelConfigError(f"{file} holds {type(raw).__name__}, not a JSON object.")
-    return _from_dict(raw, text)
+    raw, text = _json_object(file)
+    generation = folder / GENERATION_CONFIG
+    return _from_dict(raw, text, _json_object(generation)[1] if generation.is_file() else "")
 
 
 def hf_config(config: TransformerConfig) -> dict[str, Any]:
@@ -328,7 +342,8 @@ def _stored_value(x: NamedArray, t: Tensor, index: tuple[int, ...]) -> NamedArra
 def save_hf(
     model: Transformer, path: str | os.PathLike[str], *, max_shard_size: int | str = "5GB"
 ) -> None:
-    """Write ``model`` as a Hugging Face folder: ``config.json`` and safetensors weights.
+    """Write ``model`` as a Hugging Face folder: ``config.json``, ``generation_config.json`` and
+    safetensors weights.
 
     Tensor names and layouts are exactly those ``transformers`` uses for the family (stacked
     layers written one tensor per layer, GPT-2's q/k/v fused back into ``c_attn``, experts one
@@ -338,7 +353,10 @@ def save_hf(
     ``model-0000k-of-0000n.safetensors`` files with a ``model.safetensors.index.json``. Tensors are
     gathered and written one at a time (one layer's slice of a parameter on the host at once); with
     several processes, every process takes part in the gathers and process ``k`` writes the files
-    ``k, k + n, ...``.
+    ``k, k + n, ...``. ``generation_config.json`` (where ``transformers``' ``generate`` takes the
+    eos and pad ids from) is the one the model was loaded with (``config.hf_generation_config``),
+    else made from the bos, eos and pad token ids of ``config.json``, as ``transformers`` makes it
+    from a model config.
 
     Args:
         model: A :class:`Transformer` (e.g. from :func:`from_hf`, or trained).
@@ -347,6 +365,8 @@ def save_hf(
 
     Raises:
         ModelConfigError: if the family's ``config.json`` cannot express ``model.config``.
+        DonatedArrayError: for a parameter donated to a step (``named_jit(...,
+            donate_args=...)``, ``fsdp``), whose buffer is gone: save the model the step returned.
 
     Example:
         >>> import jax, os, tempfile
@@ -360,10 +380,11 @@ def save_hf(
         >>> folder = tempfile.mkdtemp()
         >>> save_hf(Transformer(cfg, key=jax.random.key(0)), folder, max_shard_size="20KB")
         >>> sorted(os.listdir(folder))
-        ['config.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'model.safetensors.index.json']
+        ['config.json', 'generation_config.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'model.safetensors.index.json']
     """
     if not isinstance(model, Transformer):
         raise NamedTypeError(f"save_hf needs a namedaxes.models.Transformer, got {type(model)}.")
+    check_live(model, "save_hf")
     folder = Path(path)
     config = hf_config(model.config)
     tensors = tensors_of(model, family_of(model.config.model_type))
@@ -419,6 +440,19 @@ def save_hf(
             }
             (folder / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        generation = _generation_config(model.config, config)
+        (folder / GENERATION_CONFIG).write_text(
+            json.dumps(generation, indent=2, sort_keys=True) + "\n"
+        )
+
+
+def _generation_config(config: TransformerConfig, written: dict[str, Any]) -> dict[str, Any]:
+    """The ``generation_config.json`` read with ``config``, else one made from the token ids of
+    the ``config.json`` dict ``written`` (what ``GenerationConfig.from_model_config`` keeps)."""
+    if config.hf_generation_config:
+        return json.loads(config.hf_generation_config)
+    ids = {k: written[k] for k in TOKEN_IDS if written.get(k) is not None}
+    return {"_from_model_config": True, **ids}
 
 
 def _hf_order(stored: dict[str, Any]) -> list[str]:
