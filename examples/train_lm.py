@@ -60,7 +60,19 @@ from namedaxes import models
 TENSOR_PARALLEL = {"heads": "model", "mlp": "model", "vocab": "model"}
 PARAMS = {"embed": "data", **TENSOR_PARALLEL}
 COMPUTE = {"batch": "data", **TENSOR_PARALLEL}
-SAMPLING = TENSOR_PARALLEL  # a few prompts: every device sees them all
+# Pipeline parallelism, on a mesh with a `stage` axis (--mesh stage=2,...): the stacked layers are
+# stored split into stages over it, and each step runs them as a pipeline of microbatches.
+PIPELINE = {"layer": "stage"}
+
+
+def mappings(mesh: jax.sharding.Mesh) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(PARAMS, COMPUTE)``, each with ``PIPELINE`` when ``mesh`` has more than one stage."""
+    if mesh.shape.get("stage", 1) == 1:
+        return PARAMS, COMPUTE
+    return {**PARAMS, **PIPELINE}, {**COMPUTE, **PIPELINE}
+
+
+SAMPLING = TENSOR_PARALLEL  # a few prompts: every device sees them all (decoding is not pipelined)
 MIXED = na.nn.Precision(param=jnp.float32, compute=jnp.bfloat16)
 
 
@@ -100,11 +112,12 @@ PEAK_FLOPS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100"
               ("TPU v5", 459e12), ("TPU v6 lite", 918e12))  # fmt: skip
 
 
-def model_config(size: Size, vocab_size: int) -> models.TransformerConfig:
+def model_config(size: Size, vocab_size: int, stages: int = 1) -> models.TransformerConfig:
     """The Llama config of ``size`` for a tokenizer of ``vocab_size`` ids.
 
     The vocabulary is rounded up to a multiple of 128 so that it splits over any `model` axis
-    (the extra ids never occur; their logits learn to be small).
+    (the extra ids never occur; their logits learn to be small). With ``stages`` > 1 the layers
+    run as a GPipe pipeline of ``2 * stages`` microbatches (a bubble of (p - 1) / (3p - 1)).
     """
     return models.TransformerConfig(
         "llama",
@@ -117,6 +130,7 @@ def model_config(size: Size, vocab_size: int) -> models.TransformerConfig:
         head_dim=size.head_dim,
         max_position_embeddings=size.seq,
         tie_word_embeddings=True,
+        pipeline_microbatches=2 * stages,
     )
 
 
@@ -158,17 +172,20 @@ def make_optimizer(size: Size) -> optax.GradientTransformation:
     )
 
 
-def make_steps(optimizer: optax.GradientTransformation, policy: na.nn.Precision | None) -> Any:
+def make_steps(
+    optimizer: optax.GradientTransformation, policy: na.nn.Precision | None,
+    params: Any = PARAMS, compute: Any = COMPUTE,
+) -> Any:  # fmt: skip
     """The training step and the held-out loss, compiled with the two mappings by ``na.fsdp``."""
 
-    @na.fsdp(parameter_mapping=PARAMS, compute_mapping=COMPUTE, donate_args=(True, True, False))
+    @na.fsdp(parameter_mapping=params, compute_mapping=compute, donate_args=(True, True, False))
     def train_step(model, opt_state, tokens):
         with na.nn.precision(policy):  # read while tracing: compute in bfloat16 on accelerators
             loss, grads = eqx.filter_value_and_grad(loss_fn)(model, tokens)
         updates, opt_state = optimizer.update(grads, opt_state, model)
         return eqx.apply_updates(model, updates), opt_state, loss
 
-    @na.fsdp(parameter_mapping=PARAMS, compute_mapping=COMPUTE)
+    @na.fsdp(parameter_mapping=params, compute_mapping=compute)
     def eval_step(model, tokens):
         with na.nn.precision(policy):
             return loss_fn(model, tokens)
@@ -176,7 +193,9 @@ def make_steps(optimizer: optax.GradientTransformation, policy: na.nn.Precision 
     return train_step, eval_step
 
 
-def init_state(cfg: models.TransformerConfig, size: Size, optimizer: Any, seed: int) -> Any:
+def init_state(
+    cfg: models.TransformerConfig, size: Size, optimizer: Any, seed: int, params: Any = PARAMS
+) -> Any:
     """Model and optimizer state, created directly in the parameter layout (no device ever holds
     the whole model). Call under the mesh; ``jax.eval_shape`` of it is the plan's input."""
 
@@ -184,14 +203,16 @@ def init_state(cfg: models.TransformerConfig, size: Size, optimizer: Any, seed: 
         model = models.Transformer(cfg, key=key, gradient_checkpointing=size.remat)
         return {"model": model, "opt_state": optimizer.init(model)}
 
-    return na.named_jit(init, out_axis_resources=PARAMS)(jax.random.key(seed))
+    return na.named_jit(init, out_axis_resources=params)(jax.random.key(seed))
 
 
-def heldout_loss(eval_step: Any, model: Any, text: Any, size: Size, batches: int) -> float:
+def heldout_loss(
+    eval_step: Any, model: Any, text: Any, size: Size, batches: int, compute: Any = COMPUTE
+) -> float:
     """The mean loss over the same ``batches`` held-out batches every time (windows spread evenly)."""
     losses = [
         eval_step(model, text.heldout_batch(k, batches=batches, batch=size.batch,
-                                            length=size.seq + 1, mapping=COMPUTE))
+                                            length=size.seq + 1, mapping=compute))
         for k in range(batches)
     ]  # fmt: skip
     return float(np.mean([float(x) for x in losses]))
@@ -210,15 +231,15 @@ def setup_devices() -> None:
 
 
 def make_mesh(spec: str | None, explicit: bool) -> jax.sharding.Mesh:
-    """The (data, model) mesh: ``spec`` (``data=2,model=4``), else every accelerator on ``data``,
-    else the 8 simulated CPU devices as (data=2, model=4)."""
+    """The (data, model) mesh: ``spec`` (``data=2,model=4``; with a stage axis
+    ``stage=2,data=2,model=2``, axes it leaves out have size 1), else every accelerator on
+    ``data``, else the 8 simulated CPU devices as (data=2, model=4)."""
     if spec is None:
         n = jax.device_count()
         spec = "data:2,model:4" if jax.default_backend() == "cpu" and n == 8 else f"data:{n}"
     kind = AxisType.Explicit if explicit else AxisType.Auto
-    return na.mesh.parse_mesh_from_string(
-        spec.replace("=", ":"), ("data", "model"), axis_types=kind
-    )
+    names = ("stage", "data", "model") if "stage" in spec else ("data", "model")
+    return na.mesh.parse_mesh_from_string(spec.replace("=", ":"), names, axis_types=kind)
 
 
 # -- training -----------------------------------------------------------------------------------------
@@ -251,18 +272,19 @@ def train(
     """
     steps = size.steps
     console = console or Console(quiet=True)
-    cfg = model_config(size, text.vocab_size)
+    cfg = model_config(size, text.vocab_size, stages=mesh.shape.get("stage", 1))
     optimizer = make_optimizer(size)
-    train_step, eval_step = make_steps(optimizer, policy)
+    params, compute = mappings(mesh)
+    train_step, eval_step = make_steps(optimizer, policy, params, compute)
     flops, peak = flops_per_token(cfg, size.seq), peak_flops(mesh.devices.flat[0])
     tokens_per_step = size.batch * size.seq
     with jax.set_mesh(mesh):
         # Plan before allocating: parameters, optimizer state, bytes per device.
-        abstract = jax.eval_shape(lambda: init_state(cfg, size, optimizer, seed))
+        abstract = jax.eval_shape(lambda: init_state(cfg, size, optimizer, seed, params))
         console.print(
-            na.analysis.plan(abstract, mesh, PARAMS, params="model", top=4), highlight=False
+            na.analysis.plan(abstract, mesh, params, params="model", top=4), highlight=False
         )
-        state = init_state(cfg, size, optimizer, seed)
+        state = init_state(cfg, size, optimizer, seed, params)
 
         start, manager = 0, None
         if checkpoint_dir:
@@ -272,14 +294,14 @@ def train(
             last = manager.latest_step()
             if last is not None:
                 # Read straight into this run's parameter layout, whatever mesh saved it.
-                state, start = manager.restore(state, mapping=PARAMS), last + 1
+                state, start = manager.restore(state, mapping=params), last + 1
                 console.print(f"resumed from step {last} in {checkpoint_dir}")
         model, opt_state = state["model"], state["opt_state"]
         result = Result({}, {}, model)
 
         def batch(step: int) -> na.NamedArray:
             return text.train_batch(step, batch=size.batch, length=size.seq + 1, seed=seed,
-                                    mapping=COMPUTE)  # fmt: skip
+                                    mapping=compute)  # fmt: skip
 
         columns = [
             TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
@@ -311,7 +333,7 @@ def train(
                     manager.save(step, {"model": model, "opt_state": opt_state})  # asynchronous
                 if (step + 1) % size.eval_every == 0 or step + 1 == steps:
                     h = result.heldout[step] = heldout_loss(
-                        eval_step, model, text, size, eval_batches
+                        eval_step, model, text, size, eval_batches, compute
                     )
                     progress.update(task, heldout=f"{h:.3f}")
                     progress.console.print(f"step {step + 1}: held-out loss {h:.3f}")
@@ -319,7 +341,9 @@ def train(
             manager.close()  # waits for the last save
         result.seconds = time.perf_counter() - t_start
         if not result.heldout:  # nothing left to train: the restored model's
-            result.heldout[steps - 1] = heldout_loss(eval_step, model, text, size, eval_batches)
+            result.heldout[steps - 1] = heldout_loss(
+                eval_step, model, text, size, eval_batches, compute
+            )
     result.model = model
     return result
 
@@ -402,7 +426,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", help="a folder or text file (default: the standard library's source)"
     )
     parser.add_argument("--tokenizer", help="a tokenizer.json to use instead of training a BPE")
-    parser.add_argument("--mesh", help="mesh sizes, e.g. data=2,model=4 (default: every device)")
+    parser.add_argument(
+        "--mesh",
+        help="mesh sizes, e.g. data=2,model=4 or stage=2,data=2,model=2 (pipelined; default: every "
+        "device on data)",
+    )
     parser.add_argument(
         "--explicit", action="store_true", help="an Explicit mesh (sharding in types)"
     )
@@ -433,23 +461,25 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=120, quiet=jax.process_index() != 0)
 
     mesh = make_mesh(args.mesh, args.explicit)
-    if size.batch % mesh.shape["data"]:  # every device of `data` gets the same number of rows
-        size = dataclasses.replace(
-            size, batch=-(-size.batch // mesh.shape["data"]) * mesh.shape["data"]
-        )
+    # Every device of `data` gets the same number of rows, split evenly into the microbatches.
+    stages = mesh.shape.get("stage", 1)
+    rows = mesh.shape["data"] * (2 * stages if stages > 1 else 1)
+    if size.batch % rows:
+        size = dataclasses.replace(size, batch=-(-size.batch // rows) * rows)
     device = jax.devices()[0]
     console.print(
         f"devices: {jax.device_count()} x {device.device_kind} ({jax.default_backend()}), "
         f"mesh {dict(mesh.shape)} ({mesh.axis_types[0].name} axes), precision {policy or 'float32'}"
     )
-    console.print(f"parameters stored by {PARAMS}\ncomputed under     {COMPUTE}", highlight=False)
+    params, compute = mappings(mesh)
+    console.print(f"parameters stored by {params}\ncomputed under     {compute}", highlight=False)
     t0 = time.perf_counter()
     text = text_data.load_text(args.data, tokenizer=args.tokenizer, vocab_size=size.vocab)
     console.print(
         f"{text.summary()}\n           ({time.perf_counter() - t0:.1f} s)", highlight=False
     )
 
-    cfg = model_config(size, text.vocab_size)
+    cfg = model_config(size, text.vocab_size, stages=mesh.shape.get("stage", 1))
     console.print(
         f"model:     Llama-style Transformer, {cfg.num_layers} layers of width {cfg.hidden_size}, "
         f"{cfg.num_heads} heads ({cfg.num_kv_heads} key/value) of {cfg.head_dim}, SwiGLU MLP of "

@@ -132,6 +132,19 @@ def _dot_flops(jaxpr):
     return total
 
 
+def test_pipelined_run_trains_like_the_unpipelined_one(one_process, text):
+    """``--mesh stage=2,data=2,model=2``: the layers in two stages (GPipe, 4 microbatches), the
+    same batches: the losses of the unpipelined run, to float32 rounding."""
+    mesh = train_lm.make_mesh("stage=2,data=2,model=2", explicit=False)
+    with jax.numpy_dtype_promotion("standard"):
+        piped = train_lm.train(text, SIZE, mesh, seed=SEED, eval_batches=2)
+    spec = piped.model.layers.stacked.mlp.up.weight.array.sharding.spec
+    assert tuple(spec)[:3] == ("stage", "data", "model")  # stored split into stages
+    want = [one_process.losses[s] for s in range(SIZE.steps)]
+    np.testing.assert_allclose([piped.losses[s] for s in range(SIZE.steps)], want, atol=1e-4)
+    np.testing.assert_allclose(piped.heldout[3], one_process.heldout[3], atol=1e-4)
+
+
 def test_flops_per_token_are_three_times_the_forward_matmuls():
     """6 x (matmul parameters) + causal attention: three times the forward pass's dot FLOPs
     (counted in its jaxpr: projections, MLP, the tied head, attention scores and values), with
