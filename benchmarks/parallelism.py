@@ -32,8 +32,13 @@ Times on simulated CPU devices only compare rows with each other (and XLA:CPU co
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "pipeline" in sys.argv[1:]:  # its bubble compares devices: one thread each (see pipeline())
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    ).strip()
 
 import jax
 
@@ -41,7 +46,6 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -186,9 +190,122 @@ def experts(args: argparse.Namespace) -> None:
             )
 
 
+# -- pipeline ---------------------------------------------------------------------------------
+
+PIPE_LAYERS, PIPE_EMBED, PIPE_MLP, PIPE_ROWS, PIPE_POS = 8, 256, 1024, 64, 32
+
+
+class _Block(eqx.Module):
+    """A residual MLP block: the pipelined stack's layer (the stage work, nothing else)."""
+
+    mlp: na.nn.MLP
+
+    def __call__(self, x: na.NamedArray) -> na.NamedArray:
+        return x + self.mlp(x)
+
+
+def _pipe_stack(**options: Any) -> na.nn.Stacked:
+    embed = na.Axis("embed", PIPE_EMBED)
+    return na.nn.Stacked(
+        na.Axis("layer", PIPE_LAYERS),
+        lambda k: _Block(na.nn.MLP(embed, {"mlp": PIPE_MLP}, key=k)),
+        key=jax.random.key(0),
+        **options,
+    )
+
+
+def _pipe_step(stack: na.nn.Stacked, x: na.NamedArray) -> Any:
+    return jax.value_and_grad(lambda s: (s(x) ** 2).mean().array)(stack)
+
+
+def _pipe_run(stages: int, **options: Any) -> tuple[dict[str, int], Any]:
+    """(compiled memory, a call of the step) with the layers over ``stages`` devices."""
+    x = na.random.normal(
+        jax.random.key(1), {"batch": PIPE_ROWS, "position": PIPE_POS, "embed": PIPE_EMBED}
+    )
+    mesh = Mesh(np.asarray(jax.devices()[:stages]), ("stage",))
+    step = na.named_jit(_pipe_step, axis_resources={"layer": "stage"})
+    with jax.set_mesh(mesh):
+        stack, x = na.shard((_pipe_stack(**options), x), {"layer": "stage"})
+        memory = na.analysis.compiled_memory(step, stack, x)
+    return memory, lambda: step(stack, x)
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    print(
+        f"Pipeline parallelism: a stack of {PIPE_LAYERS} residual MLP layers (embed {PIPE_EMBED}, "
+        f"mlp {PIPE_MLP}), {PIPE_ROWS} x {PIPE_POS} tokens, training step (loss + gradients), "
+        'float32, {"layer": "stage"} on 1-8 simulated CPU devices.\n\nPer device (XLA\'s '
+        "compiled figures), m = 4 x stages microbatches:\n"
+    )
+    head = (
+        f"{'stages':>6} {'schedule':<9} {'m':>3} {'parameters MiB':>14} {'activations MiB':>15} "
+        f"{'total MiB':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for stages in (1, 2, 4, 8):
+        for schedule in ("gpipe", "1f1b", "circular") if stages > 1 else ("-",):
+            if schedule == "circular" and 2 * stages > PIPE_LAYERS:
+                continue  # two blocks per stage need 16 layers at 8 stages
+            m = 4 * stages
+            opts = {} if stages == 1 else {"schedule": schedule, "microbatches": m}
+            memory, _ = _pipe_run(stages, **opts)
+            print(
+                f"{stages:>6} {schedule:<9} {m if stages > 1 else '-':>3} "
+                f"{memory['argument_bytes'] / MiB:>14.2f} {memory['temp_bytes'] / MiB:>15.2f} "
+                f"{memory['total_bytes'] / MiB:>9.2f}",
+                flush=True,
+            )
+
+    # The bubble: step time against the 1-stage step on one device. Each simulated device computes
+    # on one thread (XLA_FLAGS, set at the top for this section), so p devices are p times one
+    # device's compute only while p <= the machine's cores.
+    cores = os.cpu_count() or 1
+    print(
+        f"\nBubble: idle fraction 1 - T1 / (p x Tp), T1 the unpipelined step on one device, Tp "
+        f"the pipelined step on p devices (median of {args.rounds} rounds, interleaved; this "
+        f"machine has {cores} cores, so only p <= {cores} is measurable here):\n"
+    )
+    head = (
+        f"{'stages':>6} {'schedule':<9} {'m':>3} {'T1 ms':>7} {'Tp ms':>7} {'bubble':>7} "
+        f"{'theory':>7} {'A/A':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    _, one = _pipe_run(1)
+    _, one_again = _pipe_run(1)
+    for stages in [p for p in (2, 4) if p <= cores]:
+        for schedule in ("gpipe", "1f1b", "circular"):
+            for m in (4 * stages, 8 * stages):
+                _, piped = _pipe_run(stages, schedule=schedule, microbatches=m)
+                t1, tp, aa = _interleaved([one, piped, one_again], args.rounds)
+                repeats = 2 if schedule == "circular" else 1
+                theory = na.nn.bubble_fraction(stages, m, repeats)
+                print(
+                    f"{stages:>6} {schedule:<9} {m:>3} {t1:>7.1f} {tp:>7.1f} "
+                    f"{1 - t1 / (stages * tp):>7.3f} {theory:>7.3f} {aa / t1:>6.3f}",
+                    flush=True,
+                )
+
+
+def _interleaved(calls: list[Callable[[], Any]], rounds: int) -> list[float]:
+    """Median ms of each call, the calls alternated round by round (drift hits all alike)."""
+    for call in calls:
+        jax.block_until_ready(call())
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for i, call in enumerate(calls):
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            times[i].append(time.perf_counter() - start)
+    return [1e3 * statistics.median(t) for t in times]
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "context": context_parallelism,
     "experts": experts,
+    "pipeline": pipeline,
 }
 
 

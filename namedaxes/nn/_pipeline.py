@@ -58,9 +58,11 @@ from .._ops.shape import flatten_axes, rearrange, unflatten_axis
 from .._spec import entry_axes, entry_of
 from ._common import mesh_entries
 
-__all__ = ["SCHEDULES", "Pipeline", "bubble_fraction", "pipeline_for", "run"]
+__all__ = ["PIPELINE_SCHEDULES", "SCHEDULES", "Pipeline", "bubble_fraction", "pipeline_for", "run"]
 
 SCHEDULES = ("gpipe", "1f1b", "circular")
+#: The pipeline schedules ``nn.Stacked(schedule=...)`` takes (see ``namedaxes.nn._pipeline``).
+PIPELINE_SCHEDULES = SCHEDULES
 
 # The microbatch axis the stack's batch is split into (inside the pipeline only).
 _MICRO = "microbatch"
@@ -101,8 +103,9 @@ def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
     """The idle fraction of a pipeline step: ``(p - 1) / (repeats * m + p - 1)``.
 
     Example:
-        >>> bubble_fraction(4, 16)
-        0.15789473684210525
+        >>> import namedaxes as na
+        >>> round(na.nn.bubble_fraction(4, 16), 3)  # 3 idle ticks of 19
+        0.158
     """
     return (stages - 1) / (repeats * microbatches + stages - 1)
 
