@@ -287,6 +287,12 @@ def test_errors():
         gen(temperature=0.8)
     with pytest.raises(na.GenerationError, match="eos_token_id must be an int or a sequence"):
         gen(eos_token_id="</s>")
+    with pytest.raises(
+        na.AxisIndexError,
+        match=r"generate: prompt: token id\(s\) -1, 600 outside the vocabulary: 'vocab' has 512 "
+        r"entries, so ids must be in \[0, 512\) \(first at batch=0, position=1\)",
+    ):
+        models.generate(model, ids([[1, 600, 3, -1]]), max_new_tokens=2)
     right = na.named(jnp.array([[True, True, False]]), ("batch", "position"))
     with pytest.raises(na.GenerationError, match="padding after real tokens \\(row 0"):
         gen(attention_mask=right)

@@ -34,6 +34,7 @@ from .._ops.sorting import top_k as _top_k
 from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
+from ..nn._embedding import check_ids
 from ..nn._kv_cache import as_traced_index
 from ..random import categorical
 from ._transformer import Transformer
@@ -225,6 +226,8 @@ def generate(
         NamedTypeError: if ``model`` is not a ``Transformer``, the prompt not integer ids, or
             the mask not boolean with the prompt's axes.
         AxisNotFoundError: if the prompt has no ``position`` axis.
+        AxisIndexError: if the prompt holds a token id outside ``[0, vocab_size)`` (checked on the
+            host before anything runs: the compiled programs cannot raise).
         GenerationError: for a bad option (non-positive ``max_new_tokens``, ``top_k``, a
             ``top_p`` outside ``(0, 1]``, sampling without ``key``) or a model with learned
             positions too short for the prompt plus the new tokens.
@@ -247,6 +250,7 @@ def generate(
         )
     eos = _eos_ids(eos_token_id)
     _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p, key, eos)
+    check_ids(prompt, model.embed.Vocab, "generate: prompt")
     if pad_token_id is not None and not is_static_int(pad_token_id):
         raise GenerationError(f"generate: pad_token_id must be an int, got {pad_token_id!r}.")
     pad_id = int(pad_token_id if pad_token_id is not None else eos[0] if eos else 0)
