@@ -224,6 +224,39 @@ def test_generate_sharded(mesh_2x4):
     assert spec_of(out)[0] == "data"
 
 
+def test_the_prompt_goes_where_the_model_lives(mesh_2x4):
+    """A prompt made under jax.set_mesh (on 8 devices) or committed to another device, with a
+    model loaded on one device, and with a model loaded onto the mesh called outside it: the
+    prompt moves to the model (JAX raised 'Received incompatible devices ... _prefill') and the
+    tokens are transformers'. A mesh set around the call that does not hold the model is a
+    ShardingError naming both placements and the fix."""
+    prompt, want = greedy_reference("llama")
+    with jax.set_mesh(mesh_2x4):
+        on_mesh = ids(prompt)
+        sharded = models.from_hf(FIXTURES / "llama", mapping=MAPPING)
+    on_device_3 = na.named(jax.device_put(jnp.asarray(prompt, jnp.int32), jax.devices()[3]),
+                           ("batch", "position"))  # fmt: skip
+    single = load("llama")
+    for model in (single, sharded):
+        for p in (on_mesh, on_device_3):
+            out = models.generate(model, p, max_new_tokens=12)
+            np.testing.assert_array_equal(out.array, want)
+    assert out.array.sharding.device_set == set(jax.devices())
+    out = models.generate(single, on_mesh, max_new_tokens=12)
+    assert out.array.sharding.device_set == {jax.devices()[0]}
+    with (
+        jax.set_mesh(mesh_2x4),
+        pytest.raises(
+            na.ShardingError,
+            match=r"generate: the model's parameters live on one device \(device 0\), but the mesh "
+            r"set around the call is Mesh\(data=2, model=4\) \(devices 0, 1, 2, 3, 4, 5, 6, "
+            r"7\): one program cannot use both\. Call generate outside that "
+            r"`with jax.set_mesh\(\.\.\.\)` block, or load the model onto that mesh",
+        ),
+    ):
+        models.generate(single, ids(prompt), max_new_tokens=12)
+
+
 def test_generate_with_the_prompt_split_over_context(mesh_2x4):
     """A mapping that splits position: the prefill splits the prompt, the one-position decode
     step needs the fallback rule (a typed error says so without it); transformers' tokens."""
