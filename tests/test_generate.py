@@ -257,6 +257,26 @@ def test_the_prompt_goes_where_the_model_lives(mesh_2x4):
         models.generate(single, ids(prompt), max_new_tokens=12)
 
 
+def test_one_prompt_under_a_data_parallel_mapping(mesh_2x4):
+    """batch on data=2 and one prompt (ShardingError '2 does not divide 1' before), or three
+    left-padded rows: generate pads the batch to a multiple of 2 with copies of the last row and
+    drops them from the result. Greedy tokens are transformers'; sampled ones those of the
+    unsharded run with the same key."""
+    prompt, want = greedy_reference("llama")
+    rows, mask = REFS["llama_prompt"], REFS["llama_mask"]
+    sample = dict(max_new_tokens=12, temperature=1.5, top_p=0.9, key=jax.random.key(0))
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPING):
+        model = models.from_hf(FIXTURES / "llama", mapping=MAPPING)
+        one = models.generate(model, ids(prompt), max_new_tokens=12)
+        three = models.generate(model, ids(rows), attention_mask=mask_of(mask), max_new_tokens=12)
+        sampled = models.generate(model, ids(prompt), **sample)
+    assert one.shape == {"batch": 1, "position": 20} and three.shape["batch"] == 3
+    np.testing.assert_array_equal(one.array, want)
+    np.testing.assert_array_equal(three.array, REFS["llama_greedy"])
+    alone = models.generate(load("llama"), ids(prompt), **sample)
+    np.testing.assert_array_equal(sampled.array, alone.array)
+
+
 def test_generate_with_the_prompt_split_over_context(mesh_2x4):
     """A mapping that splits position: the prefill splits the prompt, the one-position decode
     step needs the fallback rule (a typed error says so without it); transformers' tokens."""

@@ -31,6 +31,7 @@ from .._errors import (
     format_axes,
     format_mesh,
 )
+from .._logical._context import current_rules
 from .._mesh import context_mesh
 from .._ops._checks import is_static_int
 from .._ops.creation import full
@@ -44,6 +45,7 @@ from .._ops.sorting import top_k as _top_k
 from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
+from .._partitioning._specs import round_axis_for_partitioning
 from ..nn._embedding import check_ids
 from ..nn._kv_cache import as_traced_index
 from ..random import categorical
@@ -214,8 +216,11 @@ def generate(
     each compiled once per (batch, bucket, ``max_new_tokens``, sampling options) and reused.
     Inside an ``axis_mapping`` (with a mesh) the model runs as mapped: map ``batch`` for data
     parallelism and ``heads``/``kv_heads``/``mlp``/``vocab`` for tensor parallelism; the cache is
-    placed by the same names. A precision policy in force applies (the cache holds its compute
-    dtype).
+    placed by the same names. A batch the mapping cannot split (one prompt with ``batch`` on
+    ``data=2``) is padded, like the prompt length, to the next multiple of the mesh axes of
+    ``batch``'s first rule (``round_axis_for_partitioning``), with copies of its last row that are
+    dropped from the result: each row gets the tokens it gets alone. A precision policy in force
+    applies (the cache holds its compute dtype).
 
     The programs run where the model's parameters live: a prompt (or mask, or key) committed
     elsewhere, made under another ``jax.set_mesh`` or put on another device, is moved there
@@ -282,9 +287,14 @@ def generate(
         _check_left_padded(attention_mask)
     mesh, (prompt, attention_mask, key) = _placed(model, prompt, attention_mask, key)
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-        mask = attention_mask if attention_mask is not None else full(prompt.axes, True)
+        # Rows added so that the mapping can split the batch: copies of the last row, dropped
+        # from the result.
+        rows = _padded_batch(prompt)
+        ids = pad(prompt, rows, mode="edge") if rows else prompt
+        mask = attention_mask if attention_mask is not None else full(ids.axes, True)
+        mask = pad(mask, rows, mode="edge") if rows and attention_mask is not None else mask
         bucket = _bucket(n)
-        ids = pad(prompt, {POSITION: (bucket - n, 0)}) if bucket > n else prompt
+        ids = pad(ids, {POSITION: (bucket - n, 0)}) if bucket > n else ids
         mask = pad(mask, {POSITION: (bucket - n, 0)}) if bucket > n else mask
         policy = nn.current_precision()
         length = bucket + max_new_tokens - 1
@@ -300,6 +310,8 @@ def generate(
             jnp.asarray(pad_id, jnp.int32),
         )
         new, _ = _decode(model, cache, logits, next_position, dynamic, **options)
+        if rows:
+            new = new[{name: slice(0, prompt.axis_size(name)) for name in rows}]
         return concatenate(POSITION, [prompt, new.astype(prompt.dtype)])
 
 
@@ -352,6 +364,22 @@ def _devices(devices: Any) -> str:
     ids = sorted(d.id for d in devices)
     shown = ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
     return f"device {shown}" if len(ids) == 1 else f"devices {shown}"
+
+
+def _padded_batch(prompt: NamedArray) -> dict[str, tuple[int, int]]:
+    """``{axis: (0, rows to add)}`` for each batch axis of ``prompt`` that the mapping in force
+    splits over mesh axes whose size does not divide it (one prompt on ``data=2``): padded to
+    the next multiple, as ``round_axis_for_partitioning`` rounds it."""
+    rules, mesh = current_rules(), context_mesh()
+    if rules is None or mesh is None:
+        return {}
+    rows = {}
+    for axis in prompt.axes:
+        if axis.name != POSITION:
+            size = round_axis_for_partitioning(axis, rules, mesh).size
+            if size > axis.size:
+                rows[axis.name] = (0, size - axis.size)
+    return rows
 
 
 @named_jit
