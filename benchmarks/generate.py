@@ -4,6 +4,7 @@ Run from the repository root:
 
     python benchmarks/generate.py                 # CPU: a small model; GPU/TPU: ~100M parameters
     python benchmarks/generate.py --budget 120 --rounds 5 --batches 1,16 --new-tokens 256
+    python benchmarks/generate.py --dtype bfloat16 --batches 1 --rounds 2   # the CPU, in bfloat16
 
 One Llama-style :class:`namedaxes.models.Transformer` with random weights (on an accelerator ~101M
 parameters: vocabulary 32768, hidden 768, 12 layers, 12 heads of 64 with 4 key/value heads, MLP
@@ -23,9 +24,15 @@ eos (every row runs every step). For each batch size:
   whole (prompt + new tokens) buffer and reads the logits of the last filled position: the cost of
   recomputing the prefix; the speedup column is recompute / cached per token;
 * ``generate``: end-to-end calls of ``generate`` (prefill + decode + host work) in tokens/s;
-* token agreement between ``cached`` and ``plain`` (exact in float32; bfloat16 may differ at
-  near-ties of random weights), and log records of the ``namedaxes`` logger during the calls (none
-  expected: decoding asks for the XLA kernel itself).
+* the check that both compute the same thing, where it means something: on a float32 copy of
+  the model with float32 matmuls (not TF32). In bfloat16 the logits of random weights are nearly
+  flat, so a rounding difference flips a near-tie and every later token follows (an H100 run
+  agreed on 0.27 of the tokens, which tells a bug from rounding no better than a coin).
+  ``f32 agree`` is the share of equal greedy tokens (1.000 expected) and ``f32 logits`` the
+  largest difference of the first step's logits (within ``LOGITS_TOL``); a line after the table
+  says whether both hold for every batch size;
+* log records of the ``namedaxes`` logger during the calls (none expected: decoding asks for the
+  XLA kernel itself).
 
 Each section stops when the time budget is spent (checked between rounds) and prints what it has.
 """
@@ -57,6 +64,8 @@ ACCEL = dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_laye
              num_heads=12, num_kv_heads=4, head_dim=64)  # fmt: skip
 CPU = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4,
            num_kv_heads=2, head_dim=64)  # fmt: skip
+# The first step's logits of the two float32 runs differ by summation order only.
+LOGITS_TOL = 1e-3
 
 
 def on_accelerator() -> bool:
@@ -208,24 +217,23 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds: int,
-        budget: Budget, log: Records) -> list[str]:  # fmt: skip
+def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str, Any]:
+    """``cached``, ``plain`` and ``plain A/A``: each runs its prefill, then its decode loop timed;
+    a call returns ``(seconds of the decode, tokens (batch, new), the first step's logits)``."""
     cfg = model.config
-    tokens = jax.random.randint(jax.random.key(batch), (batch, prompt_len), 3, cfg.vocab_size)
-    prompt = na.named(tokens.astype(jnp.int32), ("batch", "position"))
-    mask = na.full(prompt.axes, True)
-    length = gen._bucket(prompt_len) + new - 1
+    prompt_len = tokens.shape[1]
+    bucket = gen._bucket(prompt_len)
+    prompt = na.named(tokens, ("batch", "position"))
+    bucket_ids = na.pad(prompt, {"position": (bucket - prompt_len, 0)})
+    bucket_mask = na.pad(na.full(prompt.axes, True), {"position": (bucket - prompt_len, 0)})
+    length = bucket + new - 1
     policy = na.nn.current_precision()
     options = dict(steps=new, top_k=None, top_p=False, policy=policy, sample=False)
     dynamic = (jnp.float32(1), jnp.float32(0), jax.random.key(0), jnp.asarray([-1], jnp.int32),
                jnp.asarray(0, jnp.int32))  # fmt: skip
-    bucket_ids = na.pad(prompt, {"position": (gen._bucket(prompt_len) - prompt_len, 0)})
-    bucket_mask = na.pad(mask, {"position": (gen._bucket(prompt_len) - prompt_len, 0)})
     p = plain_params(model)
     plain_prefill, plain_decode = plain_decoder(cfg)
     pre = jax.jit(plain_prefill, static_argnums=2)
-    dec_a = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
-    dec_b = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
     plain_len = prompt_len + new - 1
 
     def cached() -> Any:
@@ -235,25 +243,50 @@ def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds
         start = time.perf_counter()
         out, _ = gen._decode(model, cache, logits, nxt, dynamic, **options)
         jax.block_until_ready(out)
-        return time.perf_counter() - start, out
+        logits = na.rearrange(logits, ("batch", "vocab")).array
+        return time.perf_counter() - start, out.array, logits
 
-    def plain(dec: Callable[..., Any]) -> Callable[[], Any]:
+    def plain() -> Callable[[], Any]:
+        dec = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
+
         def run() -> Any:
-            first, ck, cv = pre(p, tokens.astype(jnp.int32), plain_len)
+            first, ck, cv = pre(p, tokens, plain_len)
             jax.block_until_ready(ck)
             start = time.perf_counter()
             out, _, _ = dec(p, first, ck, cv, prompt_len, new)
             jax.block_until_ready(out)
-            return time.perf_counter() - start, out
+            return time.perf_counter() - start, out, first
 
         return run
 
-    slots = {"cached": cached, "plain": plain(dec_a), "plain A/A": plain(dec_b)}
+    return {"cached": cached, "plain": plain(), "plain A/A": plain()}
+
+
+def float32_check(model: models.Transformer, tokens: jax.Array, new: int) -> tuple[float, float]:
+    """``(share of equal tokens, max |first-step logits difference|)`` of ``cached`` and ``plain``
+    on a float32 copy of the model, with float32 matmuls (not TF32, a GPU's default for float32)."""
+
+    def f32(x: Any) -> Any:
+        return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    with jax.default_matmul_precision("highest"):
+        runs = decoders(jax.tree.map(f32, model), tokens, new)
+        (_, a, logits_a), (_, b, logits_b) = runs["cached"](), runs["plain"]()
+    return float(jnp.mean(a == b)), float(jnp.max(jnp.abs(logits_a - logits_b)))
+
+
+def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds: int,
+        budget: Budget, log: Records) -> tuple[list[str], bool]:  # fmt: skip
+    """The table's row for ``batch``, and whether the float32 check holds."""
+    cfg = model.config
+    tokens = jax.random.randint(jax.random.key(batch), (batch, prompt_len), 3, cfg.vocab_size)
+    tokens = tokens.astype(jnp.int32)
+    prompt = na.named(tokens, ("batch", "position"))
+    slots = decoders(model, tokens, new)
     first_call = {}
-    outs = {}
     for name, fn in slots.items():  # compile (first calls, not timed as decode)
         start = time.perf_counter()
-        _, outs[name] = fn()
+        fn()
         first_call[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {n: [] for n in slots}
     names = list(slots)
@@ -264,7 +297,7 @@ def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds
             times[n].append(slots[n]()[0])
     med = {n: statistics.median(t) for n, t in times.items()}
     per_token = {n: med[n] / (new - 1) for n in med}
-    agree = float(jnp.mean(outs["cached"].array == outs["plain"]))
+    agree, delta = float32_check(model, tokens, new)
 
     # Recompute the prefix (no cache), and end-to-end generate.
     recompute(model, prompt, steps=new)  # compile
@@ -277,7 +310,7 @@ def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds
         e2e.append(clock(lambda: models.generate(model, prompt, max_new_tokens=new)))
     rec_token = statistics.median(rec) / new
     e2e_s = statistics.median(e2e)
-    return [
+    cells = [
         f"{batch}",
         f"{per_token['cached'] * 1e3:.3f}",
         f"{per_token['plain'] * 1e3:.3f}",
@@ -288,10 +321,12 @@ def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds
         f"{rec_token / per_token['cached']:.1f}",
         f"{batch * new / e2e_s:.0f}",
         f"{agree:.3f}",
+        f"{delta:.1e}",
         f"{first_call['cached']:.1f} / {first_call['plain']:.1f}",
         f"{len(times['cached'])}",
         f"{len(log.messages)}",
     ]
+    return cells, agree == 1.0 and delta <= LOGITS_TOL
 
 
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -315,10 +350,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7 if accel else 5)
     parser.add_argument("--budget", type=float, default=300.0 if accel else 100.0,
                         help="total seconds (checked between rounds)")  # fmt: skip
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"),
+                        default="bfloat16" if accel else "float32",
+                        help="the timed model's parameters (the check is float32)")  # fmt: skip
     args = parser.parse_args()
     budget = Budget(args.budget)
     sizes = ACCEL if accel else CPU
-    dtype = jnp.bfloat16 if accel else jnp.float32
+    dtype = jnp.dtype(args.dtype).type
     cfg = models.TransformerConfig("llama", tie_word_embeddings=True,
                                    max_position_embeddings=4096, **sizes)  # fmt: skip
     model = models.Transformer(cfg, key=jax.random.key(0), dtype=dtype)
@@ -330,9 +368,10 @@ def main() -> int:
     log = Records()
     logging.getLogger("namedaxes").addHandler(log)
     header = ["batch", "cached ms/tok", "plain ms/tok", "cached/plain", "A/A", "cached tok/s",
-              "recompute ms/tok", "recompute/cached", "generate tok/s", "agree",
-              "first call s cached/plain", "rounds", "log records"]  # fmt: skip
+              "recompute ms/tok", "recompute/cached", "generate tok/s", "f32 agree",
+              "f32 logits", "first call s cached/plain", "rounds", "log records"]  # fmt: skip
     rows = []
+    checks = []
     batches = [int(x) for x in args.batches.split(",")]
     for i, b in enumerate(batches):
         share = Budget(budget.left() / (len(batches) - i))
@@ -340,13 +379,18 @@ def main() -> int:
             rows.append([f"{b}", "skipped (budget)"])
             continue
         try:
-            rows.append(row(model, b, args.prompt, args.new_tokens, args.rounds, share, log))
+            cells, ok = row(model, b, args.prompt, args.new_tokens, args.rounds, share, log)
+            rows.append(cells)
+            checks.append(ok)
         except Exception as e:  # noqa: BLE001 - one batch size failing must not lose the others
             rows.append([f"{b}", f"{type(e).__name__}: {str(e)[:100]}"])
         print(f"batch {b}: " + ", ".join(f"{h} {c}" for h, c in zip(header[1:], rows[-1][1:])),
               flush=True)  # fmt: skip
     table("generation: decode per token (median, interleaved) of namedaxes generate vs plain JAX "
           "and vs recomputing the prefix (no cache)", header, rows)  # fmt: skip
+    verdict = "holds" if checks and all(checks) else "FAILS"
+    print(f"\nfloat32 check (tokens all equal, first-step logits within {LOGITS_TOL:g}): "
+          f"{verdict} ({sum(checks)} of {len(checks)} batch sizes run)")  # fmt: skip
     for m in sorted(set(log.messages)):
         print(f"log: {m}")
     return 0

@@ -224,6 +224,59 @@ def test_generate_sharded(mesh_2x4):
     assert spec_of(out)[0] == "data"
 
 
+def test_the_prompt_goes_where_the_model_lives(mesh_2x4):
+    """A prompt made under jax.set_mesh (on 8 devices) or committed to another device, with a
+    model loaded on one device, and with a model loaded onto the mesh called outside it: the
+    prompt moves to the model (JAX raised 'Received incompatible devices ... _prefill') and the
+    tokens are transformers'. A mesh set around the call that does not hold the model is a
+    ShardingError naming both placements and the fix."""
+    prompt, want = greedy_reference("llama")
+    with jax.set_mesh(mesh_2x4):
+        on_mesh = ids(prompt)
+        sharded = models.from_hf(FIXTURES / "llama", mapping=MAPPING)
+    on_device_3 = na.named(jax.device_put(jnp.asarray(prompt, jnp.int32), jax.devices()[3]),
+                           ("batch", "position"))  # fmt: skip
+    single = load("llama")
+    for model in (single, sharded):
+        for p in (on_mesh, on_device_3):
+            out = models.generate(model, p, max_new_tokens=12)
+            np.testing.assert_array_equal(out.array, want)
+    assert out.array.sharding.device_set == set(jax.devices())
+    out = models.generate(single, on_mesh, max_new_tokens=12)
+    assert out.array.sharding.device_set == {jax.devices()[0]}
+    with (
+        jax.set_mesh(mesh_2x4),
+        pytest.raises(
+            na.ShardingError,
+            match=r"generate: the model's parameters live on one device \(device 0\), but the mesh "
+            r"set around the call is Mesh\(data=2, model=4\) \(devices 0, 1, 2, 3, 4, 5, 6, "
+            r"7\): one program cannot use both\. Call generate outside that "
+            r"`with jax.set_mesh\(\.\.\.\)` block, or load the model onto that mesh",
+        ),
+    ):
+        models.generate(single, ids(prompt), max_new_tokens=12)
+
+
+def test_one_prompt_under_a_data_parallel_mapping(mesh_2x4):
+    """batch on data=2 and one prompt (ShardingError '2 does not divide 1' before), or three
+    left-padded rows: generate pads the batch to a multiple of 2 with copies of the last row and
+    drops them from the result. Greedy tokens are transformers'; sampled ones those of the
+    unsharded run with the same key."""
+    prompt, want = greedy_reference("llama")
+    rows, mask = REFS["llama_prompt"], REFS["llama_mask"]
+    sample = dict(max_new_tokens=12, temperature=1.5, top_p=0.9, key=jax.random.key(0))
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPING):
+        model = models.from_hf(FIXTURES / "llama", mapping=MAPPING)
+        one = models.generate(model, ids(prompt), max_new_tokens=12)
+        three = models.generate(model, ids(rows), attention_mask=mask_of(mask), max_new_tokens=12)
+        sampled = models.generate(model, ids(prompt), **sample)
+    assert one.shape == {"batch": 1, "position": 20} and three.shape["batch"] == 3
+    np.testing.assert_array_equal(one.array, want)
+    np.testing.assert_array_equal(three.array, REFS["llama_greedy"])
+    alone = models.generate(load("llama"), ids(prompt), **sample)
+    np.testing.assert_array_equal(sampled.array, alone.array)
+
+
 def test_generate_with_the_prompt_split_over_context(mesh_2x4):
     """A mapping that splits position: the prefill splits the prompt, the one-position decode
     step needs the fallback rule (a typed error says so without it); transformers' tokens."""
@@ -287,6 +340,12 @@ def test_errors():
         gen(temperature=0.8)
     with pytest.raises(na.GenerationError, match="eos_token_id must be an int or a sequence"):
         gen(eos_token_id="</s>")
+    with pytest.raises(
+        na.AxisIndexError,
+        match=r"generate: prompt: token id\(s\) -1, 600 outside the vocabulary: 'vocab' has 512 "
+        r"entries, so ids must be in \[0, 512\) \(first at batch=0, position=1\)",
+    ):
+        models.generate(model, ids([[1, 600, 3, -1]]), max_new_tokens=2)
     right = na.named(jnp.array([[True, True, False]]), ("batch", "position"))
     with pytest.raises(na.GenerationError, match="padding after real tokens \\(row 0"):
         gen(attention_mask=right)

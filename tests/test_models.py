@@ -168,6 +168,27 @@ def test_experts_loaded_expert_parallel(name, mesh_2x4):
     assert_matches(r, plain, padded)
 
 
+@pytest.mark.parametrize("name", ["mistral", "gpt2"])
+def test_token_id_outside_the_vocabulary_raises_or_reads_nan(name):
+    """transformers raises for an id past the vocabulary; a loaded model never reads another
+    token's embedding for it (clamped, id 600 gave id 255's logits): called eagerly it raises
+    naming the id; under jit the row with the id is NaN from there on (GPT-2: tied head, learned
+    positions) and the other row is still transformers' logits."""
+    r, ids, _ = reference(name)
+    model = models.from_hf(FIXTURES / name)
+    vocab = model.config.vocab_size
+    bad = na.named(ids.array.at[1, 5].set(600), ids.axes)
+    with pytest.raises(
+        na.AxisIndexError,
+        match=rf"Embedding: token id\(s\) 600 outside the vocabulary: 'vocab' has {vocab} "
+        rf"entries, so ids must be in \[0, {vocab}\) \(first at batch=1, position=5\)",
+    ):
+        model(bad)
+    out = np.asarray(eqx.filter_jit(lambda m, i: m(i))(model, bad).array)
+    assert np.isnan(out[1, 5:]).all()
+    assert np.abs(out[0] - r["logits"][0]).max() < TOL
+
+
 def test_mixed_precision_llama_matches_float32_reference():
     """Parameters float32, compute bfloat16 (norms, softmax and RoPE tables in float32): logits
     within 1e-2 of transformers' float32 ones; so are those of the model loaded in bfloat16."""

@@ -98,6 +98,32 @@ def test_embedding_lookup_and_tied_unembed():
     )
 
 
+def test_embedding_ids_outside_the_vocabulary_raise_or_read_nan():
+    """A wrong id never reads another token's vector: concrete ids outside [0, vocab) (negative
+    ones too: no counting from the end) raise naming them; under jit their vectors are NaN and
+    every other vector is the table's row, exactly. Tied unembed is unchanged."""
+    V = Axis("vocab", 11)
+    emb = na.nn.Embedding(V, E, key=KEY)
+    ids = named(jnp.array([[1, 600, 3, 0, 10], [-1, 4, 5, -100, 7]]), (B, T))
+    with pytest.raises(
+        na.AxisIndexError,
+        match=r"Embedding: token id\(s\) -100, -1, 600 outside the vocabulary: 'vocab' has 11 "
+        r"entries, so ids must be in \[0, 11\) \(first at batch=0, position=1\)\. Negative ids "
+        r"do not count from the end here\. Use the tokenizer that matches the model",
+    ):
+        emb(ids)
+    h = eqx.filter_jit(lambda emb, ids: emb(ids))(emb, ids).array
+    bad = np.array([[0, 1, 0, 0, 0], [1, 0, 0, 1, 0]], bool)
+    assert np.isnan(h[bad]).all() and not np.isnan(h[~bad]).any()
+    np.testing.assert_array_equal(
+        h[~bad], np.asarray(emb.weight.array)[np.asarray(ids.array)[~bad]]
+    )
+    good = named(jnp.array([[1, 2, 3, 0, 10]]), ("batch", "position"))
+    np.testing.assert_array_equal(emb(good).array, emb.weight.array[good.array])
+    x = data(B, E)
+    np.testing.assert_array_equal(emb.unembed(x).array, x.array @ emb.weight.array.T)
+
+
 def test_embedding_errors():
     emb = na.nn.Embedding(Axis("vocab", 4), E, key=KEY)
     with pytest.raises(

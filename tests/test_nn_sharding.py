@@ -77,6 +77,24 @@ def test_embedding_norms_dropout_and_loss(mesh_2x4):
     assert spec_of(logits) == P("data") and shard_shapes(logits) == [(2, 6, 12)]
 
 
+def test_vocab_split_lookup_of_ids_outside_the_vocabulary_reads_nan(mesh_2x4):
+    """With `vocab` split over `model`, each device holds a slice of the table: an id outside the
+    vocabulary (past its end, or negative) still reads NaN, not another row, and the other rows
+    are the table's, exactly."""
+    emb = na.nn.Embedding(V, E, key=KEY)
+    ids = named(jnp.array([[1, 12, 3, 11, 0, -1]] * 4), (B, T))
+    mapping = {"batch": "data", "vocab": "model"}
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
+        emb_s, ids_s = na.shard((emb, ids), mapping)
+        h = eqx.filter_jit(lambda emb, ids: emb(ids))(emb_s, ids_s)
+    assert spec_of(emb_s.weight) == P("model")
+    h = np.asarray(h.array)
+    assert np.isnan(h[:, [1, 5]]).all() and not np.isnan(h[:, [0, 2, 3, 4]]).any()
+    np.testing.assert_array_equal(
+        h[:, [0, 2, 3, 4]], np.asarray(emb.weight.array)[[1, 3, 11, 0]][None].repeat(4, 0)
+    )
+
+
 def test_attention_with_qk_norm(mesh_2x4):
     attn = na.nn.Attention(E, H, D, key=KEY, qk_norm=True)
     x = na.random.normal(jax.random.key(2), (B, T, E))

@@ -10,6 +10,7 @@ masked and each row's positions count from its first real token, so it changes n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -17,11 +18,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from .. import nn
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import AxisNotFoundError, GenerationError, NamedTypeError, format_axes
+from .._errors import (
+    AxisNotFoundError,
+    GenerationError,
+    NamedTypeError,
+    ShardingError,
+    format_axes,
+    format_mesh,
+)
+from .._logical._context import current_rules
+from .._mesh import context_mesh
 from .._ops._checks import is_static_int
 from .._ops.creation import full
 from .._ops.dynamic import updated_slice
@@ -34,6 +45,8 @@ from .._ops.sorting import top_k as _top_k
 from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
+from .._partitioning._specs import round_axis_for_partitioning
+from ..nn._embedding import check_ids
 from ..nn._kv_cache import as_traced_index
 from ..random import categorical
 from ._transformer import Transformer
@@ -203,8 +216,15 @@ def generate(
     each compiled once per (batch, bucket, ``max_new_tokens``, sampling options) and reused.
     Inside an ``axis_mapping`` (with a mesh) the model runs as mapped: map ``batch`` for data
     parallelism and ``heads``/``kv_heads``/``mlp``/``vocab`` for tensor parallelism; the cache is
-    placed by the same names. A precision policy in force applies (the cache holds its compute
-    dtype).
+    placed by the same names. A batch the mapping cannot split (one prompt with ``batch`` on
+    ``data=2``) is padded, like the prompt length, to the next multiple of the mesh axes of
+    ``batch``'s first rule (``round_axis_for_partitioning``), with copies of its last row that are
+    dropped from the result: each row gets the tokens it gets alone. A precision policy in force
+    applies (the cache holds its compute dtype).
+
+    The programs run where the model's parameters live: a prompt (or mask, or key) committed
+    elsewhere, made under another ``jax.set_mesh`` or put on another device, is moved there
+    first (it is small), and a model loaded onto a mesh runs on that mesh when none is set.
 
     Args:
         model: A :class:`Transformer`.
@@ -225,6 +245,9 @@ def generate(
         NamedTypeError: if ``model`` is not a ``Transformer``, the prompt not integer ids, or
             the mask not boolean with the prompt's axes.
         AxisNotFoundError: if the prompt has no ``position`` axis.
+        ShardingError: if a mesh set around the call is on other devices than the model.
+        AxisIndexError: if the prompt holds a token id outside ``[0, vocab_size)`` (checked on the
+            host before anything runs: the compiled programs cannot raise).
         GenerationError: for a bad option (non-positive ``max_new_tokens``, ``top_k``, a
             ``top_p`` outside ``(0, 1]``, sampling without ``key``) or a model with learned
             positions too short for the prompt plus the new tokens.
@@ -247,6 +270,7 @@ def generate(
         )
     eos = _eos_ids(eos_token_id)
     _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p, key, eos)
+    check_ids(prompt, model.embed.Vocab, "generate: prompt")
     if pad_token_id is not None and not is_static_int(pad_token_id):
         raise GenerationError(f"generate: pad_token_id must be an int, got {pad_token_id!r}.")
     pad_id = int(pad_token_id if pad_token_id is not None else eos[0] if eos else 0)
@@ -261,25 +285,101 @@ def generate(
         )
     if attention_mask is not None:
         _check_left_padded(attention_mask)
-    mask = attention_mask if attention_mask is not None else full(prompt.axes, True)
-    bucket = _bucket(n)
-    ids = pad(prompt, {POSITION: (bucket - n, 0)}) if bucket > n else prompt
-    mask = pad(mask, {POSITION: (bucket - n, 0)}) if bucket > n else mask
-    policy = nn.current_precision()
-    length = bucket + max_new_tokens - 1
-    logits, cache, next_position = _prefill(model, ids, mask, length=length, policy=policy)
-    sample = temperature > 0
-    options = dict(steps=max_new_tokens, top_k=top_k if sample else None, policy=policy,
-                   sample=sample, top_p=top_p is not None and top_p < 1 and sample)  # fmt: skip
-    dynamic = (
-        jnp.asarray(temperature if sample else 1.0, jnp.float32),
-        jnp.asarray(1.0 - float(top_p) if top_p is not None else 0.0, jnp.float32),
-        key if sample else jax.random.key(0),
-        jnp.asarray(eos or (-1,), jnp.int32),  # -1 matches no token
-        jnp.asarray(pad_id, jnp.int32),
-    )
-    new, _ = _decode(model, cache, logits, next_position, dynamic, **options)
-    return concatenate(POSITION, [prompt, new.astype(prompt.dtype)])
+    mesh, (prompt, attention_mask, key) = _placed(model, prompt, attention_mask, key)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        # Rows added so that the mapping can split the batch: copies of the last row, dropped
+        # from the result.
+        rows = _padded_batch(prompt)
+        ids = pad(prompt, rows, mode="edge") if rows else prompt
+        mask = attention_mask if attention_mask is not None else full(ids.axes, True)
+        mask = pad(mask, rows, mode="edge") if rows and attention_mask is not None else mask
+        bucket = _bucket(n)
+        ids = pad(ids, {POSITION: (bucket - n, 0)}) if bucket > n else ids
+        mask = pad(mask, {POSITION: (bucket - n, 0)}) if bucket > n else mask
+        policy = nn.current_precision()
+        length = bucket + max_new_tokens - 1
+        logits, cache, next_position = _prefill(model, ids, mask, length=length, policy=policy)
+        sample = temperature > 0
+        options = dict(steps=max_new_tokens, top_k=top_k if sample else None, policy=policy,
+                       sample=sample, top_p=top_p is not None and top_p < 1 and sample)  # fmt: skip
+        dynamic = (
+            jnp.asarray(temperature if sample else 1.0, jnp.float32),
+            jnp.asarray(1.0 - float(top_p) if top_p is not None else 0.0, jnp.float32),
+            key if sample else jax.random.key(0),
+            jnp.asarray(eos or (-1,), jnp.int32),  # -1 matches no token
+            jnp.asarray(pad_id, jnp.int32),
+        )
+        new, _ = _decode(model, cache, logits, next_position, dynamic, **options)
+        if rows:
+            new = new[{name: slice(0, prompt.axis_size(name)) for name in rows}]
+        return concatenate(POSITION, [prompt, new.astype(prompt.dtype)])
+
+
+def _placed(model: Transformer, *inputs: Any) -> tuple[Mesh | None, list[Any]]:
+    """``inputs`` (NamedArrays, a key, or ``None``) moved to where the model's parameters live,
+    and the model's mesh when the call should set it (it lives on a mesh and none is set).
+
+    A prompt made under another mesh, or committed to another device, would otherwise meet the
+    parameters in one program on two sets of devices; the prompt is small, so it moves (replicated
+    on the model's mesh: the prefill then places it by the mapping). A mesh set around the call
+    that does not hold the model cannot be fixed by moving the prompt: that is an error.
+    """
+    weight = model.embed.weight.array
+    sharding = getattr(weight, "sharding", None)
+    if isinstance(weight, jax.core.Tracer) or sharding is None:
+        return None, list(inputs)
+    devices = sharding.device_set
+    mesh = sharding.mesh if isinstance(sharding, NamedSharding) else None
+    mesh = mesh if isinstance(mesh, Mesh) else None
+    if mesh is not None:
+        home, target = format_mesh(mesh), NamedSharding(mesh, PartitionSpec())
+    elif len(devices) == 1:
+        home, target = "one device", SingleDeviceSharding(next(iter(devices)))
+    else:
+        return None, list(inputs)  # another kind of sharding: JAX decides
+    context = context_mesh()
+    if isinstance(context, Mesh) and set(context.devices.flat) != devices:
+        there = f"{format_mesh(context)} ({_devices(context.devices.flat)})"
+        raise ShardingError(
+            f"generate: the model's parameters live on {home} ({_devices(devices)}), but the "
+            f"mesh set around the call is {there}: one program cannot use both. Call generate "
+            "outside that `with jax.set_mesh(...)` block, or load the model onto that mesh "
+            "(models.from_hf(path, mapping=...) inside it)."
+        )
+
+    def place(x: Any) -> Any:
+        array = x.array if isinstance(x, NamedArray) else x
+        now = getattr(array, "sharding", None)
+        if not getattr(array, "committed", False):
+            return x  # None, host data, or an uncommitted array: JAX puts it where it is used
+        if now.device_set == devices and (mesh is None or getattr(now, "mesh", None) == mesh):
+            return x
+        array = jax.device_put(array, target)
+        return NamedArray(array, x.axes) if isinstance(x, NamedArray) else array
+
+    return (mesh if context is None else None), [place(x) for x in inputs]
+
+
+def _devices(devices: Any) -> str:
+    ids = sorted(d.id for d in devices)
+    shown = ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
+    return f"device {shown}" if len(ids) == 1 else f"devices {shown}"
+
+
+def _padded_batch(prompt: NamedArray) -> dict[str, tuple[int, int]]:
+    """``{axis: (0, rows to add)}`` for each batch axis of ``prompt`` that the mapping in force
+    splits over mesh axes whose size does not divide it (one prompt on ``data=2``): padded to
+    the next multiple, as ``round_axis_for_partitioning`` rounds it."""
+    rules, mesh = current_rules(), context_mesh()
+    if rules is None or mesh is None:
+        return {}
+    rows = {}
+    for axis in prompt.axes:
+        if axis.name != POSITION:
+            size = round_axis_for_partitioning(axis, rules, mesh).size
+            if size > axis.size:
+                rows[axis.name] = (0, size - axis.size)
+    return rows
 
 
 @named_jit

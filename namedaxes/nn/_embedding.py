@@ -7,12 +7,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import NamedTypeError, format_axes
+from .._errors import AxisIndexError, NamedTypeError, format_axes
 from .._ops.contract import dot
-from .._ops.indexing import take
 from ..random import normal
 from ._common import (
     as_axes,
@@ -27,6 +27,34 @@ from ._common import (
 
 __all__ = ["Embedding"]
 
+_SHOWN = 5  # out-of-range ids named in the error
+
+
+def check_ids(ids: NamedArray, Vocab: Axis, caller: str) -> None:
+    """Raise when concrete ``ids`` hold an id outside ``[0, Vocab.size)``.
+
+    Traced ids (inside ``jit``) are not known here: the lookup then reads NaN for them instead.
+    Ids spread over processes are left to that NaN as well (this process cannot see them all).
+    """
+    array = ids.array
+    if isinstance(array, jax.core.Tracer) or not getattr(array, "is_fully_addressable", True):
+        return
+    host = np.asarray(array)
+    bad = (host < 0) | (host >= Vocab.size)
+    if not bad.any():
+        return
+    values = np.unique(host[bad])
+    shown = ", ".join(str(int(v)) for v in values[:_SHOWN])
+    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
+    first = np.unravel_index(int(np.flatnonzero(bad)[0]), host.shape)
+    where = ", ".join(f"{a.name}={int(i)}" for a, i in zip(ids.axes, first))
+    raise AxisIndexError(
+        f"{caller}: token id(s) {shown}{more} outside the vocabulary: {Vocab.name!r} has "
+        f"{Vocab.size} entries, so ids must be in [0, {Vocab.size}) (first at {where}). "
+        "Negative ids do not count from the end here. Use the tokenizer that matches the model, "
+        "and replace padding or ignore ids (e.g. -100) by a real id such as the pad token."
+    )
+
 
 def _one_axis(spec: Any, what: str) -> Axis:
     axes = as_axes(spec, what)
@@ -38,9 +66,16 @@ def _one_axis(spec: Any, what: str) -> Axis:
 class Embedding(eqx.Module):
     """An embedding table ``weight(Vocab, Embed)``: ``ids -> vectors`` and ``vectors -> logits``.
 
-    ``emb(ids)`` looks the ids up by name (``take`` along ``Vocab``): the result has the ids' axes,
-    then ``Embed``. ``emb.unembed(x)`` contracts ``Embed`` with the same table, giving logits over
-    ``Vocab`` (a tied output head). The table is drawn from a normal distribution with standard
+    ``emb(ids)`` looks the ids up by name (a gather along ``Vocab``): the result has the ids' axes,
+    then ``Embed``. An id must be in ``[0, Vocab.size)``: a wrong id never reads another token's
+    vector. Concrete ids (outside ``jit``) outside that range raise ``AxisIndexError`` naming them;
+    under ``jit`` the ids are not known when tracing, so the vector of such an id is all NaN (and so
+    is everything computed from it), at the cost of one select on the result, without a host sync.
+    Negative ids are out of range too (unlike ``take``, which counts them from the end as NumPy
+    does): a token id of -1 or -100 is a padding or ignore marker, not the last token.
+
+    ``emb.unembed(x)`` contracts ``Embed`` with the same table, giving logits over ``Vocab`` (a
+    tied output head). The table is drawn from a normal distribution with standard
     deviation ``init_scale / sqrt(Embed.size)``. Under an ``axis_mapping`` with a mesh, the table
     and the outputs are placed by that mapping; under a precision policy the table is used in its
     compute dtype and results come out in its output dtype.
@@ -54,6 +89,7 @@ class Embedding(eqx.Module):
 
     Raises:
         NamedTypeError: if ``Vocab`` or ``Embed`` is not one axis, or the dtype is not a float.
+        AxisIndexError: when called with concrete ids outside ``[0, Vocab.size)``.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -65,6 +101,13 @@ class Embedding(eqx.Module):
         NamedArray(float32, batch=1, position=3, embed=4)
         >>> emb.unembed(h)
         NamedArray(float32, batch=1, position=3, vocab=10)
+        >>> wrong = na.named(jnp.array([3, 10]), "batch")  # 10 is past the vocabulary
+        >>> emb(wrong)
+        Traceback (most recent call last):
+        ...
+        namedaxes._errors.AxisIndexError: Embedding: token id(s) 10 outside the vocabulary: ...
+        >>> jax.jit(lambda ids: emb(ids))(wrong).array[1]
+        Array([nan, nan, nan, nan], dtype=float32)
     """
 
     weight: NamedArray
@@ -97,6 +140,8 @@ class Embedding(eqx.Module):
         Raises:
             NamedTypeError: if ``ids`` is not an integer NamedArray.
             DuplicateAxisError: if ``ids`` has an axis named like ``Vocab`` or ``Embed``.
+            AxisIndexError: if concrete ``ids`` hold an id outside ``[0, Vocab.size)`` (traced
+                ones read NaN vectors instead).
         """
         if not isinstance(ids, NamedArray) or not jnp.issubdtype(ids.dtype, jnp.integer):
             if isinstance(ids, NamedArray):
@@ -110,10 +155,17 @@ class Embedding(eqx.Module):
             )
         names = (self.Vocab.name, self.Embed.name)
         expect_free(ids, names, "Embedding", "the lookup creates or consumes")
+        check_ids(ids, self.Vocab, "Embedding")
         # The ids placed by the mapping (a replicated arange of positions, say, split like the
         # sequence): the vectors are then looked up where they are used, and their gradients
-        # scattered there, instead of gathered whole.
-        return output(take(param(self.weight), self.Vocab.name, place(ids)))
+        # scattered there, instead of gathered whole. An id outside the table (negative ones
+        # included: no wrapping) reads a NaN vector instead of the clamped last row.
+        table = param(self.weight)
+        return output(
+            table.at[{self.Vocab.name: place(ids)}].get(
+                mode="fill", fill_value=jnp.nan, wrap_negative_indices=False
+            )
+        )
 
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over ``Vocab``: ``x`` with ``Embed`` contracted against the table (a tied head).
