@@ -35,7 +35,7 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "pipeline" in sys.argv[1:]:  # its bubble compares devices: one thread each (see pipeline())
+if "pipeline" in sys.argv[1:]:  # its bubble compares devices: one thread each
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     ).strip()
@@ -218,15 +218,19 @@ def _pipe_step(stack: na.nn.Stacked, x: na.NamedArray) -> Any:
     return jax.value_and_grad(lambda s: (s(x) ** 2).mean().array)(stack)
 
 
-def _pipe_run(stages: int, **options: Any) -> tuple[dict[str, int], Any]:
-    """(compiled memory, a call of the step) with the layers over ``stages`` devices."""
+def _pipe_run(
+    stages: int, data_parallel: bool = False, **options: Any
+) -> tuple[dict[str, int], Any]:
+    """(compiled memory, a call of the step) with the layers over ``stages`` devices (or, with
+    ``data_parallel``, the batch)."""
     x = na.random.normal(
         jax.random.key(1), {"batch": PIPE_ROWS, "position": PIPE_POS, "embed": PIPE_EMBED}
     )
     mesh = Mesh(np.asarray(jax.devices()[:stages]), ("stage",))
-    step = na.named_jit(_pipe_step, axis_resources={"layer": "stage"})
+    mapping = {"batch": "stage"} if data_parallel else {"layer": "stage"}
+    step = na.named_jit(_pipe_step, axis_resources=mapping)
     with jax.set_mesh(mesh):
-        stack, x = na.shard((_pipe_stack(**options), x), {"layer": "stage"})
+        stack, x = na.shard((_pipe_stack(**options), x), mapping)
         memory = na.analysis.compiled_memory(step, stack, x)
     return memory, lambda: step(stack, x)
 
@@ -258,33 +262,35 @@ def pipeline(args: argparse.Namespace) -> None:
                 flush=True,
             )
 
-    # The bubble: step time against the 1-stage step on one device. Each simulated device computes
-    # on one thread (XLA_FLAGS, set at the top for this section), so p devices are p times one
-    # device's compute only while p <= the machine's cores.
-    cores = os.cpu_count() or 1
+    # The bubble: the pipelined step against the same stack run data parallel on the same p
+    # devices (the batch split over them, every layer on every device): the step time an ideal
+    # split of the work would take on this machine, whatever parallelism its devices really have.
+    # On p accelerators that is T1 / p; here the simulated devices share the cores (the speed-up
+    # column), so T1 / p would count the missing parallelism as bubble.
     print(
-        f"\nBubble: idle fraction 1 - T1 / (p x Tp), T1 the unpipelined step on one device, Tp "
-        f"the pipelined step on p devices (median of {args.rounds} rounds, interleaved; this "
-        f"machine has {cores} cores, so only p <= {cores} is measurable here):\n"
+        f"\nBubble: idle fraction 1 - Tdp / Tp: Tp the pipelined step on p devices, Tdp the "
+        f"unpipelined stack data parallel on the same devices (no bubble), T1 on one device. "
+        f"Medians of {args.rounds} interleaved rounds; A/A is a second Tdp:\n"
     )
     head = (
-        f"{'stages':>6} {'schedule':<9} {'m':>3} {'T1 ms':>7} {'Tp ms':>7} {'bubble':>7} "
-        f"{'theory':>7} {'A/A':>6}"
+        f"{'stages':>6} {'schedule':<9} {'m':>3} {'T1 ms':>7} {'Tdp ms':>7} {'speed-up':>8} "
+        f"{'Tp ms':>7} {'bubble':>7} {'theory':>7} {'A/A':>6}"
     )
     print(head)
     print("-" * len(head))
     _, one = _pipe_run(1)
-    _, one_again = _pipe_run(1)
-    for stages in [p for p in (2, 4) if p <= cores]:
+    for stages in (2, 4):
+        _, dp = _pipe_run(stages, data_parallel=True)
+        _, dp_again = _pipe_run(stages, data_parallel=True)
         for schedule in ("gpipe", "1f1b", "circular"):
             for m in (4 * stages, 8 * stages):
                 _, piped = _pipe_run(stages, schedule=schedule, microbatches=m)
-                t1, tp, aa = _interleaved([one, piped, one_again], args.rounds)
+                t1, tdp, tp, aa = _interleaved([one, dp, piped, dp_again], args.rounds)
                 repeats = 2 if schedule == "circular" else 1
-                theory = na.nn.bubble_fraction(stages, m, repeats)
+                theory = na.analysis.bubble_fraction(stages, m, repeats)
                 print(
-                    f"{stages:>6} {schedule:<9} {m:>3} {t1:>7.1f} {tp:>7.1f} "
-                    f"{1 - t1 / (stages * tp):>7.3f} {theory:>7.3f} {aa / t1:>6.3f}",
+                    f"{stages:>6} {schedule:<9} {m:>3} {t1:>7.1f} {tdp:>7.1f} {t1 / tdp:>8.2f} "
+                    f"{tp:>7.1f} {1 - tdp / tp:>7.3f} {theory:>7.3f} {aa / tdp:>6.3f}",
                     flush=True,
                 )
 

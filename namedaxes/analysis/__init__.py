@@ -8,11 +8,14 @@
 * ``create_monitored_function``: time a function and check/estimate its first argument's layout.
 * ``plan`` / ``plan_search``: a planner's view (parameter count, exact state per device, XLA's
   compiled figures on a real, simulated or TPU-topology mesh, a budget verdict) and a search over
-  logical-to-mesh mappings.
+  logical-to-mesh mappings; ``pipeline_search`` over pipeline stage and microbatch counts, and
+  ``bubble_fraction``, a pipeline schedule's idle time.
 """
 
 from ._memory import LeafUsage as LeafUsage
 from ._memory import ShardingAnalyzer as ShardingAnalyzer
+from ._pipeline_plan import bubble_fraction as bubble_fraction
+from ._pipeline_plan import pipeline_search as pipeline_search
 from ._plan import Plan as Plan
 from ._plan import plan as plan
 from ._plan_search import PlanSearch as PlanSearch
@@ -32,9 +35,11 @@ __all__ = [
     "PlanSearch",
     "ShardingAnalyzer",
     "SpecValidationWarning",
+    "bubble_fraction",
     "compiled_memory",
     "create_monitored_function",
     "memory_report",
+    "pipeline_search",
     "plan",
     "plan_search",
     "visualize_array",

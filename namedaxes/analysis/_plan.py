@@ -29,6 +29,7 @@ from .._spec import entry_axes
 from ..rules._base import flatten_leaves, planned_spec
 from ._compile_target import CompileTarget, compile_step, parse_target
 from ._memory import per_device_bytes
+from ._pipeline_plan import pipelines
 from ._plan_format import plain_text, rich_renderable, rules_to_json
 
 __all__ = ["Plan", "parse_bytes", "plan"]
@@ -171,6 +172,11 @@ class Plan:
         unmatched: The ``(logical_name, mesh_axes)`` entries of ``rules`` that match no axis of
             the tree, nor, with a step, of its arguments (they place nothing: a typo, or a name
             the model does not use).
+        pipeline: One dict per stack (``nn.Stacked``) whose layer axis the rules split into
+            pipeline stages: ``layer_axis``, ``mesh_axes``, ``stages``, ``layers_per_stage``,
+            ``microbatches``, ``schedule``, ``repeats`` and ``bubble`` (the idle fraction,
+            :func:`bubble_fraction`). With a step, the compiled ``collectives`` hold the
+            point-to-point bytes (``collective-permute``).
     """
 
     mesh: dict[str, int]
@@ -192,12 +198,14 @@ class Plan:
     dominant: str | None = None
     notes: tuple[str, ...] = ()
     unmatched: tuple[tuple[str, Any], ...] = ()
+    pipeline: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (rules as ``[[logical_name, mesh_axes], ...]``)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["rules"] = None if self.rules is None else rules_to_json(self.rules)
         out["notes"] = list(self.notes)
+        out["pipeline"] = [dict(x) for x in self.pipeline]
         return _jsonable(out)
 
     def with_(self, **changes: Any) -> Plan:
@@ -327,6 +335,7 @@ def state_plan(
         largest=largest[:top],
         replicated={"bytes_per_device": rep_bytes, "leaves": len(rep_paths), "paths": rep_paths},
         unmatched=unmatched_entries(rules, axes),
+        pipeline=pipelines(tree, axes, sizes),
     )
 
 

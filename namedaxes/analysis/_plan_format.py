@@ -40,6 +40,15 @@ def _summary(p: Plan) -> list[tuple[str, str]]:
             f"{format_bytes(p.replicated['bytes_per_device'])} in {p.replicated['leaves']} leaves",
         ),
     ]
+    for pipe in p.pipeline:
+        rows.append(
+            (
+                "pipeline",
+                f"{pipe['layer_axis']} over {'/'.join(pipe['mesh_axes'])}: {pipe['stages']} stages "
+                f"of {pipe['layers_per_stage']} layers, {pipe['schedule']}, "
+                f"{pipe['microbatches']} microbatches, bubble {pipe['bubble']:.1%}",
+            )
+        )
     if p.compiled is not None:
         c = p.compiled
         rows += [

@@ -32,7 +32,6 @@ from ._moe import RouterStats as RouterStats
 from ._norm import LayerNorm as LayerNorm
 from ._norm import RmsNorm as RmsNorm
 from ._pipeline import PIPELINE_SCHEDULES as PIPELINE_SCHEDULES
-from ._pipeline import bubble_fraction as bubble_fraction
 
 # mixed precision
 from ._precision import Precision as Precision
@@ -55,7 +54,6 @@ __all__ = [
     "RmsNorm",
     "RouterStats",
     "Stacked",
-    "bubble_fraction",
     "causal_mask",
     "cross_entropy",
     "dot_product_attention",

@@ -58,7 +58,7 @@ from .._ops.shape import flatten_axes, rearrange, unflatten_axis
 from .._spec import entry_axes, entry_of
 from ._common import mesh_entries
 
-__all__ = ["PIPELINE_SCHEDULES", "SCHEDULES", "Pipeline", "bubble_fraction", "pipeline_for", "run"]
+__all__ = ["PIPELINE_SCHEDULES", "SCHEDULES", "Pipeline", "pipeline_for", "run"]
 
 SCHEDULES = ("gpipe", "1f1b", "circular")
 #: The pipeline schedules ``nn.Stacked(schedule=...)`` takes (see ``namedaxes.nn._pipeline``).
@@ -97,17 +97,6 @@ class Pipeline:
     @property
     def ticks(self) -> int:
         return self.repeats * self.microbatches + self.stages - 1
-
-
-def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
-    """The idle fraction of a pipeline step: ``(p - 1) / (repeats * m + p - 1)``.
-
-    Example:
-        >>> import namedaxes as na
-        >>> round(na.nn.bubble_fraction(4, 16), 3)  # 3 idle ticks of 19
-        0.158
-    """
-    return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
 def check_options(microbatches: Any, schedule: Any, repeats: Any, where: str) -> None:
@@ -433,8 +422,10 @@ def _loop(
 
     first = _pick(h_all, 0)
     zeros = jax.tree.map(lambda a: jnp.zeros_like(a), first)
-    outputs = jax.tree.map(lambda a: jnp.zeros_like(a), h_all)
-    circ = outputs if v > 1 else None
+    circ = jax.tree.map(lambda a: jnp.zeros_like(a), h_all) if v > 1 else None
+    # What stage 0 takes in at each tick: microbatch t mod m (from the input in the first round,
+    # from the ring after that). A scan input, so that its gradient is one slice per tick.
+    feed = _take(h_all, [t % m for t in range(pipe.ticks)])
     # 1f1b: a tick keeps only the stage's input; the backward pass recomputes one stage on one
     # microbatch and runs its backward at once (the stack's policy applies inside that recompute).
     run_stage = (
@@ -442,41 +433,66 @@ def _loop(
         if pipe.schedule == "1f1b"
         else stage
     )
+    ring = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
 
-    def tick(carry: Any, t: Any) -> Any:
-        state, outs, circ = carry
+    def tick(carry: Any, xs: Any) -> Any:
+        state, circ = carry
+        t, fresh = xs
+        fresh = _named_like(fresh, first)
         k = t - s
-        valid = (k >= 0) & (k < v * m)
         kc = jnp.clip(k, 0, v * m - 1)
         j, r = kc % m, kc // m
-        fresh = _pick(h_all, j)
         if v > 1:
-            again = _pick(circ, j)
-            fresh = _where(r == 0, fresh, again)
+            fresh = _where(t < m, fresh, _pick(circ, t % m))
         h = _where(s == 0, fresh, state)
         blk, kb = block(r)
         h, y = run_stage(blk, kb, h, *_pick(extra, j), j)
-        last = valid & (s == p - 1) & (r == v - 1)
-        outs = _put(outs, j, h, last)
-        perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
-        recv = jax.tree.map(lambda a: jax.lax.ppermute(a, pipe.axis, perm), h)
+        recv = jax.tree.map(lambda a: jax.lax.ppermute(a, pipe.axis, ring), h)
         if v > 1:
             # What the last stage sent at this tick reaches stage 0 and waits for its next round.
             k_back = t - (p - 1)
             kb_c = jnp.clip(k_back, 0, v * m - 1)
             keep = (s == 0) & (k_back >= 0) & (kb_c // m < v - 1)
             circ = _put(circ, kb_c % m, recv, keep)
-        return (recv, outs, circ), y
+        return (recv, circ), (h, y)
 
-    init = (zeros, outputs, circ)
-    (state, outs, circ), ys = jax.lax.scan(tick, init, jnp.arange(pipe.ticks))
-    # The last stage holds the outputs: send them to every stage.
+    ticks = jnp.arange(pipe.ticks)
+    _, (hs, ys) = jax.lax.scan(tick, (zeros, circ), (ticks, feed))
+    # The last stage finishes microbatch j of the last round at tick (v - 1) m + j + p - 1; it
+    # sends the outputs to every stage.
+    first_out = (v - 1) * m + p - 1
     outs = jax.tree.map(
-        lambda a: jax.lax.psum(jnp.where(s == p - 1, a, jnp.zeros_like(a)), pipe.axis), outs
+        lambda a: jax.lax.psum(
+            jnp.where(s == p - 1, a[first_out : first_out + m], 0).astype(a.dtype), pipe.axis
+        ),
+        hs,
     )
+    outs = _with_axes(outs, h_all)
     if with_ys:
         ys = jax.tree.map(lambda y: _ys_layout(y, s, pipe, Layer.name), ys, is_leaf=is_named_array)
     return outs, ys
+
+
+def _take(x: Any, index: list[int]) -> Any:
+    """The arrays of ``x``'s split leaves at the (static) microbatch ``index`` list (a leading
+    tick dimension; a scan input)."""
+    idx = jnp.asarray(index, jnp.int32)
+    return [jnp.take(v.array, idx, axis=0) for v in jax.tree.leaves(x, is_leaf=_has_micro)]
+
+
+def _named_like(arrays: list[Any], like: Any) -> Any:
+    """``like`` (one microbatch's NamedArrays) with ``arrays`` in their place."""
+    leaves, treedef = jax.tree.flatten(like, is_leaf=is_named_array)
+    return jax.tree.unflatten(treedef, [NamedArray(a, v.axes) for a, v in zip(arrays, leaves)])
+
+
+def _with_axes(outs: Any, like: Any) -> Any:
+    """Per-tick outputs (a NamedArray per leaf whose array has a leading microbatch dimension)
+    named like ``like`` (``(microbatch, ...)`` leaves)."""
+    return jax.tree.map(
+        lambda o, ref: NamedArray(o.array, ref.axes) if isinstance(ref, NamedArray) else o,
+        outs, like, is_leaf=is_named_array,
+    )  # fmt: skip
 
 
 def _ys_layout(y: NamedArray, s: Any, pipe: Pipeline, name: str) -> NamedArray:

@@ -277,6 +277,23 @@ class Stacked(eqx.Module, Generic[M]):
             run = eqx.filter_checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
         return run(x, (stacked, keys), *args, **kwargs)
 
+    def pipeline_options(self) -> dict[str, Any]:
+        """The runtime options the planner prices (``namedaxes.analysis.plan``): the layer axis's
+        name and size, ``microbatches`` (``None``: one per stage), ``schedule`` and ``repeats``.
+
+        Example:
+            >>> import jax
+            >>> import namedaxes as na
+            >>> s = na.nn.Stacked(na.Axis("layer", 2), lambda k: na.nn.RmsNorm({"embed": 3}),
+            ...                   key=jax.random.key(0), microbatches=8)
+            >>> s.pipeline_options()["microbatches"]
+            8
+        """
+        return {
+            "layer": self.Layer.name, "layers": self.Layer.size,
+            "microbatches": self.microbatches, "schedule": self.schedule, "repeats": self.repeats,
+        }  # fmt: skip
+
     def unstacked(self) -> tuple[M, ...]:
         """The layers as separate modules (each without the ``Layer`` axis), in order.
 
