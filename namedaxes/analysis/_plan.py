@@ -171,6 +171,8 @@ class Plan:
         unmatched: The ``(logical_name, mesh_axes)`` entries of ``rules`` that match no axis of
             the tree, nor, with a step, of its arguments (they place nothing: a typo, or a name
             the model does not use).
+        step_axes: With a step, the axis names of its arguments (sorted): matched as the tree's
+            are, and, with ``axes``' names, what the report of ``unmatched`` suggests from.
     """
 
     mesh: dict[str, int]
@@ -192,6 +194,7 @@ class Plan:
     dominant: str | None = None
     notes: tuple[str, ...] = ()
     unmatched: tuple[tuple[str, Any], ...] = ()
+    step_axes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (rules as ``[[logical_name, mesh_axes], ...]``)."""
@@ -432,4 +435,6 @@ def with_step_axes(p: Plan, args: Any, sizes: Mapping[str, int]) -> Plan:
     if p.rules is None or not p.unmatched or not args:
         return p
     names = {a.name for lf in collect_leaves(args, AxisRules(()), sizes) for a in lf.axes or ()}
-    return p.with_(unmatched=unmatched_entries(p.rules, set(p.axes) | names))
+    return p.with_(
+        unmatched=unmatched_entries(p.rules, set(p.axes) | names), step_axes=tuple(sorted(names))
+    )
