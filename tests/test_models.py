@@ -146,6 +146,7 @@ def test_experts_loaded_expert_parallel(name, mesh_2x4):
     config = models.config_from_hf(FIXTURES / name)
     r, ids, mask = reference(name)
     mapping = {**MAPPING, "experts": "model"}
+    del mapping["mlp"]  # no such axis with experts (expert_mlp, shared_mlp): from_hf refuses it
     with jax.set_mesh(mesh_2x4):
         model = models.from_hf(FIXTURES / name, mapping=mapping, moe_dispatch="ragged")
         layer = model.layers.stacked
@@ -208,6 +209,34 @@ def test_gradient_checkpointing_reaches_the_layers_with_the_same_gradients():
     want, got = eqx.filter_jit(lambda a, b: (jax.grad(loss)(a), jax.grad(loss)(b)))(plain, remat)
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
+
+
+def test_a_mapping_typo_is_refused_with_the_axis_it_meant(mesh_2x4):
+    """An entry that matches no axis of the model left it replicated without a word; from_hf now
+    raises (strict by default, the model's axes being its parameters' and its activations'),
+    suggesting the closest name, whether the mapping is given or in force; strict=False loads."""
+    typo = {"emebd": "data", "heads": "model"}
+    axes = (
+        "'batch', 'embed', 'head_dim', 'heads', 'key_position', 'kv_heads', 'layer', 'mlp', "
+        "'position', 'vocab'"
+    )
+    with jax.set_mesh(mesh_2x4):
+        with pytest.raises(
+            na.UnmatchedMappingError,
+            match=r"^from_hf\(strict=True\): the mapping entry 'emebd' -> 'data' \(did you mean "
+            rf"'embed'\?\) matches no axis of the model, whose axes are {axes}\. ",
+        ):
+            models.from_hf(FIXTURES / "llama", mapping=typo)
+        with na.axis_mapping(typo), pytest.raises(na.UnmatchedMappingError, match="'emebd'"):
+            models.from_hf(FIXTURES / "llama")
+        loose = models.from_hf(FIXTURES / "llama", mapping=typo, strict=False)
+        assert spec_of(loose.embed.weight) == P()  # what the typo did: embed replicated
+        # the activation axes are the model's too: a mapping for the whole program loads
+        whole = {"batch": "data", "position": "model", "key_position": "model", "embed": "data"}
+        model = models.from_hf(FIXTURES / "llama", mapping=whole)
+        assert spec_of(model.embed.weight) == P(None, "data")
+        with pytest.raises(na.UnmatchedMappingError, match=r"the mapping entry 'mlp' -> 'model' "):
+            models.from_hf(FIXTURES / "mixtral", mapping={"mlp": "model"})  # expert_mlp there
 
 
 def test_rope_variant_loads_sharded(mesh_2x4):

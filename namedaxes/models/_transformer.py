@@ -16,9 +16,18 @@ from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_a
 from .._ops.creation import arange
 from .._ops.hof import fold
 from .._ops.shape import rename
+from .._partitioning._plan import tree_axis_names
+from ..nn._kv_cache import KEY_POSITION
 from ._config import TransformerConfig
 
-__all__ = ["DecoderLayer", "Transformer"]
+__all__ = ["ACTIVATION_AXES", "DecoderLayer", "Transformer", "mappable_axes"]
+
+BATCH, POSITION = "batch", "position"
+#: The axes of the activations that no parameter has, as the forward pass names them: the ids'
+#: ``position`` and their ``batch`` (the name the docs and ``generate``'s examples give it; the
+#: model takes any batch axes), and ``key_position``, the keys' and values' positions in attention
+#: and in the KV cache.
+ACTIVATION_AXES = (BATCH, POSITION, KEY_POSITION)
 
 
 def _norm(cfg: TransformerConfig, axis: Axis, dtype: Any) -> nn.RmsNorm | nn.LayerNorm:
@@ -69,6 +78,7 @@ class DecoderLayer(eqx.Module):
             rotary=rotary,
             scale=cfg.attention_scale,
             context_strategy=cfg.context_strategy,
+            position=POSITION,
             dtype=dtype,
         )
         if cfg.moe:
@@ -87,6 +97,7 @@ class DecoderLayer(eqx.Module):
                 dispatch=cfg.moe_dispatch,
                 SharedHidden=cfg.axis("shared_mlp") if shared else None,
                 shared_gate=bool(shared),
+                position=POSITION,
                 dtype=dtype,
             )
         else:
@@ -386,7 +397,7 @@ class Transformer(eqx.Module):
                     f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
                     f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
                 )
-            key_mask = rename(attention_mask, {pos.name: "key_position"})
+            key_mask = rename(attention_mask, {pos.name: KEY_POSITION})
         x = self.embed(ids)
         if self.config.embed_scale != 1.0:
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
@@ -447,9 +458,15 @@ def _position_axis(x: Any, what: str, *, integer: bool) -> Axis:
             f"Transformer: {what} must be {kind} NamedArray with a 'position' axis, e.g. "
             f"named(array, ('batch', 'position')), got {x!r}."
         )
-    if not x.has_axis("position"):
+    if not x.has_axis(POSITION):
         raise AxisNotFoundError(
-            f"Transformer: {what} NamedArray({format_axes(x.axes)}) has no 'position' axis. "
-            "Rename its sequence axis to 'position'."
+            f"Transformer: {what} NamedArray({format_axes(x.axes)}) has no {POSITION!r} axis. "
+            f"Rename its sequence axis to {POSITION!r}."
         )
-    return x.resolve_axis("position")
+    return x.resolve_axis(POSITION)
+
+
+def mappable_axes(model: Transformer) -> frozenset[str]:
+    """Every axis name a mapping can place in ``model`` (concrete or from ``eval_shape``): its
+    parameters' and ``ACTIVATION_AXES``."""
+    return tree_axis_names(model) | frozenset(ACTIVATION_AXES)
