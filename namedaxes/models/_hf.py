@@ -30,7 +30,7 @@ from .._mesh import context_mesh
 from .._partitioning._plan import check_matched
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
-from ._config import TransformerConfig
+from ._config import TransformerConfig, runtime_options
 from ._families import family_of
 from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
 from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
@@ -233,8 +233,7 @@ def from_hf(
     mesh: Mesh | None = None,
     dtype: Any = None,
     strict: bool = True,
-    moe_dispatch: str = "auto",
-    capacity_factor: float | None = None,
+    **options: Any,
 ) -> Transformer:
     """Load a Hugging Face checkpoint folder as a :class:`Transformer`, each parameter read into place.
 
@@ -262,9 +261,12 @@ def from_hf(
         dtype: Cast floating parameters to this dtype (e.g. ``jnp.bfloat16``); default: as
             stored.
         strict: Refuse mapping entries that match no axis of the model (above).
-        moe_dispatch: How a mixture of experts runs (``TransformerConfig.moe_dispatch``).
-        capacity_factor: Its expert capacity (``TransformerConfig.capacity_factor``); ``None``:
-            dropless, as ``transformers``.
+        **options: Runtime options of the config (``TransformerConfig.RUNTIME_FIELDS``), which
+            say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``, or
+            ``None``: by length), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``),
+            ``capacity_factor`` (``None``: dropless, as ``transformers``) and
+            ``gradient_checkpointing`` (``False``, ``"dots"``, ``"carry"``, ...). A loaded
+            model changes them with ``model.with_options(...)``.
 
     Raises:
         CheckpointNotFoundError: if the folder, its ``config.json`` or its weights are missing.
@@ -276,6 +278,7 @@ def from_hf(
         MeshError: for a mapping without a mesh.
         UnmatchedMappingError: with ``strict=True``, for a mapping entry that matches no axis of
             the model (named, with the closest axis name and the model's axes).
+        ModelConfigError: for an option that is not a runtime option (the message lists them).
 
     Example:
         >>> import jax, tempfile
@@ -291,9 +294,8 @@ def from_hf(
         P(None, 'data', 'model', None)
     """
     folder = _folder(path)
-    config = config_from_hf(folder).replace(
-        moe_dispatch=moe_dispatch, capacity_factor=capacity_factor
-    )
+    also = ("mapping", "mesh", "dtype", "strict")  # a typo of these lands in options too
+    config = runtime_options(config_from_hf(folder), options, "from_hf", also)
     if dtype is not None:
         dtype = jnp.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):

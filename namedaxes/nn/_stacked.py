@@ -15,7 +15,7 @@ from .._errors import NamedTypeError
 from .._ops.hof import check_remat, fold, scan, vmap
 from .._ops.shape import rearrange
 
-__all__ = ["REMAT_POLICIES", "Stacked"]
+__all__ = ["REMAT_POLICIES", "Stacked", "check_gradient_checkpointing"]
 
 # The carry entering each layer, named so that the "offload" policy can move it to host memory.
 _CARRY = "stacked_carry"
@@ -31,6 +31,14 @@ REMAT_POLICIES = {
     "full": "only the stack's input: the whole stack runs again in the backward pass (as 'carry', "
     "so each layer runs a third time)",
 }
+
+
+def check_gradient_checkpointing(g: Any, caller: str) -> None:
+    """Raise ``NamedTypeError`` unless ``g`` is a ``gradient_checkpointing`` value: a bool,
+    ``None``, a name of ``REMAT_POLICIES``, or a ``jax.checkpoint_policies`` policy (or its name)."""
+    if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
+        names = ", ".join(repr(n) for n in REMAT_POLICIES)
+        check_remat(g, caller, "gradient_checkpointing", f"one of {names} or ")
 
 
 def _remat(g: Any) -> tuple[Any, bool]:
@@ -134,10 +142,7 @@ class Stacked(eqx.Module, Generic[M]):
             )
         if not callable(make):
             raise NamedTypeError(f"Stacked needs a callable key -> layer, got {make!r}.")
-        g = gradient_checkpointing
-        if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
-            names = ", ".join(repr(n) for n in REMAT_POLICIES)
-            check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
+        check_gradient_checkpointing(gradient_checkpointing, "Stacked")
         self.stacked = vmap(make, Layer, map_plain=True)(jax.random.split(key, Layer.size))
         self.Layer = Layer
         self.gradient_checkpointing = gradient_checkpointing
