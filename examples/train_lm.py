@@ -26,6 +26,10 @@ What it shows:
   * batches each process reads only its rows of, fixed by (seed, step), so a run resumed from a
     checkpoint (on any mesh) sees the same data; optax AdamW; held-out loss as it trains;
   * a progress bar with loss, tokens/s and, on accelerators, model FLOPs utilization.
+
+Programs that take over a second to compile (the steps, the initialization, ``generate``'s) are
+kept in JAX's persistent compilation cache (``--compile-cache``, ``examples/caches.py``), so a
+second run with the same shapes reads them back.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import text_data
+from caches import add_compile_cache_option, use_compile_cache
 from jax.sharding import AxisType
 from rich.console import Console
 from rich.markup import escape
@@ -418,12 +423,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--save-hf", metavar="DIR", help="export the trained model and tokenizer")
     parser.add_argument("--samples", type=int, default=3, help="held-out prompts to continue")
+    add_compile_cache_option(parser)
     return parser.parse_args(argv)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
     setup_devices()
     args = parse_args(argv)
+    use_compile_cache(args.compile_cache)
     size = SIZES[args.size]
     overrides = {k: getattr(args, k) for k in ("steps", "batch", "seq", "lr", "eval_every")}
     size = dataclasses.replace(size, **{k: v for k, v in overrides.items() if v is not None})

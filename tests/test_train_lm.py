@@ -156,6 +156,26 @@ def test_presets_are_the_sizes_they_say():
     assert 0.9e9 < counts["1b"] < 1.2e9
 
 
+def test_compile_cache_option(tmp_path, monkeypatch):
+    """--compile-cache DIR (default under the examples' cache root) sets JAX's persistent
+    compilation cache; --no-compile-cache leaves it unset."""
+    import caches
+
+    monkeypatch.setenv("NAMEDAXES_CACHE", str(tmp_path))
+    assert train_lm.parse_args([]).compile_cache == str(tmp_path / "jax")
+    assert td.default_cache_dir() == tmp_path / "text"  # one root for both caches
+    assert train_lm.parse_args(["--no-compile-cache"]).compile_cache is None
+    assert train_lm.parse_args(["--compile-cache", "x"]).compile_cache == "x"
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        caches.use_compile_cache(None)
+        assert jax.config.jax_compilation_cache_dir == before
+        caches.use_compile_cache(tmp_path / "jax")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
 def test_mesh_follows_the_devices_and_the_flag():
     auto = train_lm.make_mesh(None, explicit=False)
     assert dict(auto.shape) == {"data": 2, "model": 4}  # 8 CPU devices
