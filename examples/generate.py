@@ -9,7 +9,10 @@ integers is read as token ids; any other prompt is encoded with the folder's ``t
 read with Hugging Face's ``tokenizers`` package (``pip install tokenizers``). Generation stops at
 the eos id of the folder's ``generation_config.json`` (or ``config.json``) unless ``--eos`` says
 otherwise. The first call compiles the prefill and the decoding loop; the second call of the same
-shapes runs them compiled, and its tokens per second are printed.
+shapes runs them compiled, and its tokens per second are printed. Compiled programs are kept in
+JAX's persistent compilation cache (``--compile-cache DIR``, default ``~/.cache/namedaxes/jax``;
+``--no-compile-cache``), so running the script again with a prompt of the same bucket compiles
+nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from caches import add_compile_cache_option, use_compile_cache  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes import models  # noqa: E402
@@ -65,7 +70,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eos", type=int, default=None, help="default: the folder's eos id")
     parser.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: as stored)")
+    add_compile_cache_option(parser)
     args = parser.parse_args()
+    use_compile_cache(args.compile_cache)
 
     pieces = args.prompt.split()
     tok = None

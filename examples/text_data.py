@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from caches import cache_root
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import namedaxes as na
@@ -320,10 +321,7 @@ def unigram_entropy(tokens: np.ndarray, vocab_size: int) -> float:
 
 def default_cache_dir() -> Path:
     """``$NAMEDAXES_CACHE/text``, else ``$XDG_CACHE_HOME/namedaxes/text`` (``~/.cache`` default)."""
-    if "NAMEDAXES_CACHE" in os.environ:
-        return Path(os.environ["NAMEDAXES_CACHE"]) / "text"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "namedaxes" / "text"
+    return cache_root() / "text"
 
 
 def _cache_key(corpus: Corpus, tokenizer_file: Path | None, vocab_size: int) -> str:

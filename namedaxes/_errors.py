@@ -7,6 +7,7 @@ failed, shows the offending names/sizes/mesh/path, lists what was available, and
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "ShardingWarning",
     "SpecMismatchError",
     "UnmatchedMappingError",
+    "did_you_mean",
     "format_axes",
     "format_mesh",
     "format_names",
@@ -176,6 +178,18 @@ def format_names(names: Iterable[Any]) -> str:
     """Quote and comma-join names: ``'batch', 'embed'`` (``(none)`` when empty)."""
     quoted = [repr(n) for n in names]
     return ", ".join(quoted) if quoted else "(none)"
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """The hint a typo's report ends with: the one of ``names`` closest to ``name`` (by
+    ``difflib``), or an empty string when none is close.
+
+    Example:
+        >>> did_you_mean("emebd", ["batch", "embed"]), did_you_mean("seq", ["embed"])
+        (" (did you mean 'embed'?)", '')
+    """
+    close = difflib.get_close_matches(name, [n for n in names if n != name], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def format_axes(axes: Iterable[Any]) -> str:

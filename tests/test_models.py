@@ -147,6 +147,7 @@ def test_experts_loaded_expert_parallel(name, mesh_2x4):
     config = models.config_from_hf(FIXTURES / name)
     r, ids, mask = reference(name)
     mapping = {**MAPPING, "experts": "model"}
+    del mapping["mlp"]  # no such axis with experts (expert_mlp, shared_mlp): from_hf refuses it
     with jax.set_mesh(mesh_2x4):
         model = models.from_hf(FIXTURES / name, mapping=mapping, moe_dispatch="ragged")
         layer = model.layers.stacked
@@ -212,13 +213,13 @@ def test_mixed_precision_llama_matches_float32_reference():
 
 
 def test_gradient_checkpointing_reaches_the_layers_with_the_same_gradients():
-    """``Transformer(..., gradient_checkpointing="dots")`` remats each layer (the policy is the
-    stack's); the gradients are those of the model without it (same weights: the llama fixture)."""
+    """``gradient_checkpointing="dots"`` (a runtime option: here set on the loaded model) remats
+    each layer (the policy is the stack's); the gradients are those of the model without it."""
     plain = models.from_hf(FIXTURES / "llama")
-    built = eqx.filter_eval_shape(
-        models.Transformer, plain.config, key=jax.random.key(0), gradient_checkpointing="dots"
-    )
-    remat = jax.tree.unflatten(jax.tree.structure(built), jax.tree.leaves(plain))
+    remat = plain.with_options(gradient_checkpointing="dots")
+    assert remat.config.gradient_checkpointing == "dots"
+    built = models.Transformer(plain.config, key=jax.random.key(0), gradient_checkpointing="dots")
+    assert built.config == remat.config and built.layers.gradient_checkpointing == "dots"
     _, ids, _ = reference("llama")
 
     def loss(model):
@@ -230,6 +231,105 @@ def test_gradient_checkpointing_reaches_the_layers_with_the_same_gradients():
     want, got = eqx.filter_jit(lambda a, b: (jax.grad(loss)(a), jax.grad(loss)(b)))(plain, remat)
     for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
+
+
+def test_runtime_options_of_a_loaded_model():
+    """Every runtime option is a keyword of from_hf and of with_options, which keeps the
+    parameters (the same arrays) and rebuilds what runs: here the context-parallel ring, which a
+    loaded model could not be given before (the config is a static field)."""
+    model = models.from_hf(FIXTURES / "llama", context_strategy="ring", gradient_checkpointing=True)
+    assert model.config.context_strategy == "ring" and model.config.gradient_checkpointing is True
+    layer = model.layers.stacked
+    assert layer.attn.context_strategy == "ring" and model.layers.gradient_checkpointing is True
+    gather = model.with_options(context_strategy="all_gather", gradient_checkpointing=False)
+    assert gather.layers.stacked.attn.context_strategy == "all_gather"
+    assert not gather.layers.gradient_checkpointing
+    for a, b in zip(jax.tree.leaves(gather), jax.tree.leaves(model)):
+        assert a is b
+    assert model.with_options() is model
+    assert gather.config.stored() == model.config.stored()  # what save_hf writes: the same
+
+    ids = na.named(jnp.arange(16, dtype=jnp.int32).reshape(2, 8), ("batch", "position"))
+    mesh = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def program(m):
+        with jax.set_mesh(mesh), na.axis_mapping({"position": "context"}):
+            return str(jax.make_jaxpr(lambda m, i: m(i).array)(m, na.shard(ids)))
+
+    assert "ppermute" in program(model) and "all_gather" not in program(model)
+    assert "ppermute" not in program(gather)
+
+    experts = models.from_hf(FIXTURES / "mixtral", moe_dispatch="dense", capacity_factor=2.0)
+    assert experts.layers.stacked.mlp.dispatch == "dense"
+    assert experts.layers.stacked.mlp.capacity_factor == 2.0
+    ragged = experts.with_options(moe_dispatch="ragged", capacity_factor=None)
+    assert ragged.layers.stacked.mlp.dispatch == "ragged"
+    assert ragged.layers.stacked.mlp.capacity_factor is None
+    # each runtime option, by the one list, is a keyword of both and documented in both
+    for name in models.TransformerConfig.RUNTIME_FIELDS:
+        value = getattr(experts.config, name)
+        assert getattr(experts.with_options(**{name: value}).config, name) == value
+        assert f"``{name}``" in models.from_hf.__doc__
+        assert f"``{name}``" in models.Transformer.with_options.__doc__
+
+
+def test_options_that_are_not_runtime_options_are_refused():
+    model = models.from_hf(FIXTURES / "qwen3")
+    runtime = (
+        r"Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', "
+        r"'gradient_checkpointing'\."
+    )
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"^Transformer\.with_options got an unknown option 'context_stratgy' \(did you "
+        rf"mean 'context_strategy'\?\)\. {runtime}$",
+    ):
+        model.with_options(context_stratgy="ring")
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"^Transformer\.with_options: 'num_heads' is not a runtime option but part of what "
+        rf"the model is \(its parameters or config\.json\)\. {runtime} Build another model for "
+        r"another num_heads\.$",
+    ):
+        model.with_options(num_heads=8)
+    with pytest.raises(na.ModelConfigError, match=r"context_strategy must be one of 'all_gather'"):
+        model.with_options(context_strategy="rings")
+    with pytest.raises(na.ModelConfigError, match=r"gradient_checkpointing='dots_only' is not"):
+        model.with_options(gradient_checkpointing="dots_only")
+    with pytest.raises(
+        na.ModelConfigError, match=r"^from_hf got an unknown option 'mapings' \(did you mean "
+    ):
+        models.from_hf(FIXTURES / "qwen3", mapings={"embed": "data"})
+    with pytest.raises(na.ModelConfigError, match=r"^from_hf: 'sliding_window' is not a runtime"):
+        models.from_hf(FIXTURES / "qwen3", sliding_window=4)
+
+
+def test_a_mapping_typo_is_refused_with_the_axis_it_meant(mesh_2x4):
+    """An entry that matches no axis of the model left it replicated without a word; from_hf now
+    raises (strict by default, the model's axes being its parameters' and its activations'),
+    suggesting the closest name, whether the mapping is given or in force; strict=False loads."""
+    typo = {"emebd": "data", "heads": "model"}
+    axes = (
+        "'batch', 'embed', 'head_dim', 'heads', 'key_position', 'kv_heads', 'layer', 'mlp', "
+        "'position', 'vocab'"
+    )
+    with jax.set_mesh(mesh_2x4):
+        with pytest.raises(
+            na.UnmatchedMappingError,
+            match=r"^from_hf\(strict=True\): the mapping entry 'emebd' -> 'data' \(did you mean "
+            rf"'embed'\?\) matches no axis of the model, whose axes are {axes}\. ",
+        ):
+            models.from_hf(FIXTURES / "llama", mapping=typo)
+        with na.axis_mapping(typo), pytest.raises(na.UnmatchedMappingError, match="'emebd'"):
+            models.from_hf(FIXTURES / "llama")
+        loose = models.from_hf(FIXTURES / "llama", mapping=typo, strict=False)
+        assert spec_of(loose.embed.weight) == P()  # what the typo did: embed replicated
+        # the activation axes are the model's too: a mapping for the whole program loads
+        whole = {"batch": "data", "position": "model", "key_position": "model", "embed": "data"}
+        model = models.from_hf(FIXTURES / "llama", mapping=whole)
+        assert spec_of(model.embed.weight) == P(None, "data")
+        with pytest.raises(na.UnmatchedMappingError, match=r"the mapping entry 'mlp' -> 'model' "):
+            models.from_hf(FIXTURES / "mixtral", mapping={"mlp": "model"})  # expert_mlp there
 
 
 def test_rope_variant_loads_sharded(mesh_2x4):

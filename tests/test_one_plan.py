@@ -216,7 +216,7 @@ def test_every_permutation_shards_by_name(mesh_2x4):
 # Grouped-query attention: the queries have kv_heads x q_per_kv heads, so a mapping written for
 # a `heads` axis matches nothing, and the weights stay replicated.
 GQA_MAPPING = {"embed": "data", "heads": "model", "mlp": "model"}
-UNMATCHED_LINE = "mapping entries that match no axis: 'heads' -> 'model'"
+UNMATCHED_LINE = "mapping entries that match no axis: 'heads' -> 'model' (did you mean 'kv_heads'?)"
 
 
 def _gqa_tree():
@@ -255,8 +255,8 @@ def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
     axes = "'embed', 'head_dim', 'kv_heads', 'mlp', 'q_per_kv'"
     with pytest.raises(
         na.UnmatchedMappingError,
-        match=rf"^shard\(strict=True\): the mapping entry 'heads' -> 'model' matches no axis of "
-        rf"the tree, whose axes are {axes}\. Map axes the tree has \(or drop the entry\), or "
+        match=rf"^shard\(strict=True\): the mapping entry 'heads' -> 'model' \(did you mean "
+        rf"'kv_heads'\?\) matches no axis of the tree, whose axes are {axes}\. Map axes the tree has \(or drop the entry\), or "
         r"pass strict=False to place the tree anyway\.$",
     ):
         na.shard(tree, GQA_MAPPING, mesh_2x4, strict=True)
@@ -274,8 +274,8 @@ def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
         with na.axis_mapping({**GQA_MAPPING, "batch": "data"}):
             with pytest.raises(
                 na.UnmatchedMappingError,
-                match=r"^named_jit\(strict=True\): the mapping entry 'heads' -> 'model' matches "
-                r"no axis of the arguments and outputs, whose axes are 'batch', 'embed', ",
+                match=r"^named_jit\(strict=True\): the mapping entry 'heads' -> 'model' \(did "
+                r"you mean 'kv_heads'\?\) matches no axis of the arguments and outputs, whose axes are 'batch', 'embed', ",
             ):
                 strict_jit(placed, x)
         with na.axis_mapping({**matched, "batch": "data"}):
@@ -288,8 +288,8 @@ def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
         bad_params = na.fsdp(step, GQA_MAPPING, {"batch": "data"}, strict=True)
         with pytest.raises(
             na.UnmatchedMappingError,
-            match=r"^fsdp\(strict=True\): the mapping entry 'heads' -> 'model' matches no axis "
-            rf"of the parameters \(the first argument\), whose axes are {axes}\.",
+            match=r"^fsdp\(strict=True\): the mapping entry 'heads' -> 'model' \(did you mean "
+            rf"'kv_heads'\?\) matches no axis of the parameters \(the first argument\), whose axes are {axes}\.",
         ):
             bad_params(placed, x)
         bad_compute = na.fsdp(step, matched, {"batch": "data", "tokens": "data"}, strict=True)

@@ -457,6 +457,22 @@ def test_plan_and_plan_search_place_the_sequence():
     assert dict(found[0].rules.pairs).get("position")  # the best plan splits the sequence
 
 
+def test_an_unmatched_entry_is_reported_with_the_closest_axis_of_the_step():
+    """A typo of an axis only the step's arguments have (``position``) is listed with that axis
+    suggested, as the tree's axes are."""
+    params = {"wq": na.named(jax.ShapeDtypeStruct((E, H, D), "float32"), ("embed", "heads", "head_dim"))}  # fmt: skip
+    x = na.named(jax.ShapeDtypeStruct((2, 64, E), "float32"), ("batch", "position", "embed"))
+    rules = {"batch": "data", "postion": "context", "embd": "data"}
+    p = na.analysis.plan(params, {"data": 2, "context": 4}, rules, step=jax.jit(attend_step),
+                         args=(params, x))  # fmt: skip
+    assert p.unmatched == (("postion", "context"), ("embd", "data"))
+    assert p.step_axes == ("batch", "embed", "head_dim", "heads", "position")
+    assert str(p).splitlines()[-1].strip() == (
+        "mapping entries that match no axis: 'postion' -> 'context' (did you mean 'position'?), "
+        "'embd' -> 'data' (did you mean 'embed'?)"
+    )
+
+
 # -- MemoryConstrainedShardingRule: the whole-device budget ---------------------------------------
 
 

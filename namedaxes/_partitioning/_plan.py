@@ -37,7 +37,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._axis import Axis
 from .._caches import register
-from .._errors import UnmatchedMappingError, format_names
+from .._errors import UnmatchedMappingError, did_you_mean, format_names
 from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, MeshAxes
 from .._mesh import MeshLike, context_mesh, mesh_shape, require_mesh
@@ -295,18 +295,21 @@ def unmatched_entries(rules: AxisRules, names: Iterable[str]) -> tuple[tuple[str
     return tuple((n, t) for n, t in rules.pairs if n not in present)
 
 
-def _entry_text(name: str, target: MeshAxes) -> str:
-    return f"{name!r} -> {target!r}"
+def _entry_text(name: str, target: MeshAxes, names: Iterable[str]) -> str:
+    """One unmatched entry, with the axis of ``names`` it is likely a typo of."""
+    return f"{name!r} -> {target!r}{did_you_mean(name, names)}"
 
 
-def describe_unmatched(unmatched: Iterable[tuple[str, MeshAxes]]) -> str:
-    """One line listing mapping entries that match no axis (empty when there are none).
+def describe_unmatched(unmatched: Iterable[tuple[str, MeshAxes]], names: Iterable[str]) -> str:
+    """One line listing mapping entries that match no axis of ``names`` (empty when there are
+    none), each with the closest axis name when one is close.
 
     Example:
-        >>> describe_unmatched([("heads", "model"), ("kv", None)])
-        "mapping entries that match no axis: 'heads' -> 'model', 'kv' -> None"
+        >>> describe_unmatched([("heads", "model"), ("kv", None)], {"embed", "kv_heads"})
+        "mapping entries that match no axis: 'heads' -> 'model' (did you mean 'kv_heads'?), 'kv' -> None"
     """
-    entries = [_entry_text(n, t) for n, t in unmatched]
+    names = tuple(names)
+    entries = [_entry_text(n, t, names) for n, t in unmatched]
     return f"mapping entries that match no axis: {', '.join(entries)}" if entries else ""
 
 
@@ -322,13 +325,13 @@ def check_matched(
         >>> check_matched(AxisRules({"heads": "model"}), {"kv_heads", "q_per_kv"}, "shard")
         Traceback (most recent call last):
         ...
-        namedaxes._errors.UnmatchedMappingError: shard(strict=True): the mapping entry 'heads' -> 'model' matches no axis of the tree, whose axes are 'kv_heads', 'q_per_kv'. Map axes the tree has (or drop the entry), or pass strict=False to place the tree anyway.
+        namedaxes._errors.UnmatchedMappingError: shard(strict=True): the mapping entry 'heads' -> 'model' (did you mean 'kv_heads'?) matches no axis of the tree, whose axes are 'kv_heads', 'q_per_kv'. Map axes the tree has (or drop the entry), or pass strict=False to place the tree anyway.
     """
     present = set(names)
     unmatched = unmatched_entries(rules, present)
     if not unmatched:
         return
-    entries = ", ".join(_entry_text(n, t) for n, t in unmatched)
+    entries = ", ".join(_entry_text(n, t, present) for n, t in unmatched)
     noun = "entry" if len(unmatched) == 1 else "entries"
     verb = "matches" if len(unmatched) == 1 else "match"
     raise UnmatchedMappingError(

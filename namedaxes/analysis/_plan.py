@@ -177,6 +177,8 @@ class Plan:
             ``microbatches``, ``schedule``, ``repeats`` and ``bubble`` (the idle fraction,
             :func:`bubble_fraction`). With a step, the compiled ``collectives`` hold the
             point-to-point bytes (``collective-permute``).
+        step_axes: With a step, the axis names of its arguments (sorted): matched as the tree's
+            are, and, with ``axes``' names, what the report of ``unmatched`` suggests from.
     """
 
     mesh: dict[str, int]
@@ -199,6 +201,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     unmatched: tuple[tuple[str, Any], ...] = ()
     pipeline: tuple[dict[str, Any], ...] = ()
+    step_axes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (rules as ``[[logical_name, mesh_axes], ...]``)."""
@@ -441,4 +444,6 @@ def with_step_axes(p: Plan, args: Any, sizes: Mapping[str, int]) -> Plan:
     if p.rules is None or not p.unmatched or not args:
         return p
     names = {a.name for lf in collect_leaves(args, AxisRules(()), sizes) for a in lf.axes or ()}
-    return p.with_(unmatched=unmatched_entries(p.rules, set(p.axes) | names))
+    return p.with_(
+        unmatched=unmatched_entries(p.rules, set(p.axes) | names), step_axes=tuple(sorted(names))
+    )

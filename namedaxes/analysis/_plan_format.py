@@ -106,7 +106,7 @@ def plain_text(p: Plan) -> str:
         more = len(p.replicated["paths"]) - 6
         lines += ["", f"  replicated: {shown}" + (f" (+{more} more)" if more > 0 else "")]
     if p.unmatched:
-        lines += ["", f"  {describe_unmatched(p.unmatched)}"]
+        lines += ["", f"  {describe_unmatched(p.unmatched, [*p.axes, *p.step_axes])}"]
     return "\n".join(lines)
 
 
@@ -142,7 +142,9 @@ def rich_renderable(p: Plan) -> Any:
         largest.add_row(g["path"], g["spec"], str(g["count"]), format_bytes(g["bytes_per_device"]))
     parts: list[Any] = [summary, subtrees, axes, largest]
     if p.unmatched:
-        parts.append(Text(describe_unmatched(p.unmatched), style="bold yellow"))
+        parts.append(
+            Text(describe_unmatched(p.unmatched, [*p.axes, *p.step_axes]), style="bold yellow")
+        )
     return Group(*parts)
 
 

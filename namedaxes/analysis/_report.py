@@ -105,7 +105,7 @@ class MemoryReport:
             )
             lines += ["", f"  replicated leaves: {shown}{more}"]
         if self.unmatched:
-            lines += ["", f"  {describe_unmatched(self.unmatched)}"]
+            lines += ["", f"  {describe_unmatched(self.unmatched, self.axes)}"]
         return "\n".join(lines)
 
     def __rich__(self) -> Any:

@@ -101,7 +101,7 @@ class _Planner:
             rules = rules_in_force(self._mapping, self._caller)
         else:
             rules = current_rules()
-        return "" if rules is None else describe_unmatched(unmatched_entries(rules, names))
+        return "" if rules is None else describe_unmatched(unmatched_entries(rules, names), names)
 
 
 def _factors(spec: PartitionSpec, rank: int) -> list[tuple[str, ...]]:

@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._axis import Axis
-from .._errors import ModelConfigError, NamedTypeError
+from .._errors import ModelConfigError, NamedTypeError, did_you_mean, format_names
 from ..nn import RopeScaling, activation
 from ..nn._context_parallel import STRATEGIES
 from ..nn._moe import DISPATCHES, SCORINGS
 from ..nn._pipeline import check_options
+from ..nn._stacked import check_gradient_checkpointing
 
-__all__ = ["RUNTIME_FIELDS", "TransformerConfig"]
+__all__ = ["RUNTIME_FIELDS", "TransformerConfig", "runtime_options"]
 
-#: Fields that say how the model runs, not what it is: not stored in ``config.json``, so left out
-#: when a config is compared with what a ``config.json`` reads back as.
+#: The runtime options: fields that say how the model runs, not what it is (no parameter depends
+#: on them). ``from_hf`` takes each as a keyword argument and ``Transformer.with_options`` changes
+#: them on a loaded model; ``save_hf`` does not write them to ``config.json`` (a config is compared
+#: with what a ``config.json`` reads back as without them). A new runtime option is a field of
+#: ``TransformerConfig`` (checked in ``__post_init__``, used where the model is built) named here.
 RUNTIME_FIELDS = (
+    "context_strategy",
     "moe_dispatch",
     "capacity_factor",
-    "context_strategy",
+    "gradient_checkpointing",
     "pipeline_microbatches",
     "pipeline_schedule",
     "pipeline_repeats",
@@ -83,9 +89,7 @@ class TransformerConfig:
         tie_word_embeddings: The output head is the embedding table.
         context_strategy: How attention exchanges keys and values when a mapping splits
             ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
-            choose by length (see ``namedaxes.nn.dot_product_attention``). A way to run the
-            model, not part of the checkpoint: ``save_hf`` does not write it (one of
-            ``RUNTIME_FIELDS``).
+            choose by length (see ``namedaxes.nn.dot_product_attention``). A runtime option.
         num_experts: Experts per layer; 0 for a dense MLP.
         num_experts_per_tok: Experts each token goes to (top-k).
         moe_intermediate_size: Each expert's width (``None``: ``intermediate_size``).
@@ -96,23 +100,34 @@ class TransformerConfig:
         router_aux_loss_coef: The weight ``transformers`` gives the load-balancing loss in
             training (kept for ``config.json``; scale ``Transformer``'s ``aux_loss`` by it).
         moe_dispatch: How the experts run (``namedaxes.nn.MoE``'s ``dispatch``: ``"auto"``,
-            ``"ragged"``, ``"dense"``); not part of ``config.json``.
+            ``"ragged"``, ``"dense"``). A runtime option.
         pipeline_microbatches: Microbatches of the pipeline when the mapping places ``layer`` on
-            mesh axes (``{"layer": "stage"}``); ``None``: one per stage. Not part of
-            ``config.json``, like the other pipeline options (see ``namedaxes.nn.Stacked``).
-        pipeline_schedule: ``"gpipe"``, ``"1f1b"`` or ``"circular"``.
-        pipeline_repeats: Blocks of layers per stage for the ``"circular"`` schedule.
+            mesh axes (``{"layer": "stage"}``); ``None``: one per stage (see
+            ``namedaxes.nn.Stacked``). A runtime option.
+        pipeline_schedule: ``"gpipe"``, ``"1f1b"`` or ``"circular"``. A runtime option.
+        pipeline_repeats: Blocks of layers per stage for the ``"circular"`` schedule. A runtime
+            option.
         capacity_factor: Expert capacity (``namedaxes.nn.MoE``), ``None`` for dropless (as
-            ``transformers``); not part of ``config.json``.
+            ``transformers``). A runtime option.
+        gradient_checkpointing: What the backward pass keeps of each layer, as for
+            ``namedaxes.nn.Stacked``: ``False`` (everything), ``"dots"``, ``"carry"`` (``True``),
+            ``"offload"``, ``"full"``, or a ``jax.checkpoint_policies`` policy (or its name).
+            Gradients are the same for all. A runtime option.
         hf_config: The ``config.json`` text this config was read from (kept so that ``save_hf``
             writes it back); not compared.
         hf_generation_config: The ``generation_config.json`` text read beside it (its bos, eos
             and pad token ids are what ``transformers``' ``generate`` uses), written back by
             ``save_hf``; ``""`` when the folder had none. Not compared.
 
+    The runtime options (``TransformerConfig.RUNTIME_FIELDS``: ``context_strategy``, ``moe_dispatch``,
+    ``capacity_factor``, ``gradient_checkpointing`` and the ``pipeline_*`` options) say how the model runs, not what it is: no
+    parameter depends on them and ``save_hf`` does not write them. :meth:`with_options` changes
+    them (and only them); so do ``from_hf``'s keyword arguments and
+    ``Transformer.with_options`` for a model already built.
+
     Raises:
         ModelConfigError: for sizes that are not positive, ``num_kv_heads`` not dividing
-            ``num_heads``, an unknown norm, q/k norm or activation.
+            ``num_heads``, an unknown norm, q/k norm, activation, runtime option value.
 
     Example:
         >>> from namedaxes.models import TransformerConfig
@@ -121,6 +136,8 @@ class TransformerConfig:
         >>> cfg.axis("kv_heads"), cfg.replace(num_kv_heads=4).grouped
         (Axis(name='kv_heads', size=2), False)
     """
+
+    RUNTIME_FIELDS: ClassVar[tuple[str, ...]] = RUNTIME_FIELDS
 
     model_type: str
     vocab_size: int
@@ -158,6 +175,7 @@ class TransformerConfig:
     router_aux_loss_coef: float = 0.001
     moe_dispatch: str = "auto"
     capacity_factor: float | None = None
+    gradient_checkpointing: bool | str | Callable[..., Any] = False
     pipeline_microbatches: int | None = None
     pipeline_schedule: str = "gpipe"
     pipeline_repeats: int = 2
@@ -225,6 +243,10 @@ class TransformerConfig:
             activation(self.activation)
         except Exception as e:
             raise ModelConfigError(f"TransformerConfig.activation: {e}") from None
+        try:
+            check_gradient_checkpointing(self.gradient_checkpointing, "TransformerConfig")
+        except NamedTypeError as e:
+            raise ModelConfigError(str(e)) from None
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -305,9 +327,55 @@ class TransformerConfig:
         """A copy with some fields changed (and checked again)."""
         return dataclasses.replace(self, **changes)
 
+    def with_options(self, **options: Any) -> TransformerConfig:
+        """A copy with some runtime options changed (and checked again): only the fields of
+        ``RUNTIME_FIELDS``, which no parameter depends on.
+
+        Raises:
+            ModelConfigError: for a name that is not a runtime option (a field that describes
+                the model itself, or no field at all: the message suggests the closest and lists
+                the runtime options), or a value the option does not take.
+
+        Example:
+            >>> from namedaxes.models import TransformerConfig
+            >>> cfg = TransformerConfig("llama", vocab_size=64, hidden_size=16,
+            ...                         intermediate_size=32, num_layers=1, num_heads=2,
+            ...                         num_kv_heads=1, head_dim=8)
+            >>> cfg.with_options(context_strategy="ring").context_strategy
+            'ring'
+            >>> cfg.with_options(num_layers=2)
+            Traceback (most recent call last):
+            ...
+            namedaxes._errors.ModelConfigError: TransformerConfig.with_options: 'num_layers' is not a runtime option but part of what the model is (its parameters or config.json). Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', 'gradient_checkpointing'. Build another model for another num_layers.
+        """
+        return runtime_options(self, options, "TransformerConfig.with_options")
+
     def stored(self) -> TransformerConfig:
         """This config with the runtime fields (not in ``config.json``) at their defaults."""
         defaults: dict[str, Any] = {
             f.name: f.default for f in dataclasses.fields(self) if f.name in RUNTIME_FIELDS
         }
         return dataclasses.replace(self, **defaults)
+
+
+def runtime_options(
+    config: TransformerConfig, options: dict[str, Any], caller: str, also: tuple[str, ...] = ()
+) -> TransformerConfig:
+    """``config`` with the runtime ``options`` replaced, refusing any name that is not one of
+    ``RUNTIME_FIELDS`` (``also``: the caller's other keywords, which a typo may be meant as)."""
+    fields = [f.name for f in dataclasses.fields(config)]
+    runtime = format_names(RUNTIME_FIELDS)
+    for name in options:
+        if name in RUNTIME_FIELDS:
+            continue
+        if name in fields:
+            raise ModelConfigError(
+                f"{caller}: {name!r} is not a runtime option but part of what the model is (its "
+                f"parameters or config.json). Runtime options: {runtime}. Build another model "
+                f"for another {name}."
+            )
+        raise ModelConfigError(
+            f"{caller} got an unknown option {name!r}"
+            f"{did_you_mean(name, RUNTIME_FIELDS + also)}. Runtime options: {runtime}."
+        )
+    return config.replace(**options) if options else config

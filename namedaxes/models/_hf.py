@@ -25,16 +25,17 @@ from .._errors import (
     NamedTypeError,
     format_names,
 )
-from .._logical._context import current_axis_mapping
+from .._logical._context import current_axis_mapping, rules_in_force
 from .._mesh import context_mesh
 from .._partitioning._jit_args import check_live
+from .._partitioning._plan import check_matched
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
-from ._config import TransformerConfig
+from ._config import TransformerConfig, runtime_options
 from ._families import family_of
 from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
 from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
-from ._transformer import Transformer
+from ._transformer import Transformer, mappable_axes
 
 __all__ = ["config_from_hf", "from_hf", "hf_config", "save_hf"]
 
@@ -148,7 +149,9 @@ def hf_config(config: TransformerConfig) -> dict[str, Any]:
 # -- loading --------------------------------------------------------------------------------
 
 
-def _shardings(model: Any, tensors: list[Tensor], mapping: Any, mesh: Any) -> list[Sharding]:
+def _shardings(
+    model: Any, tensors: list[Tensor], mapping: Any, mesh: Any, strict: bool
+) -> list[Sharding]:
     if mesh is not None and not isinstance(mesh, Mesh):
         raise MeshTypeError(
             f"from_hf needs a concrete jax.sharding.Mesh to read arrays onto, got "
@@ -157,14 +160,17 @@ def _shardings(model: Any, tensors: list[Tensor], mapping: Any, mesh: Any) -> li
     if mesh is None:
         found = context_mesh()
         mesh = found if isinstance(found, Mesh) else None
-    rules = mapping if mapping is not None else current_axis_mapping()
-    if rules is None:
+    given = mapping if mapping is not None else current_axis_mapping()
+    if given is None:
         if mesh is None:
             return [SingleDeviceSharding(jax.local_devices()[0])] * len(tensors)
         return [NamedSharding(mesh, PartitionSpec())] * len(tensors)
+    rules = rules_in_force(given, "from_hf")
+    if strict:  # an entry no axis of the model has is a typo that would leave it replicated
+        check_matched(rules, mappable_axes(model), "from_hf", "the model")
     if mesh is None:
         raise MeshError(
-            f"from_hf has a mapping ({rules!r}) but no mesh to place the parameters on. Pass "
+            f"from_hf has a mapping ({given!r}) but no mesh to place the parameters on. Pass "
             "mesh=..., or call it inside `with jax.set_mesh(mesh):`."
         )
     specs = pspec_for(model, rules, mesh=mesh)
@@ -240,8 +246,8 @@ def from_hf(
     mapping: Any = None,
     mesh: Mesh | None = None,
     dtype: Any = None,
-    moe_dispatch: str = "auto",
-    capacity_factor: float | None = None,
+    strict: bool = True,
+    **options: Any,
 ) -> Transformer:
     """Load a Hugging Face checkpoint folder as a :class:`Transformer`, each parameter read into place.
 
@@ -255,6 +261,12 @@ def from_hf(
     writes by default, and older files) or fused in one tensor per layer
     (``save_original_format=False``); both are read.
 
+    A mapping entry whose name is no axis of the model (its parameters', or the activations'
+    ``batch``, ``position`` and ``key_position``) is a typo that would leave what it meant to
+    split replicated: it raises ``UnmatchedMappingError``, which suggests the closest axis name,
+    unless ``strict=False`` (for a mapping that also names axes the model does not have, e.g.
+    batch axes of another name).
+
     Args:
         path: The folder.
         mapping: Logical-to-mesh rules, e.g. ``{"embed": "data", "heads": "model", "mlp":
@@ -262,9 +274,16 @@ def from_hf(
         mesh: A concrete ``jax.sharding.Mesh``.
         dtype: Cast floating parameters to this dtype (e.g. ``jnp.bfloat16``); default: as
             stored.
-        moe_dispatch: How a mixture of experts runs (``TransformerConfig.moe_dispatch``).
-        capacity_factor: Its expert capacity (``TransformerConfig.capacity_factor``); ``None``:
-            dropless, as ``transformers``.
+        strict: Refuse mapping entries that match no axis of the model (above).
+        **options: Runtime options of the config (``TransformerConfig.RUNTIME_FIELDS``), which
+            say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``, or
+            ``None``: by length), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``),
+            ``capacity_factor`` (``None``: dropless, as ``transformers``),
+            ``gradient_checkpointing`` (``False``, ``"dots"``, ``"carry"``, ...), and, when the
+            mapping puts ``layer`` on a mesh axis, ``pipeline_microbatches``,
+            ``pipeline_schedule`` (``"gpipe"``, ``"1f1b"``, ``"circular"``) and
+            ``pipeline_repeats``. A loaded model changes them with
+            ``model.with_options(...)``.
 
     Raises:
         CheckpointNotFoundError: if the folder, its ``config.json`` or its weights are missing.
@@ -274,6 +293,9 @@ def from_hf(
         CheckpointAxisError: for a tensor whose shape disagrees with ``config.json`` (named, with
             both shapes).
         MeshError: for a mapping without a mesh.
+        UnmatchedMappingError: with ``strict=True``, for a mapping entry that matches no axis of
+            the model (named, with the closest axis name and the model's axes).
+        ModelConfigError: for an option that is not a runtime option (the message lists them).
 
     Example:
         >>> import jax, tempfile
@@ -289,9 +311,8 @@ def from_hf(
         P(None, 'data', 'model', None)
     """
     folder = _folder(path)
-    config = config_from_hf(folder).replace(
-        moe_dispatch=moe_dispatch, capacity_factor=capacity_factor
-    )
+    also = ("mapping", "mesh", "dtype", "strict")  # a typo of these lands in options too
+    config = runtime_options(config_from_hf(folder), options, "from_hf", also)
     if dtype is not None:
         dtype = jnp.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):
@@ -302,7 +323,7 @@ def from_hf(
         fused = config.moe and any(n.endswith(FUSED_EXPERTS) for n in checkpoint.tensors)
         tensors = tensors_of(abstract, family_of(config.model_type), fused=fused)
         _match(checkpoint, tensors, config)
-        shardings = _shardings(abstract, tensors, mapping, mesh)
+        shardings = _shardings(abstract, tensors, mapping, mesh, strict)
         leaves = []
         for t, sharding in zip(tensors, shardings):
             like = _get(abstract, t.path)

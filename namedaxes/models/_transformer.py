@@ -12,13 +12,28 @@ import jax.numpy as jnp
 from .. import nn
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
-from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_axes
+from .._errors import (
+    AxisNotFoundError,
+    AxisSizeError,
+    ModelConfigError,
+    NamedTypeError,
+    format_axes,
+)
 from .._ops.creation import arange
 from .._ops.hof import fold
 from .._ops.shape import rename
-from ._config import TransformerConfig
+from .._partitioning._plan import tree_axis_names
+from ..nn._kv_cache import KEY_POSITION
+from ._config import TransformerConfig, runtime_options
 
-__all__ = ["DecoderLayer", "Transformer"]
+__all__ = ["ACTIVATION_AXES", "DecoderLayer", "Transformer", "mappable_axes"]
+
+BATCH, POSITION = "batch", "position"
+#: The axes of the activations that no parameter has, as the forward pass names them: the ids'
+#: ``position`` and their ``batch`` (the name the docs and ``generate``'s examples give it; the
+#: model takes any batch axes), and ``key_position``, the keys' and values' positions in attention
+#: and in the KV cache.
+ACTIVATION_AXES = (BATCH, POSITION, KEY_POSITION)
 
 
 def _norm(cfg: TransformerConfig, axis: Axis, dtype: Any) -> nn.RmsNorm | nn.LayerNorm:
@@ -69,6 +84,7 @@ class DecoderLayer(eqx.Module):
             rotary=rotary,
             scale=cfg.attention_scale,
             context_strategy=cfg.context_strategy,
+            position=POSITION,
             dtype=dtype,
         )
         if cfg.moe:
@@ -87,6 +103,7 @@ class DecoderLayer(eqx.Module):
                 dispatch=cfg.moe_dispatch,
                 SharedHidden=cfg.axis("shared_mlp") if shared else None,
                 shared_gate=bool(shared),
+                position=POSITION,
                 dtype=dtype,
             )
         else:
@@ -149,14 +166,17 @@ class Transformer(eqx.Module):
     "model", "vocab": "model"}`` places all of them; adding ``"experts": "model"`` runs the
     experts expert-parallel.
 
+    How it runs (the context-parallel strategy, how experts are dispatched, what the backward
+    pass keeps) is the config's runtime options: :meth:`with_options` gives the same parameters
+    run another way, e.g. ``model.with_options(context_strategy="ring")``.
+
     Args:
         config: The model's configuration.
         key: PRNG key.
         dtype: The parameters' float dtype (JAX's default float when ``None``).
-        gradient_checkpointing: What the backward pass keeps of each layer, as for
-            ``nn.Stacked``: ``False`` (everything), ``"dots"``, ``"carry"`` (``True``),
-            ``"offload"``, ``"full"``, or a ``jax.checkpoint_policies`` policy. Gradients are the
-            same for all; it is not part of the config (nor of a checkpoint).
+        gradient_checkpointing: Sets ``config.gradient_checkpointing`` (what the backward pass
+            keeps of each layer: ``False``, ``"dots"``, ``"carry"``, ``"offload"``, ``"full"``
+            or a ``jax.checkpoint_policies`` policy); ``None``: the config's.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -185,11 +205,13 @@ class Transformer(eqx.Module):
         *,
         key: jax.Array,
         dtype: Any = None,
-        gradient_checkpointing: bool | str | Callable[..., Any] = False,
+        gradient_checkpointing: bool | str | Callable[..., Any] | None = None,
     ):
         if not isinstance(config, TransformerConfig):
             raise NamedTypeError(f"Transformer needs a TransformerConfig, got {config!r}.")
         cfg = config
+        if gradient_checkpointing is not None:
+            cfg = cfg.with_options(gradient_checkpointing=gradient_checkpointing)
         Embed, Vocab = cfg.axis("embed"), cfg.axis("vocab")
         k_emb, k_pos, k_layers, k_head = jax.random.split(key, 4)
         self.embed = nn.Embedding(Vocab, Embed, key=k_emb, dtype=dtype)
@@ -202,7 +224,7 @@ class Transformer(eqx.Module):
             cfg.axis("layer"),
             lambda k: DecoderLayer(cfg, key=k, dtype=dtype),
             key=k_layers,
-            gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing=cfg.gradient_checkpointing,
             microbatches=cfg.pipeline_microbatches,
             schedule=cfg.pipeline_schedule,
             repeats=cfg.pipeline_repeats,
@@ -214,6 +236,45 @@ class Transformer(eqx.Module):
             else nn.Linear(Embed, Vocab, key=k_head, use_bias=False, dtype=dtype)
         )
         self.config = cfg
+
+    def with_options(self, **options: Any) -> Transformer:
+        """This model run another way: the same parameters (the same arrays, not copies) with
+        some runtime options of its config changed.
+
+        The runtime options are the config's fields that no parameter depends on
+        (``RUNTIME_FIELDS``): ``context_strategy`` (``"all_gather"``, ``"ring"`` or ``None``),
+        ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``), ``capacity_factor``,
+        ``gradient_checkpointing``, and the pipeline's ``pipeline_microbatches``,
+        ``pipeline_schedule`` and ``pipeline_repeats`` (see :class:`TransformerConfig`).
+        ``from_hf`` takes the same keywords.
+
+        Raises:
+            ModelConfigError: for a name that is not a runtime option (the message lists them)
+                or a value it does not take.
+
+        Example:
+            >>> import jax
+            >>> from namedaxes.models import Transformer, TransformerConfig
+            >>> cfg = TransformerConfig("llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+            ...                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4)
+            >>> model = Transformer(cfg, key=jax.random.key(0))
+            >>> ring = model.with_options(context_strategy="ring", gradient_checkpointing="dots")
+            >>> ring.config.context_strategy, ring.layers.stacked.attn.context_strategy
+            ('ring', 'ring')
+            >>> ring.embed.weight.array is model.embed.weight.array
+            True
+        """
+        config = runtime_options(self.config, options, "Transformer.with_options")
+        if config == self.config:
+            return self
+        like = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
+        leaves, new = jax.tree.leaves(self), jax.tree.leaves(like)
+        if [jnp.shape(x) for x in leaves] != [jnp.shape(x) for x in new]:
+            raise ModelConfigError(  # a runtime option that changed the parameters: a bug
+                f"Transformer.with_options({', '.join(options)}): these options change the "
+                "parameters, so they cannot be runtime options (RUNTIME_FIELDS)."
+            )
+        return jax.tree.unflatten(jax.tree.structure(like), leaves)
 
     def init_cache(self, batch: AxisSpec, length: int, *, dtype: Any = None) -> nn.KVCache:
         """An empty :class:`~namedaxes.nn.KVCache` for every layer: ``length`` slots per row.
@@ -389,7 +450,7 @@ class Transformer(eqx.Module):
                     f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
                     f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
                 )
-            key_mask = rename(attention_mask, {pos.name: "key_position"})
+            key_mask = rename(attention_mask, {pos.name: KEY_POSITION})
         x = self.embed(ids)
         if self.config.embed_scale != 1.0:
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
@@ -450,9 +511,15 @@ def _position_axis(x: Any, what: str, *, integer: bool) -> Axis:
             f"Transformer: {what} must be {kind} NamedArray with a 'position' axis, e.g. "
             f"named(array, ('batch', 'position')), got {x!r}."
         )
-    if not x.has_axis("position"):
+    if not x.has_axis(POSITION):
         raise AxisNotFoundError(
-            f"Transformer: {what} NamedArray({format_axes(x.axes)}) has no 'position' axis. "
-            "Rename its sequence axis to 'position'."
+            f"Transformer: {what} NamedArray({format_axes(x.axes)}) has no {POSITION!r} axis. "
+            f"Rename its sequence axis to {POSITION!r}."
         )
-    return x.resolve_axis("position")
+    return x.resolve_axis(POSITION)
+
+
+def mappable_axes(model: Transformer) -> frozenset[str]:
+    """Every axis name a mapping can place in ``model`` (concrete or from ``eval_shape``): its
+    parameters' and ``ACTIVATION_AXES``."""
+    return tree_axis_names(model) | frozenset(ACTIVATION_AXES)

@@ -22,7 +22,7 @@ from .._ops.shape import rename
 from ._common import expect_axes, place
 from ._context_parallel import STRATEGIES
 from ._dot_product_attention import dot_product_attention
-from ._kv_cache import KVCache
+from ._kv_cache import KEY_POSITION, KVCache
 from ._linear import Linear
 from ._norm import RmsNorm
 from ._rotary import RotaryEmbedding
@@ -299,7 +299,7 @@ class Attention(eqx.Module):
         if cache is not None and not isinstance(cache, KVCache):
             raise NamedTypeError(f"Attention cache must be a KVCache or None, got {cache!r}.")
         pos = x.resolve_axis(self.position)
-        kpos = Axis("key_position", pos.size)
+        kpos = Axis(KEY_POSITION, pos.size)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

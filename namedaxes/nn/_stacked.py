@@ -18,7 +18,7 @@ from .._ops.shape import rearrange
 from ._pipeline import check_options, pipeline_for
 from ._pipeline import run as run_pipeline
 
-__all__ = ["REMAT_POLICIES", "Stacked"]
+__all__ = ["REMAT_POLICIES", "Stacked", "check_gradient_checkpointing"]
 
 # The carry entering each layer, named so that the "offload" policy can move it to host memory.
 _CARRY = "stacked_carry"
@@ -34,6 +34,14 @@ REMAT_POLICIES = {
     "full": "only the stack's input: the whole stack runs again in the backward pass (as 'carry', "
     "so each layer runs a third time)",
 }
+
+
+def check_gradient_checkpointing(g: Any, caller: str) -> None:
+    """Raise ``NamedTypeError`` unless ``g`` is a ``gradient_checkpointing`` value: a bool,
+    ``None``, a name of ``REMAT_POLICIES``, or a ``jax.checkpoint_policies`` policy (or its name)."""
+    if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
+        names = ", ".join(repr(n) for n in REMAT_POLICIES)
+        check_remat(g, caller, "gradient_checkpointing", f"one of {names} or ")
 
 
 def _remat(g: Any) -> tuple[Any, bool]:
@@ -155,10 +163,7 @@ class Stacked(eqx.Module, Generic[M]):
             )
         if not callable(make):
             raise NamedTypeError(f"Stacked needs a callable key -> layer, got {make!r}.")
-        g = gradient_checkpointing
-        if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
-            names = ", ".join(repr(n) for n in REMAT_POLICIES)
-            check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
+        check_gradient_checkpointing(gradient_checkpointing, "Stacked")
         check_options(microbatches, schedule, repeats, "Stacked")
         if not isinstance(batch_axis, str) or not batch_axis:
             raise NamedTypeError(f"Stacked needs an axis name for batch_axis, got {batch_axis!r}.")
@@ -217,10 +222,7 @@ class Stacked(eqx.Module, Generic[M]):
             for k in ("microbatches", "schedule", "repeats", "batch_axis", "gradient_checkpointing")
         }
         check_options(merged["microbatches"], merged["schedule"], merged["repeats"], "Stacked")
-        g = merged["gradient_checkpointing"]
-        if not (g is None or isinstance(g, bool) or g in REMAT_POLICIES):
-            names = ", ".join(repr(n) for n in REMAT_POLICIES)
-            check_remat(g, "Stacked", "gradient_checkpointing", f"one of {names} or ")
+        check_gradient_checkpointing(merged["gradient_checkpointing"], "Stacked")
         out = copy.copy(self)
         for k, v in merged.items():
             object.__setattr__(out, k, v)
