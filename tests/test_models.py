@@ -277,7 +277,8 @@ def test_options_that_are_not_runtime_options_are_refused():
     model = models.from_hf(FIXTURES / "qwen3")
     runtime = (
         r"Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', "
-        r"'gradient_checkpointing'\."
+        r"'gradient_checkpointing', 'pipeline_microbatches', 'pipeline_schedule', "
+        r"'pipeline_repeats'\."
     )
     with pytest.raises(
         na.ModelConfigError,
