@@ -25,6 +25,17 @@ simulated CPU devices.
   temporary and total bytes of the compiled step (``namedaxes.analysis.compiled_memory``), the
   median step time, and the collectives in the compiled step.
 
+* ``pipeline``: a stack of 8 residual MLP layers (``nn.Stacked``) trained with ``{"layer":
+  "stage"}`` on 1, 2, 4 and 8 devices, each schedule (``gpipe``, ``1f1b``, ``circular``) with
+  ``m = 4p`` microbatches: XLA's per-device parameter and activation bytes. Then the bubble at
+  ``m = 4p`` and ``8p`` for 2 and 4 stages against the schedule's theory ``(p - 1) / (r m + p -
+  1)``, measured as device time: this section runs every simulated device on one thread of one
+  core (``--xla_cpu_multi_thread_eigen=false`` and the process's CPU affinity), so a step's time
+  is the sum of its devices' work, and compares the pipelined step with the 1-stage step that runs
+  the same microbatches one after the other on one device (so the smaller matmuls of a microbatch
+  cost both the same). On real devices each time divides by the device count, and the ratio is the
+  same; this measures what the implementation adds to the schedule's own idle ticks.
+
 Times on simulated CPU devices only compare rows with each other (and XLA:CPU computes
 ``ragged_dot`` as a masked dense product); they mean little on a busy machine.
 """
@@ -35,10 +46,12 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "pipeline" in sys.argv[1:]:  # its bubble compares devices: one thread each
+if "pipeline" in sys.argv[1:]:
+    # Its bubble is device time: every device computes on one thread, all on one core.
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     ).strip()
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 import jax
 
@@ -218,16 +231,13 @@ def _pipe_step(stack: na.nn.Stacked, x: na.NamedArray) -> Any:
     return jax.value_and_grad(lambda s: (s(x) ** 2).mean().array)(stack)
 
 
-def _pipe_run(
-    stages: int, data_parallel: bool = False, **options: Any
-) -> tuple[dict[str, int], Any]:
-    """(compiled memory, a call of the step) with the layers over ``stages`` devices (or, with
-    ``data_parallel``, the batch)."""
+def _pipe_run(stages: int, **options: Any) -> tuple[dict[str, int], Any]:
+    """(compiled memory, a call of the step) with the layers over ``stages`` devices."""
     x = na.random.normal(
         jax.random.key(1), {"batch": PIPE_ROWS, "position": PIPE_POS, "embed": PIPE_EMBED}
     )
     mesh = Mesh(np.asarray(jax.devices()[:stages]), ("stage",))
-    mapping = {"batch": "stage"} if data_parallel else {"layer": "stage"}
+    mapping = {"layer": "stage"}
     step = na.named_jit(_pipe_step, axis_resources=mapping)
     with jax.set_mesh(mesh):
         stack, x = na.shard((_pipe_stack(**options), x), mapping)
@@ -262,37 +272,55 @@ def pipeline(args: argparse.Namespace) -> None:
                 flush=True,
             )
 
-    # The bubble: the pipelined step against the same stack run data parallel on the same p
-    # devices (the batch split over them, every layer on every device): the step time an ideal
-    # split of the work would take on this machine, whatever parallelism its devices really have.
-    # On p accelerators that is T1 / p; here the simulated devices share the cores (the speed-up
-    # column), so T1 / p would count the missing parallelism as bubble.
+    # The bubble, measured as device time: every simulated device on one core (set at the top for
+    # this section), so a step takes the sum of its devices' work, idle ticks included (in SPMD a
+    # stage with nothing to do computes on what it holds, as long as a stage's tick). The 1-stage
+    # step runs the same microbatches one after the other on one device: the work without the
+    # bubble. On p real devices the ratio is the same (every time divided by p).
     print(
-        f"\nBubble: idle fraction 1 - Tdp / Tp: Tp the pipelined step on p devices, Tdp the "
-        f"unpipelined stack data parallel on the same devices (no bubble), T1 on one device. "
-        f"Medians of {args.rounds} interleaved rounds; A/A is a second Tdp:\n"
+        "\nBubble: idle fraction 1 - T1 / Tp: T1 the 1-stage step (the same m microbatches one "
+        "after the other, one device), Tp the pipelined step on p devices, both as device time "
+        f"(every device on one core). Medians of {args.rounds} interleaved rounds; A/A is a "
+        "second T1:\n"
     )
     head = (
-        f"{'stages':>6} {'schedule':<9} {'m':>3} {'T1 ms':>7} {'Tdp ms':>7} {'speed-up':>8} "
-        f"{'Tp ms':>7} {'bubble':>7} {'theory':>7} {'A/A':>6}"
+        f"{'stages':>6} {'schedule':<9} {'m':>3} {'T1 ms':>8} {'Tp ms':>8} {'bubble':>7} "
+        f"{'theory':>7} {'A/A':>6}"
     )
     print(head)
     print("-" * len(head))
-    _, one = _pipe_run(1)
     for stages in (2, 4):
-        _, dp = _pipe_run(stages, data_parallel=True)
-        _, dp_again = _pipe_run(stages, data_parallel=True)
-        for schedule in ("gpipe", "1f1b", "circular"):
-            for m in (4 * stages, 8 * stages):
+        for m in (4 * stages, 8 * stages):
+            one, again = _accumulated(m), _accumulated(m)
+            for schedule in ("gpipe", "1f1b", "circular"):
                 _, piped = _pipe_run(stages, schedule=schedule, microbatches=m)
-                t1, tdp, tp, aa = _interleaved([one, dp, piped, dp_again], args.rounds)
+                t1, tp, aa = _interleaved([one, piped, again], args.rounds)
                 repeats = 2 if schedule == "circular" else 1
                 theory = na.analysis.bubble_fraction(stages, m, repeats)
                 print(
-                    f"{stages:>6} {schedule:<9} {m:>3} {t1:>7.1f} {tdp:>7.1f} {t1 / tdp:>8.2f} "
-                    f"{tp:>7.1f} {1 - tdp / tp:>7.3f} {theory:>7.3f} {aa / tdp:>6.3f}",
+                    f"{stages:>6} {schedule:<9} {m:>3} {t1:>8.1f} {tp:>8.1f} "
+                    f"{1 - t1 / tp:>7.3f} {theory:>7.3f} {aa / t1:>6.3f}",
                     flush=True,
                 )
+
+
+def _accumulated(m: int) -> Callable[[], Any]:
+    """The 1-stage step on one device: the batch's ``m`` microbatches one after the other."""
+    x = na.random.normal(
+        jax.random.key(1), {"batch": PIPE_ROWS, "position": PIPE_POS, "embed": PIPE_EMBED}
+    )
+    parts = na.unflatten_axis(x, "batch", {"batch": PIPE_ROWS // m, "microbatch": m})
+
+    @jax.jit
+    def step(stack: na.nn.Stacked, parts: na.NamedArray) -> Any:
+        def loss(s: na.nn.Stacked) -> jax.Array:
+            body = lambda total, xj: total + (s(xj) ** 2).mean().array / m  # noqa: E731
+            return na.fold(body, "microbatch")(jnp.zeros(()), parts)
+
+        return jax.value_and_grad(loss)(stack)
+
+    stack = _pipe_stack()
+    return lambda: step(stack, parts)
 
 
 def _interleaved(calls: list[Callable[[], Any]], rounds: int) -> list[float]:

@@ -216,6 +216,9 @@ def test_pipeline_errors_name_the_fix(axis_type):
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": ("stage", "data")}):
         with pytest.raises(na.ShardingError, match="also places 'batch' on them"):
             _stack()(jnp.zeros(()) + x)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage"}):
+        with pytest.raises(na.AxisNotFoundError, match=r"got NamedArray\(position=2, embed=8\)"):
+            _stack()(x["batch", 0])
     with pytest.raises(na.NamedTypeError, match="unknown pipeline schedule 'zigzag'"):
         _stack(schedule="zigzag")
     with pytest.raises(na.ModelConfigError, match="microbatches must be a positive int"):

@@ -51,7 +51,13 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._array import NamedArray, is_named_array
 from .._axis import Axis
-from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, ShardingError
+from .._errors import (
+    AxisNotFoundError,
+    AxisSizeError,
+    NamedTypeError,
+    ShardingError,
+    format_axes,
+)
 from .._logical._context import axis_mapping, current_rules
 from .._mesh import context_mesh
 from .._ops.shape import flatten_axes, rearrange, unflatten_axis
@@ -211,6 +217,12 @@ def _merge(x: Any, pipe: Pipeline) -> Any:
     return jax.tree.map(one, x, is_leaf=is_named_array)
 
 
+def _describe(v: Any) -> str:
+    if isinstance(v, NamedArray):
+        return f"NamedArray({format_axes(v.axes)})"
+    return f"{type(v).__name__} {getattr(v, 'shape', v)!r}"
+
+
 def _has_micro(v: Any) -> bool:
     return isinstance(v, NamedArray) and v.ndim > 0 and v.axis_names[0] == _MICRO
 
@@ -334,13 +346,14 @@ def run(
             keys = _circular_keys(keys, pipe)
     xs = _split(x, pipe, "the stack's input")
     extra = _split((args, kwargs), pipe, "an argument of the stack")
-    if not jax.tree.leaves(xs, is_leaf=_has_micro) or not any(
-        _has_micro(v) for v in jax.tree.leaves(xs, is_leaf=is_named_array)
-    ):
+    carry = jax.tree.leaves(xs, is_leaf=is_named_array)
+    unsplit = [v for v in carry if not _has_micro(v)]
+    if not carry or unsplit:
+        got = "nothing" if not carry else _describe(unsplit[0])
         raise AxisNotFoundError(
-            f"The pipeline splits the stack's input into microbatches along {pipe.batch_axis!r}, "
-            "but no NamedArray of the input has that axis. Give the input a batch axis, or "
-            "pass batch_axis= to the Stacked."
+            f"The pipeline splits the stack's input into microbatches along {pipe.batch_axis!r}: "
+            f"each leaf of the input must be a NamedArray with that axis, got {got}. Give the "
+            "input a batch axis, or pass batch_axis= to the Stacked."
         )
     body_rules = rules.replace({name: None}) if rules is not None else None
 
