@@ -11,6 +11,7 @@ from _collectives import collectives_over
 from _helpers import spec_of
 from _meshes import make_mesh
 from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes.models import Transformer, TransformerConfig
@@ -21,9 +22,15 @@ Embed = na.Axis("embed", 8)
 LAYERS = 8
 
 
+_STACK = []
+
+
 def _stack(**options):
-    make = lambda k: na.nn.MLP(Embed, {"mlp": 16}, key=k)
-    return na.nn.Stacked(na.Axis("layer", LAYERS), make, key=jax.random.key(0), **options)
+    """The test stack (built once) with ``options``."""
+    if not _STACK:
+        make = lambda k: na.nn.MLP(Embed, {"mlp": 16}, key=k)
+        _STACK.append(na.nn.Stacked(na.Axis("layer", LAYERS), make, key=jax.random.key(0)))
+    return _STACK[0].with_pipeline(**options)
 
 
 def _input():
@@ -36,9 +43,10 @@ def _loss(stack, x):
 
 _grad = jax.value_and_grad(_loss, argnums=(0, 1))
 # (stages, mesh shape, mesh axes, mapping besides the layer's)
+# (2 stages with data and tensor parallelism; 4 stages alone, the batch whole on every device)
 MESHES = {
     2: ((2, 2, 2), ("stage", "data", "model"), {"batch": "data", "mlp": "model"}),
-    4: ((4, 2), ("stage", "data"), {"batch": "data"}),
+    4: ((4, 2), ("stage", "data"), {}),
 }
 
 
@@ -64,7 +72,23 @@ def test_stacked_pipeline_equals_unsharded(stages, schedule, axis_type):
     _close(g_stack.stacked, want[1][0].stacked)
     _close(g_x.array, want[1][1].array)
     assert spec_of(g_stack.stacked.up.weight)[0] == "stage"
-    assert spec_of(g_x)[0] == "data"
+    assert spec_of(g_x) == (P("data") if stages == 2 else P())
+
+
+@pytest.mark.parametrize(
+    "schedule, remat", [("gpipe", "dots"), ("1f1b", "carry"), ("circular", "full")]
+)
+def test_remat_policies_inside_the_stages(schedule, remat):
+    """Each schedule with a remat policy of the stack: the same loss and gradients."""
+    want = _grad(_stack(), _input())
+    mesh = make_mesh((2, 4), ("stage", "data"), AxisType.Auto)
+    stack = _stack(schedule=schedule, microbatches=2, gradient_checkpointing=remat)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        stack, x = na.shard((stack, _input()))
+        loss, (g_stack, g_x) = jax.jit(_grad)(stack, x)
+    np.testing.assert_allclose(loss, want[0], rtol=1e-6)
+    _close(g_stack.stacked, want[1][0].stacked)
+    _close(g_x.array, want[1][1].array)
 
 
 def _stage_collectives(schedule, axis_type):
@@ -160,10 +184,9 @@ def _reference(cfg):
     [
         (CONFIG, "gpipe", AxisType.Explicit),
         (CONFIG, "1f1b", AxisType.Auto),
-        (CONFIG, "circular", AxisType.Explicit),
-        (MOE, "gpipe", AxisType.Auto),
+        (MOE, "circular", AxisType.Auto),
     ],
-    ids=["gpipe-explicit", "1f1b-auto", "circular-explicit", "moe-gpipe-auto"],
+    ids=["gpipe-explicit", "1f1b-auto", "moe-circular-auto"],
 )
 def test_transformer_trains_pipelined(cfg, schedule, kind):
     """A whole model (embeddings and head replicated over the stages, the layers pipelined) with
@@ -219,7 +242,7 @@ def test_pipeline_errors_name_the_fix(axis_type):
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage"}):
         with pytest.raises(na.AxisNotFoundError, match=r"got NamedArray\(position=2, embed=8\)"):
             _stack()(x["batch", 0])
-    with pytest.raises(na.NamedTypeError, match="unknown pipeline schedule 'zigzag'"):
+    with pytest.raises(na.NamedTypeError, match="Stacked: unknown pipeline schedule 'zigzag'"):
         _stack(schedule="zigzag")
     with pytest.raises(na.ModelConfigError, match="microbatches must be a positive int"):
         CONFIG.replace(pipeline_microbatches=0)
@@ -233,3 +256,47 @@ def test_no_pipeline_without_a_stage_mapping():
     with jax.set_mesh(mesh), na.axis_mapping({"batch": "data"}):
         got = jax.jit(lambda s, x: s(x))(_stack(schedule="circular", microbatches=4), x)
     _close(got.array, want.array)
+
+
+def test_plan_prices_the_pipeline():
+    abstract = jax.eval_shape(
+        lambda: Transformer(CONFIG.replace(pipeline_microbatches=4), key=jax.random.key(0))
+    )
+    p = na.analysis.plan(abstract, {"stage": 2, "data": 4}, {"layer": "stage", "batch": "data"})
+    assert p.pipeline == (
+        {
+            "layer_axis": "layer", "mesh_axes": ["stage"], "stages": 2, "layers_per_stage": 2,
+            "microbatches": 4, "schedule": "gpipe", "repeats": 1, "bubble": 0.2,
+        },
+    )  # fmt: skip
+    assert "2 stages of 2 layers, gpipe, 4 microbatches, bubble 20.0%" in str(p)
+    assert na.analysis.plan(abstract, {"data": 8}, {"batch": "data"}).pipeline == ()
+
+
+def _linear_stack():
+    return jax.eval_shape(
+        lambda: na.nn.Stacked(
+            na.Axis("layer", 8),
+            lambda k: na.nn.Linear({"embed": 512}, {"mlp": 512}, key=k),
+            key=jax.random.key(0),
+        )
+    )  # 8 layers of 1 MiB
+
+
+def test_pipeline_search_pipelines_only_for_memory():
+    """Without a budget no pipeline (no bubble) ranks first; under 3 MiB per device only 4 or 8
+    stages fit, and the least idle time wins (4 stages x 32 microbatches: 3 idle ticks of 35)."""
+    stack = _linear_stack()
+    free = na.analysis.pipeline_search(stack, {"data": 8}, {"batch": "data"}, batch=64)
+    assert free[0].mesh == {"stage": 1, "data": 8} and free[0].pipeline == ()
+    tight = na.analysis.pipeline_search(
+        stack, {"data": 8}, {"batch": "data"}, batch=64, budget="3MiB", top=20
+    )
+    fits = [p for p in tight if p.fits]
+    assert {p.mesh["stage"] for p in fits} == {4, 8}
+    assert fits[0].mesh == {"stage": 4, "data": 2}
+    assert fits[0].pipeline[0]["microbatches"] == 32
+    assert fits[0].state_bytes_per_device == 2 * (512 * 512 + 512) * 4  # 2 layers: w and b
+    bubbles = [p.pipeline[0]["bubble"] for p in fits]
+    assert bubbles == sorted(bubbles)
+    assert fits[0].notes == ("4 stages x 32 microbatches of 2 rows: bubble 8.6%",)

@@ -15,7 +15,7 @@
 from ._memory import LeafUsage as LeafUsage
 from ._memory import ShardingAnalyzer as ShardingAnalyzer
 from ._pipeline_plan import bubble_fraction as bubble_fraction
-from ._pipeline_plan import pipeline_search as pipeline_search
+from ._pipeline_search import pipeline_search as pipeline_search
 from ._plan import Plan as Plan
 from ._plan import plan as plan
 from ._plan_search import PlanSearch as PlanSearch

@@ -346,7 +346,7 @@ class TransformerConfig:
             >>> cfg.with_options(num_layers=2)
             Traceback (most recent call last):
             ...
-            namedaxes._errors.ModelConfigError: TransformerConfig.with_options: 'num_layers' is not a runtime option but part of what the model is (its parameters or config.json). Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', 'gradient_checkpointing'. Build another model for another num_layers.
+            namedaxes._errors.ModelConfigError: TransformerConfig.with_options: 'num_layers' is not a runtime option but part of what the model is (its parameters or config.json). Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', 'gradient_checkpointing', 'pipeline_microbatches', 'pipeline_schedule', 'pipeline_repeats'. Build another model for another num_layers.
         """
         return runtime_options(self, options, "TransformerConfig.with_options")
 
