@@ -97,7 +97,8 @@ def _stage_collectives(schedule, axis_type):
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", **MESHES[2][2]}):
         stack, x = na.shard((stack, _input()))
         hlo = jax.jit(_grad).lower(stack, x).compile().as_text()
-    return [(op, arrays) for op, arrays, axes in collectives_over(hlo, mesh) if "stage" in axes]
+    found = collectives_over(hlo, mesh)
+    return [(op, arrays) for op, arrays, axes in found if "stage" in axes], found
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -105,7 +106,10 @@ def test_only_activations_cross_the_stage_axis(schedule, axis_type):
     """Over ``stage``: collective-permutes of one microbatch's activations (forward and backward),
     and the all-reduces that hand the last stage's output to every stage (and the gradient back);
     never a parameter or a gradient of one."""
-    found = _stage_collectives(schedule, axis_type)
+    found, everything = _stage_collectives(schedule, axis_type)
+    # and inside the stages, data and tensor parallelism as without the pipeline: all-reduces of
+    # activations over `model` and of gradients over `data`, no gather of anything
+    assert {op for op, _, _ in everything} == {"collective-permute", "all-reduce"}, everything
     microbatch = [1, 2, 8]  # (batch 8 / data 2 / 4 microbatches, position, embed)
     outputs = [4, *microbatch]  # every microbatch's output
     permutes = [arrays for op, arrays in found if op == "collective-permute"]
@@ -118,7 +122,7 @@ def test_circular_moves_parameters_to_their_stage():
     """The circular schedule's documented cost: the stored (contiguous) blocks move to their
     round-robin stage, an all-to-all of the parameters over the stage axis (and of their
     gradients back), besides the activations' permutes."""
-    found = _stage_collectives("circular", AxisType.Auto)
+    found, _ = _stage_collectives("circular", AxisType.Auto)
     assert any(op == "collective-permute" for op, _ in found)
     weights = [a for op, arrays in found if op == "all-to-all" for a in arrays]
     assert [1, 1, 1, 2, 8, 8] in weights, found  # an MLP weight block: (embed 8, mlp 16 / model 2)

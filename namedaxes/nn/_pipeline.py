@@ -379,8 +379,8 @@ def run(
         return tuple(o_arrays)
 
     def mapped(out_specs: Any) -> Any:
-        return jax.shard_map(
-            body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        return jax.shard_map(  # on the context mesh: the Auto view of it under auto_axes
+            body, in_specs=in_specs, out_specs=out_specs,
             axis_names=frozenset(pipe.mesh_axes), check_vma=False,
         )  # fmt: skip
 
@@ -392,7 +392,16 @@ def run(
     specs = tuple(
         PartitionSpec() if i < n_out else PartitionSpec(pipe.axis) for i in range(len(probe))
     )
-    flat_out = mapped(specs)(*operands)
+    call = mapped(specs)
+    if any(t == AxisType.Explicit for t in mesh.axis_types):
+        # Sharding in types inside a partly manual shard_map loses the loop's saved activations'
+        # layout in XLA (it gathered them over the data and model axes): run the pipeline with
+        # the mesh's axes Auto inside, as on an Auto mesh, and give the outputs' types back (the
+        # carry as the input, ys on the stage axes).
+        out_types = [jax.typeof(a).sharding.spec for a in x_arrays]
+        out_types += [PartitionSpec(pipe.axis)] * (len(probe) - n_out)
+        call = jax.sharding.auto_axes(call, out_sharding=tuple(out_types))
+    flat_out = call(*operands)
     out, ys = traced[-1][0](list(flat_out))
     out = _merge(out, pipe)
     if not with_ys:
