@@ -183,23 +183,27 @@ def _reference(cfg):
     return _REFERENCE[cfg]
 
 
+TENSOR = {"heads": "model", "mlp": "model"}
+CONTEXT = {"position": "model"}  # the third mesh axis splits the sequence instead
+EXPERTS = {"experts": "model"}
+
+
 @pytest.mark.parametrize(
-    "cfg, schedule, kind",
+    "cfg, schedule, kind, other",
     [
-        (CONFIG, "gpipe", AxisType.Explicit),
-        (CONFIG, "1f1b", AxisType.Auto),
-        (MOE, "circular", AxisType.Auto),
+        (CONFIG, "gpipe", AxisType.Explicit, TENSOR),
+        (CONFIG, "1f1b", AxisType.Auto, CONTEXT),
+        (MOE, "circular", AxisType.Auto, EXPERTS),
     ],
-    ids=["gpipe-explicit", "1f1b-auto", "moe-circular-auto"],
+    ids=["gpipe-tensor-explicit", "1f1b-context-auto", "moe-circular-experts-auto"],
 )
-def test_transformer_trains_pipelined(cfg, schedule, kind):
+def test_transformer_trains_pipelined(cfg, schedule, kind, other):
     """A whole model (embeddings and head replicated over the stages, the layers pipelined) with
-    data and tensor parallelism: loss and every gradient as unsharded."""
+    data parallelism and tensor, context or expert parallelism: loss and every gradient as
+    unsharded."""
     want_loss, want_grads = _reference(cfg)
     piped = cfg.replace(pipeline_schedule=schedule, pipeline_microbatches=2, pipeline_repeats=2)
-    mapping = {"layer": "stage", "batch": "data", "heads": "model", "mlp": "model"}
-    if cfg.moe:
-        mapping = {"layer": "stage", "batch": "data", "experts": "model"}
+    mapping = {"layer": "stage", "batch": "data", **other}
     mesh = make_mesh((2, 2, 2), ("stage", "data", "model"), kind)
     model = Transformer(piped, key=jax.random.key(0))
     step = na.named_jit(jax.value_and_grad(_lm_loss), axis_resources=mapping, **FAST)
