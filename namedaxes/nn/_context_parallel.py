@@ -21,7 +21,7 @@ values by one of three strategies, here on plain arrays in the kernels' layout
 
 Layout (``_context_layout``): a causal ring with the sequence in order is unbalanced (the shard
 holding the last queries computes every block, the first only its own), so by default
-(``balance="zigzag"``) the ring runs on the zig-zag layout, which gives every shard an early and
+(``context_balance="zigzag"``) the ring runs on the zig-zag layout, which gives every shard an early and
 a late chunk and the same work. Inputs in order are moved into it and the output back (an
 exchange of half of each block each way); inputs already in it (``context_layout="zigzag"``: a
 model that lays out its activations once, ``namedaxes.nn.zigzag``) stay, and then every strategy
