@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 6 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 8 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
-# the example/100m/1b training rows), the generation benchmark, the MoE dispatch comparison, and
-# the main example for 150 steps. Installs nothing; uses $PY (default python3) from the repository
+# the example/100m/1b training rows), the generation benchmark, the MoE dispatch comparison, one
+# context-parallel shard's attention per strategy (ring in order / zig-zag balanced, Ulysses,
+# all-gather: context_shards.py), and the main example for 150 steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
 # scripts at their tiny CPU sizes, which checks the script itself.
 set -uo pipefail
@@ -32,5 +33,6 @@ part "generate" "${GEN_T:-110}" "$PY" benchmarks/generate.py --budget "${GEN_B:-
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 moe_small=$([ "$backend" = cpu ] && echo --small)  # its real sizes take minutes on a CPU
 part "moe dispatch" "${MOE_T:-40}" "$PY" benchmarks/moe_dispatch.py --steps 5 $moe_small
+part "context shards" "${CTX_T:-100}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-80}"
 part "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"

@@ -7,8 +7,10 @@ simulated CPU devices.
 
 * ``context``: a llama-shaped ``namedaxes.models.Transformer`` training step (loss and gradients)
   at a fixed long sequence (``--seq``, batch 1), with ``position`` mapped to a ``context`` mesh axis
-  of 1, 2, 4 and 8 of the 8 simulated CPU devices, for both exchange strategies (``all_gather``,
-  ``ring``). Per device: XLA's compiled figures (``namedaxes.analysis.compiled_memory``: temporaries,
+  of 1, 2, 4 and 8 of the 8 simulated CPU devices, for each exchange strategy (``all_gather``,
+  ``ring`` with the sequence in order, ``ring zigzag``: the balanced ring, the default, and
+  ``ulysses``). Per device, besides the attention the slowest shard computes (a ring's calls that
+  are not skipped, counted by the ring's own code): XLA's compiled figures (``namedaxes.analysis.compiled_memory``: temporaries,
   i.e. the step's activations, and the total with arguments and outputs), the compiled exchange
   (collective kinds and counts), and the median step time over ``--rounds`` runs. Memory is exact;
   the times come from simulated devices sharing the machine's cores, so they show the exchange's
@@ -75,6 +77,7 @@ import _twin as tw  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.models import Transformer, TransformerConfig  # noqa: E402
+from namedaxes.nn._ring import Ring, work  # noqa: E402
 
 MiB = 2**20
 
@@ -97,9 +100,22 @@ def _exchange(hlo: str) -> str:
 # -- context parallelism --------------------------------------------------------------------------
 
 CONTEXT_CONFIG = TransformerConfig(
-    "llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=32,
-)  # fmt: skip
+    "llama",
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=16,
+)  # fmt: skip  (8 query heads: Ulysses splits them over up to 8 devices)
+# (row label, runtime options): the ring in order, the balanced ring (the default), Ulysses.
+CONTEXT_ROWS = (
+    ("all_gather", {"context_strategy": "all_gather"}),
+    ("ring", {"context_strategy": "ring", "context_balance": None}),
+    ("ring zigzag", {"context_strategy": "ring"}),
+    ("ulysses", {"context_strategy": "ulysses"}),
+)
 
 
 def _loss(model: Transformer, ids: na.NamedArray, labels: na.NamedArray) -> Any:
@@ -114,9 +130,8 @@ def context_parallelism(args: argparse.Namespace) -> None:
     mapping = {"position": "context"}
     rows = []
     for shards in (1, 2, 4, 8):
-        for strategy in ("all_gather", "ring") if shards > 1 else ("-",):
-            cfg = CONTEXT_CONFIG.replace(context_strategy=None if shards == 1 else strategy)
-            model = Transformer(cfg, key=jax.random.key(0))
+        for strategy, options in CONTEXT_ROWS if shards > 1 else (("-", {}),):
+            model = Transformer(CONTEXT_CONFIG.with_options(**options), key=jax.random.key(0))
             mesh = Mesh(np.asarray(jax.devices()[:shards]), ("context",))
             step = na.named_jit(eqx.filter_value_and_grad(_loss), axis_resources=mapping)
             with jax.set_mesh(mesh):
@@ -124,7 +139,9 @@ def context_parallelism(args: argparse.Namespace) -> None:
                 memory = na.analysis.compiled_memory(step, model, *batch)
                 hlo = step.lower(model, *batch).compile().as_text()
                 ms = _median_ms(lambda: step(model, *batch), rounds)  # noqa: B023
-            rows.append((shards, strategy, memory, ms, _exchange(hlo)))
+            rows.append(
+                (shards, strategy, memory, ms, _exchange(hlo), _slowest(strategy, shards, seq))
+            )
             print(f"  measured {shards} shard(s), {strategy}", file=sys.stderr, flush=True)
 
     base = rows[0][2]["temp_bytes"]
@@ -132,20 +149,32 @@ def context_parallelism(args: argparse.Namespace) -> None:
         f"\nContext parallelism: llama-shaped Transformer ({CONTEXT_CONFIG.num_layers} layers, "
         f"embed {CONTEXT_CONFIG.hidden_size}, {CONTEXT_CONFIG.num_heads} heads), batch 1 x "
         f"{seq} positions, training step (loss + gradients), float32, XLA attention; "
-        '{"position": "context"} on 1-8 simulated CPU devices. Per device:\n'
+        '{"position": "context"} on 1-8 simulated CPU devices. Per device; "slowest" is the '
+        "attention the slowest shard computes, in blocks of (positions per shard)^2 x every "
+        "head: a ring's calls it does not skip (counted by the ring's own test), else XLA's "
+        "masked scores (all-gather: its queries x every key; Ulysses: every position of its "
+        "heads, half that with a fused causal kernel):\n"
     )
     head = (
-        f"{'shards':>6}  {'strategy':<10} {'activations MiB':>15} {'vs 1':>6} "
-        f"{'total MiB':>9} {'step ms':>8}  exchange (compiled collectives)"
+        f"{'shards':>6}  {'strategy':<11} {'activations MiB':>15} {'vs 1':>6} "
+        f"{'total MiB':>9} {'step ms':>8} {'slowest':>7}  exchange (compiled collectives)"
     )
     print(head)
     print("-" * len(head))
-    for shards, strategy, memory, ms, exchange in rows:
+    for shards, strategy, memory, ms, exchange, slowest in rows:
         temp = memory["temp_bytes"]
         print(
-            f"{shards:>6}  {strategy:<10} {temp / MiB:>15.1f} {temp / base:>6.2f} "
-            f"{memory['total_bytes'] / MiB:>9.1f} {ms:>8.1f}  {exchange}"
+            f"{shards:>6}  {strategy:<11} {temp / MiB:>15.1f} {temp / base:>6.2f} "
+            f"{memory['total_bytes'] / MiB:>9.1f} {ms:>8.1f} {slowest:>7}  {exchange}"
         )
+
+
+def _slowest(strategy: str, shards: int, seq: int) -> str:
+    """The attention the slowest shard computes, in blocks of ``(seq / shards)**2`` positions."""
+    if strategy.startswith("ring"):
+        cfg = Ring(None, shards, 1.0, True, None, strategy == "ring zigzag")
+        return f"{max(work(cfg, seq // shards, seq // shards)) / (seq // shards) ** 2:.2f}"
+    return f"{shards:.2f}"  # XLA: queries x keys of every head, or all positions of 1/c of them
 
 
 # -- experts ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ model run unsharded (the Transformer), values and gradients in float32; the comp
 checked for the exchange each strategy costs and for the absence of full-sequence gathers.
 """
 
+import functools
 import re
 
 import equinox as eqx
@@ -21,6 +22,7 @@ import namedaxes as na
 from namedaxes import named
 from namedaxes.models import Transformer, TransformerConfig
 from namedaxes.nn import _attention_kernels as kernels
+from namedaxes.nn._ring import Ring, work
 
 STRATEGIES = ["all_gather", "ring"]
 # Code generation without LLVM's optimizations compiles these programs about 40% faster; XLA
@@ -128,6 +130,124 @@ def test_attention_split_over_context_equals_plain_attention(strategy, axis_type
         assert spec_of(out) == P("data", "context")  # the output stays split like the queries
 
 
+# (strategy, context options, case): the zig-zag balanced ring (the default for a causal ring;
+# sliding window at 2 shards, causal at 4, where the test above has the window), Ulysses, and
+# inputs laid out zig-zag by name (nn.zigzag) for the all-gather and Ulysses (the model tests lay
+# out the ring's).
+BALANCED_RUNS = {
+    2: [("ring", {}, "window_lengths")],
+    4: [("ring", {}, "causal")],
+}
+OTHER_RUNS = [
+    ("ulysses", {}, "causal"),
+    ("ulysses", {}, "mask"),
+    ("all_gather", {"context_layout": "zigzag"}, "window_lengths"),
+    ("ulysses", {"context_layout": "zigzag"}, "left_padded"),
+]
+
+
+@pytest.mark.parametrize(
+    "shards, axis_type",
+    [(2, AxisType.Auto), (4, AxisType.Explicit)],
+    ids=["cp2-auto", "cp4-explicit"],
+)
+def test_balanced_ring_and_ulysses_equal_plain_attention(shards, axis_type):
+    """Grouped-query heads (4 query, 2 key/value heads: at 4 shards Ulysses repeats them);
+    values and gradients; the output in order and split like the queries. Inputs laid out by
+    nn.zigzag come back in order through nn.zigzag(inverse=True). One compile per mesh."""
+    mesh = make_mesh((shards,), ("context",), axis_type)
+    mapping = {"position": "context", "key_position": "context"}  # nn.zigzag lays out keys too
+    t = 16
+    inputs = qkv(2, t, t, 4, 2, 8)
+    table = cases(t, t)
+    runs = BALANCED_RUNS[shards] + OTHER_RUNS
+
+    def named_losses(q, k, v):
+        losses, outs = [], []
+        for strategy, options, case in runs:
+            kw, allowed = table[case]
+            qi, ki, vi = q, k, v
+            laid_out = options.get("context_layout") == "zigzag"
+            if laid_out:
+                qi, (ki, vi, kw) = na.nn.zigzag(q), na.nn.zigzag((k, v, kw), "key_position")
+            out = na.nn.dot_product_attention(
+                qi, ki, vi, context_strategy=strategy, **kw, **options
+            )
+            if laid_out:
+                out = na.nn.zigzag(out, inverse=True)
+            losses.append(jnp.sum(jnp.where(_seen(allowed, t), out.array, 0) ** 2))
+            outs.append(out)
+        return sum(losses), outs
+
+    def plain_losses(q, k, v):
+        total = 0.0
+        for *_, case in runs:
+            allowed = table[case][1]
+            out = reference(q, k, v, allowed, 8**-0.5)
+            total = total + jnp.sum(jnp.where(_seen(allowed, t), out, 0) ** 2)
+        return total
+
+    grad = jax.value_and_grad(named_losses, argnums=(0, 1, 2), has_aux=True)
+    step = na.named_jit(grad, axis_resources=mapping, **FAST)
+    with jax.set_mesh(mesh):
+        (value, outs), grads = step(*na.shard(inputs, mapping))
+    plain = jax.value_and_grad(plain_losses, argnums=(0, 1, 2))
+    want, want_grads = jax.jit(plain, **FAST)(*(x.array for x in inputs))
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    for got, w in zip(grads, want_grads):
+        np.testing.assert_allclose(got.array, w, rtol=1e-5, atol=1e-5)
+    for out in outs:
+        assert spec_of(out) == P(None, "context")
+
+
+def test_balanced_ring_gives_every_shard_the_same_work():
+    """The key x query positions each shard computes (the calls the causal ring does not skip,
+    counted by the test that skips them): in order shard i does i + 1 blocks, zig-zag every shard
+    the same (at 8 shards 4.25 blocks, where the last shard did 8)."""
+    block = 16 * 16
+    for shards in (2, 4, 8):
+        ring = functools.partial(Ring, None, shards, 1.0, True, None)
+        assert work(ring(False), 16, 16) == [(i + 1) * block for i in range(shards)]
+        balanced = work(ring(True), 16, 16)
+        assert len(set(balanced)) == 1, balanced
+        # the own block's two diagonals and one full quarter, then two quarters per other block
+        assert balanced[0] == block * 3 // 4 + (shards - 1) * block // 2
+    # a sliding window shorter than a block is about even either way
+    assert work(Ring(None, 4, 1.0, True, 5, True), 16, 16) == [192, 256, 256, 256]
+
+
+def test_ulysses_needs_query_heads_that_split_into_the_shards():
+    q, k, v = qkv(1, 16, 16, 4, 2, 2)
+    mapping = {"position": "context"}
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"context_strategy='ulysses'\): the query positions are split into 8 blocks over "
+        r"mesh axes 'context', and Ulysses splits the query heads over them instead: the 4 query "
+        r"heads \('heads'\) do not split into 8\. Pass context_strategy='ring' or 'all_gather', "
+        r"or split 'position' over mesh axes whose size divides 4\.",
+    ):
+        with jax.set_mesh(make_mesh((8,), ("context",), AxisType.Explicit)):
+            with na.axis_mapping(mapping):
+                na.nn.dot_product_attention(q, k, v, context_strategy="ulysses")
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"the 2 query heads \(of 4, split by tensor parallelism\) \('heads'\) do not "
+        r"split into 4",
+    ):
+        with jax.set_mesh(make_mesh((2, 4), ("model", "context"), AxisType.Auto)):
+            with na.axis_mapping({**mapping, "heads": "model"}):
+                na.nn.dot_product_attention(q, k, v, context_strategy="ulysses")
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"context_layout='zigzag'\): the query positions are split into 4 blocks over mesh "
+        r"axes 'context'; the zig-zag layout cuts the 12 query and 12 key positions into 8 equal",
+    ):
+        q, k, v = qkv(1, 12, 12, 4, 2, 2)
+        with jax.set_mesh(make_mesh((4,), ("context",), AxisType.Explicit)):
+            with na.axis_mapping(mapping):
+                na.nn.dot_product_attention(q, k, v, context_layout="zigzag")
+
+
 def test_ring_never_reads_the_blocks_no_query_sees():
     """A causal ring skips the key blocks that lie after every query of a shard: with NaN values
     in the last block, only the shard holding the last queries sees NaN (all-gather, which
@@ -158,7 +278,8 @@ def test_ring_never_reads_the_blocks_no_query_sees():
 def test_each_shard_runs_the_kernel_on_its_queries(emulate, monkeypatch):
     """All-gather: one kernel call per shard with its block of queries and every key; cuDNN takes
     it without a causal mask, refuses the causal one (the shard's queries start at a position
-    known only at run time) and the ring (no log-sum-exp); the fastest kernel then falls back."""
+    known only at run time) and the ring (no log-sum-exp); the fastest kernel then falls back.
+    Ulysses gives cuDNN every query from the first key: it runs causal, and is the default."""
     mesh = make_mesh((2, 4), ("data", "context"), AxisType.Explicit)
     mapping = {"batch": "data", "position": "context", "key_position": "context"}
     q, k, v = qkv(2, 16, 16, 4, 2, 8)
@@ -193,6 +314,18 @@ def test_each_shard_runs_the_kernel_on_its_queries(emulate, monkeypatch):
     calls.clear()
     out = attend(causal=True, context_strategy="all_gather")  # cuDNN refuses: XLA runs
     assert list(dict.fromkeys(i for i, _ in calls)) == ["cudnn", "xla"]
+    # Ulysses runs cuDNN causal (every query, from the first key) on the shard's heads: by
+    # default, where cuDNN runs and the query heads split into the shards
+    calls.clear()
+    out = attend(causal=True)
+    causal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
+    want = reference(q.array, k.array, v.array, causal[None, None], 8**-0.5)
+    np.testing.assert_allclose(out.array, want, rtol=1e-5, atol=1e-5)
+    # per shard: 1 of 2 rows, every query, 1 of 4 query heads, its key/value head (repeated)
+    one = (1, 16, 1, 8)
+    assert {(i, c.q.shape, c.k.shape, c.causal, c.offset) for i, c in calls} == {
+        ("cudnn", one, one, True, 0)
+    }
 
 
 @pytest.fixture
@@ -200,8 +333,10 @@ def emulate(monkeypatch):
     monkeypatch.setattr(kernels, "_EMULATE", True)
 
 
-def test_default_strategy_by_key_length_per_shard():
-    """Ring from 4096 key positions per shard on, all-gather below; a ring needs equal blocks."""
+def test_default_strategy_by_key_length_per_shard(caplog):
+    """Ring from 4096 key positions per shard on, all-gather below; a ring needs equal blocks.
+    (On a CPU: Ulysses is the default where a fused kernel runs, see the kernel test.) A causal
+    ring whose positions do not cut into 2 x shards chunks runs unbalanced, and says so once."""
     mesh = make_mesh((2,), ("context",), AxisType.Explicit)
     mapping = {"position": "context", "key_position": "context"}
 
@@ -215,6 +350,13 @@ def test_default_strategy_by_key_length_per_shard():
     assert "ppermute" in long and "all_gather" not in long
     assert "all_gather" in short and "ppermute" not in short
     assert "ppermute" in program(16, context_strategy="ring")
+    with caplog.at_level("WARNING", logger="namedaxes"):
+        program(18, context_strategy="ring")
+    assert (
+        "causal ring runs unbalanced (the shard with the last queries does the most work): the "
+        "query positions are split into 2 blocks over mesh axes 'context', and the zig-zag "
+        "layout needs the 18 query and 18 key positions in 4 equal chunks" in caplog.text
+    )
 
     q, _, _ = qkv(1, 8, 8, 1, 1, 2)
     _, k, v = qkv(1, 9, 9, 1, 1, 2)
@@ -236,10 +378,31 @@ def test_unknown_strategy_is_refused():
     q, k, v = qkv(1, 4, 4, 1, 1, 2)
     with pytest.raises(
         na.AttentionKernelError,
-        match=r"unknown context_strategy='zigzag'. Choose None \(by key length\), 'all_gather', "
-        "'ring'",
+        match=r"unknown context_strategy='zigzag'. Choose None \(by sizes\), 'all_gather', "
+        "'ring', 'ulysses'",
     ):
         na.nn.dot_product_attention(q, k, v, context_strategy="zigzag")
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"unknown context_balance='striped'. Choose None \(the sequence in order\) or "
+        "'zigzag'",
+    ):
+        na.nn.dot_product_attention(q, k, v, context_balance="striped")
+    with pytest.raises(na.AttentionKernelError, match=r"unknown context_layout='zig'"):
+        na.nn.dot_product_attention(q, k, v, context_layout="zig")
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"mask= takes query and key positions in order, and context_layout='zigzag' says",
+    ):
+        mask = na.nn.causal_mask(na.Axis("position", 4), na.Axis("key_position", 4))
+        na.nn.dot_product_attention(q, k, v, mask=mask, context_layout="zigzag")
+    with pytest.raises(na.LayerError, match="Attention context_balance must be one of 'zigzag'"):
+        na.nn.Attention(
+            na.Axis("embed", 4), na.Axis("heads", 1), na.Axis("head_dim", 4),
+            key=jax.random.key(0), context_balance="zig",
+        )  # fmt: skip
+    with pytest.raises(na.ModelConfigError, match="TransformerConfig.context_balance must be"):
+        CONFIG.replace(context_balance=True)
     with pytest.raises(na.LayerError, match="Attention context_strategy must be one of"):
         na.nn.Attention(
             na.Axis("embed", 4), na.Axis("heads", 1), na.Axis("head_dim", 4),
@@ -285,6 +448,16 @@ MODEL_CASES = [
         AxisType.Explicit,
         id="dp2-cp2-tp2-gather-explicit",
     ),  # fmt: skip
+    # Ulysses after tensor parallelism: 2 query heads and 1 key/value head per shard of `model`,
+    # the key/value head repeated to split over `context` (the function tests take both kinds)
+    pytest.param(
+        (2, 2, 2),
+        ("data", "context", "model"),
+        TP,
+        "ulysses",
+        AxisType.Explicit,
+        id="dp2-cp2-tp2-ulysses-explicit",
+    ),  # fmt: skip
 ]
 
 _REFERENCE = {}
@@ -327,8 +500,11 @@ def collectives(hlo):
 @pytest.mark.parametrize("shape, names, extra, strategy, kind", MODEL_CASES)
 def test_transformer_split_over_context_equals_unsharded(shape, names, extra, strategy, kind):
     """Logits and every gradient as unsharded; the compiled step exchanges keys and values only
-    (all-gather + reduce-scatter of key/value blocks, or collective-permutes of them), reduces
-    the gradients, and moves no other array with a full-sequence dimension."""
+    (all-gather + reduce-scatter of key/value blocks, collective-permutes of them, or Ulysses'
+    all-to-alls of the shards' blocks of some heads), reduces the gradients, and moves no other
+    array with a full-sequence dimension. A balanced causal ring (the default, where the
+    sequence cuts into 2 x shards chunks) lays out the ids, the positions and the hidden states
+    once for the whole model, not per layer."""
     (want_loss, want_logits), want_grads = _reference()
     mesh = make_mesh(shape, names, kind)
     mapping = {"position": "context", **({"batch": "data"} if "data" in names else {}), **extra}
@@ -349,15 +525,27 @@ def test_transformer_split_over_context_equals_unsharded(shape, names, extra, st
     sizes = dict(zip(names, shape))
     block = [2 // sizes.get("data", 1), SEQ // sizes["context"], 2 // sizes.get("model", 1), 4]
     kv_whole = [block[0], SEQ, *block[2:]]  # one shard's keys or values, every position
-    exchange = "collective-permute" if strategy == "ring" else "all-gather"
-    assert found.get(exchange)
+    exchange = {"ring": "collective-permute", "all_gather": "all-gather", "ulysses": "all-to-all"}
+    assert found.get(exchange[strategy])
     assert strategy == "all_gather" or "all-gather" not in found
+    assert strategy == "ring" or "collective-permute" not in found
+    # the zig-zag layout's exchanges: half a block of the ids and of the positions (forward), of
+    # the hidden states (forward and backward)
+    half = SEQ // sizes["context"] // 2
+    layout = {(block[0], half), (half,), (block[0], half, CONFIG.hidden_size)}
+    laid_out = 0
     for op, results in found.items():
         for arrays in results:
             if op == "all-gather":  # the all-gather strategy's keys and values, nothing else
                 assert any(SEQ in a for a in arrays), arrays
                 assert {np.prod(a) for a in arrays} <= {np.prod(kv_whole), np.prod(block)}, arrays
+            elif op == "collective-permute" and all(tuple(a) in layout for a in arrays):
+                laid_out += len(arrays)
             elif op in ("collective-permute", "reduce-scatter"):  # the blocks (and their grads)
                 assert all(np.prod(a) == np.prod(block) and SEQ not in a for a in arrays), arrays
+            elif op == "all-to-all":  # Ulysses: the shard's positions of some heads
+                assert all(a[:2] == block[:2] and SEQ not in a for a in arrays), arrays
             else:  # gradient and tensor-parallel reductions
                 assert all(SEQ not in a for a in arrays), (op, arrays)
+    balanced = strategy == "ring" and SEQ % (2 * sizes["context"]) == 0
+    assert laid_out == (8 if balanced else 0)  # once, whatever the number of layers

@@ -276,7 +276,8 @@ def test_runtime_options_of_a_loaded_model():
 def test_options_that_are_not_runtime_options_are_refused():
     model = models.from_hf(FIXTURES / "qwen3")
     runtime = (
-        r"Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', "
+        r"Runtime options: 'context_strategy', 'context_balance', 'moe_dispatch', "
+        r"'capacity_factor', "
         r"'gradient_checkpointing', 'pipeline_microbatches', 'pipeline_schedule', "
         r"'pipeline_repeats'\."
     )

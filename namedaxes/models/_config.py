@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from .._axis import Axis
 from .._errors import ModelConfigError, NamedTypeError, did_you_mean, format_names
 from ..nn import RopeScaling, activation
-from ..nn._context_parallel import STRATEGIES
+from ..nn._context_parallel import BALANCES, STRATEGIES
 from ..nn._moe import DISPATCHES, SCORINGS
 from ..nn._pipeline import check_options
 from ..nn._stacked import check_gradient_checkpointing
@@ -24,6 +24,7 @@ __all__ = ["RUNTIME_FIELDS", "TransformerConfig", "runtime_options"]
 #: ``TransformerConfig`` (checked in ``__post_init__``, used where the model is built) named here.
 RUNTIME_FIELDS = (
     "context_strategy",
+    "context_balance",
     "moe_dispatch",
     "capacity_factor",
     "gradient_checkpointing",
@@ -88,8 +89,13 @@ class TransformerConfig:
             dtype).
         tie_word_embeddings: The output head is the embedding table.
         context_strategy: How attention exchanges keys and values when a mapping splits
-            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
-            choose by length (see ``namedaxes.nn.dot_product_attention``). A runtime option.
+            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, ``"ulysses"``, or
+            ``None`` to choose by sizes (see ``namedaxes.nn.dot_product_attention``). A runtime
+            option.
+        context_balance: ``"zigzag"`` (default): under a causal ring the model lays its
+            activations out zig-zag over the context shards at its input (and back at its
+            output), so that every shard does the same attention work; ``None``: the sequence
+            stays in order. A runtime option.
         num_experts: Experts per layer; 0 for a dense MLP.
         num_experts_per_tok: Experts each token goes to (top-k).
         moe_intermediate_size: Each expert's width (``None``: ``intermediate_size``).
@@ -119,8 +125,9 @@ class TransformerConfig:
             and pad token ids are what ``transformers``' ``generate`` uses), written back by
             ``save_hf``; ``""`` when the folder had none. Not compared.
 
-    The runtime options (``TransformerConfig.RUNTIME_FIELDS``: ``context_strategy``, ``moe_dispatch``,
-    ``capacity_factor``, ``gradient_checkpointing`` and the ``pipeline_*`` options) say how the model runs, not what it is: no
+    The runtime options (``TransformerConfig.RUNTIME_FIELDS``: ``context_strategy``,
+    ``context_balance``, ``moe_dispatch``, ``capacity_factor``, ``gradient_checkpointing`` and the
+    ``pipeline_*`` options) say how the model runs, not what it is: no
     parameter depends on them and ``save_hf`` does not write them. :meth:`with_options` changes
     them (and only them); so do ``from_hf``'s keyword arguments and
     ``Transformer.with_options`` for a model already built.
@@ -166,6 +173,7 @@ class TransformerConfig:
     embed_scale: float = 1.0
     tie_word_embeddings: bool = False
     context_strategy: str | None = None
+    context_balance: str | None = "zigzag"
     num_experts: int = 0
     num_experts_per_tok: int = 2
     moe_intermediate_size: int | None = None
@@ -224,8 +232,14 @@ class TransformerConfig:
         if self.context_strategy is not None and self.context_strategy not in STRATEGIES:
             raise ModelConfigError(
                 "TransformerConfig.context_strategy must be one of "
-                f"{', '.join(map(repr, STRATEGIES))} or None (chosen by length), got "
+                f"{', '.join(map(repr, STRATEGIES))} or None (chosen by sizes), got "
                 f"{self.context_strategy!r}."
+            )
+        if self.context_balance is not None and self.context_balance not in BALANCES:
+            raise ModelConfigError(
+                "TransformerConfig.context_balance must be one of "
+                f"{', '.join(map(repr, BALANCES))} or None (the sequence in order), got "
+                f"{self.context_balance!r}."
             )
         try:
             check_options(
@@ -346,7 +360,7 @@ class TransformerConfig:
             >>> cfg.with_options(num_layers=2)
             Traceback (most recent call last):
             ...
-            namedaxes._errors.ModelConfigError: TransformerConfig.with_options: 'num_layers' is not a runtime option but part of what the model is (its parameters or config.json). Runtime options: 'context_strategy', 'moe_dispatch', 'capacity_factor', 'gradient_checkpointing', 'pipeline_microbatches', 'pipeline_schedule', 'pipeline_repeats'. Build another model for another num_layers.
+            namedaxes._errors.ModelConfigError: TransformerConfig.with_options: 'num_layers' is not a runtime option but part of what the model is (its parameters or config.json). Runtime options: 'context_strategy', 'context_balance', 'moe_dispatch', ... Build another model for another num_layers.
         """
         return runtime_options(self, options, "TransformerConfig.with_options")
 

@@ -276,8 +276,10 @@ def from_hf(
             stored.
         strict: Refuse mapping entries that match no axis of the model (above).
         **options: Runtime options of the config (``TransformerConfig.RUNTIME_FIELDS``), which
-            say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``, or
-            ``None``: by length), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``),
+            say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``,
+            ``"ulysses"``, or ``None``: by sizes), ``context_balance`` (``"zigzag"``, the
+            default: a causal ring on a zig-zag layout of the sequence, or ``None``),
+            ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``),
             ``capacity_factor`` (``None``: dropless, as ``transformers``),
             ``gradient_checkpointing`` (``False``, ``"dots"``, ``"carry"``, ...), and, when the
             mapping puts ``layer`` on a mesh axis, ``pipeline_microbatches``,

@@ -23,6 +23,9 @@ from .._ops.creation import arange
 from .._ops.hof import fold
 from .._ops.shape import rename
 from .._partitioning._plan import tree_axis_names
+from ..nn._attention_kernels import preferred
+from ..nn._context_layout import context_shards
+from ..nn._context_parallel import strategy_for
 from ..nn._kv_cache import KEY_POSITION
 from ._config import TransformerConfig, runtime_options
 
@@ -84,6 +87,7 @@ class DecoderLayer(eqx.Module):
             rotary=rotary,
             scale=cfg.attention_scale,
             context_strategy=cfg.context_strategy,
+            context_balance=cfg.context_balance,
             position=POSITION,
             dtype=dtype,
         )
@@ -129,13 +133,15 @@ class DecoderLayer(eqx.Module):
         positions: NamedArray,
         cache: nn.KVCache | None = None,
         token_mask: NamedArray | None = None,
+        context_layout: str | None = None,
     ) -> Any:
         """The layer's output; with ``cache`` (this layer's), ``(output, cache)``; with experts
         and no cache, ``(output, router statistics)``. ``token_mask`` (``True`` at real tokens)
-        is the experts' ``where``."""
+        is the experts' ``where``; ``context_layout`` is attention's (the layout of the
+        positions of every input)."""
         a = x if self.attn_norm is None else self.attn_norm(x)
         if cache is None:
-            h = self.attn(a, key_mask=key_mask, positions=positions)
+            h = self.attn(a, key_mask=key_mask, positions=positions, context_layout=context_layout)
         else:
             h, cache = self.attn(a, key_mask=key_mask, positions=positions, cache=cache)
         x = x + (h if self.attn_out_norm is None else self.attn_out_norm(h))
@@ -242,8 +248,10 @@ class Transformer(eqx.Module):
         some runtime options of its config changed.
 
         The runtime options are the config's fields that no parameter depends on
-        (``RUNTIME_FIELDS``): ``context_strategy`` (``"all_gather"``, ``"ring"`` or ``None``),
-        ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``), ``capacity_factor``,
+        (``RUNTIME_FIELDS``): ``context_strategy`` (``"all_gather"``, ``"ring"``,
+        ``"ulysses"`` or ``None``), ``context_balance`` (``"zigzag"`` or ``None``: whether a
+        causal ring runs on the zig-zag layout of the sequence, which the model makes at its
+        input and undoes at its output), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``), ``capacity_factor``,
         ``gradient_checkpointing``, and the pipeline's ``pipeline_microbatches``,
         ``pipeline_schedule`` and ``pipeline_repeats`` (see :class:`TransformerConfig`).
         ``from_hf`` takes the same keywords.
@@ -450,6 +458,10 @@ class Transformer(eqx.Module):
                     f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
                     f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
                 )
+        layout = None if cache is not None else self._context_layout(ids)
+        if layout is not None:  # laid out once for all the layers: see _context_layout
+            ids, positions, attention_mask = nn.zigzag((ids, positions, attention_mask))
+        if attention_mask is not None:
             key_mask = rename(attention_mask, {pos.name: KEY_POSITION})
         x = self.embed(ids)
         if self.config.embed_scale != 1.0:
@@ -459,14 +471,35 @@ class Transformer(eqx.Module):
         aux = jnp.zeros((), jnp.float32)
         if cache is not None:
             x, cache = self._cached_layers(x, key_mask, positions, cache, pos.size, attention_mask)
-        elif self.config.moe:
-            x, stats = self.layers.scan(
-                x, key_mask=key_mask, positions=positions, token_mask=attention_mask
-            )
+            return self.final_norm(x), cache, aux
+        kw = dict(key_mask=key_mask, positions=positions, context_layout=layout)
+        if self.config.moe:
+            x, stats = self.layers.scan(x, token_mask=attention_mask, **kw)
             aux = stats.load_balancing_loss()
         else:
-            x = self.layers(x, key_mask=key_mask, positions=positions)
-        return self.final_norm(x), cache, aux
+            x = self.layers(x, **kw)
+        x = self.final_norm(x)
+        return (x if layout is None else nn.zigzag(x, inverse=True)), cache, aux
+
+    def _context_layout(self, ids: NamedArray) -> str | None:
+        """``"zigzag"`` when the mapping splits ``position`` and attention will run a causal
+        ring balanced by ``config.context_balance``, else ``None``.
+
+        Everything but attention works per position, so the model lays out its inputs (ids,
+        positions, mask: integers and booleans) once and its hidden states back once, instead of
+        every attention call moving its queries, keys, values and output in and out of the
+        layout (4 exchanges per layer, and 4 more backward). Attention takes the zig-zag layout
+        whatever strategy it runs, so a wrong guess of the strategy here costs time, not
+        correctness.
+        """
+        cfg = self.config
+        _, shards = context_shards(ids, POSITION)
+        n = ids.axis_size(POSITION)
+        if cfg.context_balance is None or shards == 1 or n % (2 * shards):
+            return None
+        fused = preferred() != "xla"
+        strategy = strategy_for(cfg.context_strategy, n, shards, heads=cfg.num_heads, fused=fused)
+        return cfg.context_balance if strategy == "ring" else None
 
     def _cached_layers(
         self,

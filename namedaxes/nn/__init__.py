@@ -16,6 +16,7 @@ Example:
 # layers
 from ._attention import Attention as Attention
 from ._attention import causal_mask as causal_mask
+from ._context_layout import zigzag as zigzag
 from ._dot_product_attention import dot_product_attention as dot_product_attention
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
@@ -58,4 +59,5 @@ __all__ = [
     "cross_entropy",
     "dot_product_attention",
     "one_hot",
+    "zigzag",
 ]

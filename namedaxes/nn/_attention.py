@@ -20,7 +20,7 @@ from .._ops._checks import is_static_int
 from .._ops.creation import arange
 from .._ops.shape import rename
 from ._common import expect_axes, place
-from ._context_parallel import STRATEGIES
+from ._context_parallel import BALANCES, STRATEGIES
 from ._dot_product_attention import dot_product_attention
 from ._kv_cache import KEY_POSITION, KVCache
 from ._linear import Linear
@@ -71,8 +71,9 @@ class Attention(eqx.Module):
     attention, also when the mesh axis has more devices than there are key/value heads (each
     device then uses the key/value heads of its query heads; map ``kv_heads`` too where its size
     divides). Map ``position`` to a mesh axis for context parallelism: each device attends its
-    block of the sequence, exchanging keys and values by ``context_strategy``. The key/value
-    positions are renamed to ``key_position`` (which follows ``position``'s placement).
+    block of the sequence, exchanging keys and values by ``context_strategy``, a causal ring
+    balanced by ``context_balance``. The key/value positions are renamed to ``key_position``
+    (which follows ``position``'s placement).
 
     Options: ``qk_norm`` applies an ``RmsNorm`` to queries and keys after the projections, over
     ``head_dim`` (``True`` or ``"head"``, one weight shared by the heads, as Qwen3) or over
@@ -102,14 +103,16 @@ class Attention(eqx.Module):
         scale: Multiplies the scores (default ``HeadDim.size ** -0.5``).
         position: The name of the input's sequence axis.
         context_strategy: How the shards exchange keys and values when a mapping splits
-            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, or ``None`` to
-            choose by length (see :func:`dot_product_attention`).
+            ``position`` (context parallelism): ``"all_gather"``, ``"ring"``, ``"ulysses"``, or
+            ``None`` to choose by sizes (see :func:`dot_product_attention`).
+        context_balance: ``"zigzag"`` (default) runs a causal ring on the zig-zag layout, where
+            every shard does the same work; ``None`` keeps the sequence in order.
         init_scale: Passed to every ``Linear``.
         dtype: The parameters' float dtype.
 
     Raises:
         AxisSizeError: if ``KVHeads.size`` does not divide ``Heads.size``.
-        LayerError: for an unknown ``qk_norm`` or ``context_strategy``, a ``sliding_window``
+        LayerError: for an unknown ``qk_norm``, context option, a ``sliding_window``
             below 1 or without ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named
             like ``Heads``.
 
@@ -140,6 +143,7 @@ class Attention(eqx.Module):
     scale: float | None = eqx.field(static=True)
     position: str = eqx.field(static=True)
     context_strategy: str | None = eqx.field(static=True)
+    context_balance: str | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class Attention(eqx.Module):
         scale: float | None = None,
         position: str = "position",
         context_strategy: str | None = None,
+        context_balance: str | None = "zigzag",
         init_scale: float = 1.0,
         dtype: Any = None,
     ):
@@ -201,7 +206,12 @@ class Attention(eqx.Module):
         if context_strategy is not None and context_strategy not in STRATEGIES:
             raise LayerError(
                 f"Attention context_strategy must be one of {', '.join(map(repr, STRATEGIES))} "
-                f"or None (chosen by length), got {context_strategy!r}."
+                f"or None (chosen by sizes), got {context_strategy!r}."
+            )
+        if context_balance is not None and context_balance not in BALANCES:
+            raise LayerError(
+                f"Attention context_balance must be one of {', '.join(map(repr, BALANCES))} "
+                f"or None (the sequence in order), got {context_balance!r}."
             )
         if rotary is not None and (
             not isinstance(rotary, RotaryEmbedding) or rotary.HeadDim != HeadDim
@@ -232,6 +242,7 @@ class Attention(eqx.Module):
         self.scale = scale
         self.position = position
         self.context_strategy = context_strategy
+        self.context_balance = context_balance
 
     @overload
     def __call__(
@@ -242,6 +253,7 @@ class Attention(eqx.Module):
         key_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
         cache: None = None,
+        context_layout: str | None = None,
     ) -> NamedArray: ...
 
     @overload
@@ -253,6 +265,7 @@ class Attention(eqx.Module):
         key_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
         cache: KVCache,
+        context_layout: str | None = None,
     ) -> tuple[NamedArray, KVCache]: ...
 
     def __call__(
@@ -263,6 +276,7 @@ class Attention(eqx.Module):
         key_mask: NamedArray | None = None,
         positions: NamedArray | None = None,
         cache: KVCache | None = None,
+        context_layout: str | None = None,
     ) -> NamedArray | tuple[NamedArray, KVCache]:
         """Attend over the ``position`` axis of ``x``; the output has ``x``'s axes.
 
@@ -288,6 +302,10 @@ class Attention(eqx.Module):
                 ``(batch, position)``); default ``0 .. n-1`` (with a cache, ``index ..
                 index + n - 1``).
             cache: A :class:`KVCache` (of this layer) to write to and attend over.
+            context_layout: ``None`` (``x``'s positions are in order) or ``"zigzag"`` (``x``,
+                ``key_mask`` and ``positions`` are laid out by :func:`zigzag` over the context
+                shards, as ``namedaxes.models.Transformer`` lays out its activations once for
+                all its layers); the output keeps the layout.
 
         Raises:
             AxisNotFoundError: if ``x`` lacks ``position`` or ``Embed``, ``positions`` lacks
@@ -332,6 +350,8 @@ class Attention(eqx.Module):
             query_offset=offset,
             implementation=implementation,
             context_strategy=self.context_strategy,
+            context_balance=self.context_balance,
+            context_layout=context_layout,
         )
         out = place(self.o_proj(out))
         return out if cache is None else (out, cache)

@@ -40,6 +40,7 @@ from .._spec import entry_axes, entry_of
 from . import _attention_kernels as kernels
 from . import _context_parallel as cp
 from ._common import expect_axes, expect_free, mesh_entries, spec_by_name
+from ._context_layout import LAYOUTS
 from ._precision import current_precision, upcast
 
 __all__ = ["dot_product_attention"]
@@ -202,9 +203,19 @@ class _Placement:
     context: cp.Context | None
 
 
+@dataclasses.dataclass(frozen=True)
+class _ContextOptions:
+    """What the caller asked of context parallelism: the strategy, the balance, the layout."""
+
+    strategy: str | None
+    balance: str | None
+    layout: str | None
+
+
 def _kernel_specs(
-    layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray, strategy: str | None
-) -> _Placement | None:
+    impl: str, layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray, causal: bool,
+    options: _ContextOptions,
+) -> _Placement | None:  # fmt: skip
     """Where the kernel runs split: batch axes, the leading query/key-value heads axes and the
     query positions (keys and values then split the same way along the key positions); ``None``
     when no mesh is involved.
@@ -217,49 +228,51 @@ def _kernel_specs(
     if per_name is None:
         return None
     sizes = dict(context_mesh().shape)  # type: ignore[union-attr]
+
+    def split(entry: Any) -> int:
+        return math.prod(sizes[a] for a in entry_axes(entry))
+
     out: dict[str, Any] = {n: per_name[0][n] for n in layout.batch}
     select = None
+    total = math.prod(q.axis_size(a) for a in layout.q_heads)
+    heads = total  # on each shard
     if layout.q_heads:
         entry = kv_entry = per_name[0][layout.q_heads[0]]
-        split = math.prod(sizes[a] for a in entry_axes(entry))
+        heads_split = split(entry)
         kv = k.axis_size(layout.kv_heads[0]) if layout.kv_heads else 1
-        if split > 1 and kv % split:
+        if heads_split > 1 and kv % heads_split:
             kv_entry = None  # the key/value heads stay whole on each shard
-            one_each = len(layout.q_heads) == 1 and len(layout.kv_heads) == 1 and split % kv == 0
-            if not one_each:
+            one_each = len(layout.q_heads) == 1 and len(layout.kv_heads) == 1
+            if not one_each or heads_split % kv:
                 entry = None  # blocks of query heads would straddle key/value heads
             elif kv > 1:
-                select = _KVSelect(entry_axes(entry), split // kv)
+                select = _KVSelect(entry_axes(entry), heads_split // kv)
         out[layout.q_heads[0]] = entry
+        heads //= split(entry)
         if layout.kv_heads:
             out[layout.kv_heads[0]] = kv_entry
     context = None
     pos_entry = per_name[0][layout.position] if layout.position is not None else None
-    shards = math.prod(sizes[a] for a in entry_axes(pos_entry))
+    shards = split(pos_entry)
     if shards > 1:
-        s = k.axis_size(layout.kpos)
-        keys_split = s % shards == 0
-        chosen = cp.strategy_for(strategy, s, shards)
-        if chosen == "ring" and not keys_split:
-            raise AttentionKernelError(
-                f"{_WHAT}(context_strategy='ring'): the query positions are split into {shards} "
-                f"blocks over mesh axes {format_names(entry_axes(pos_entry))}, but the "
-                f"{s} key positions ({layout.kpos!r}) do not split into {shards} equal blocks. "
-                "Pass context_strategy='all_gather' (each shard then attends to every key)."
-            )
+        context = cp.context_for(
+            impl, options.strategy, options.balance, options.layout, causal, pos_entry, shards,
+            t=q.axis_size(layout.position),  # type: ignore[arg-type]
+            s=k.axis_size(layout.kpos), heads=heads, total_heads=total,
+            names=(layout.position, layout.kpos, layout.q_heads),
+        )  # fmt: skip
         out[layout.position] = pos_entry
-        out[layout.kpos] = pos_entry if keys_split else None
-        context = cp.Context(entry_axes(pos_entry), shards, chosen, keys_split)
+        out[layout.kpos] = pos_entry if context.keys_split else None
     return _Placement(out, dict(out, **{layout.kpos: None}), select, context)
 
 
 def _run_kernel(
     impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
-    strategy: str | None, arrays: tuple[Any, ...],
+    options: _ContextOptions, arrays: tuple[Any, ...],
 ) -> NamedArray:  # fmt: skip
     q, k, v = arrays[:3]
 
-    placed = _kernel_specs(layout, q, k, v, strategy)
+    placed = _kernel_specs(impl, layout, q, k, v, causal, options)
     if placed is None:
         return _local_attention(impl, layout, scale, causal, window, None, None, *arrays)
 
@@ -363,6 +376,8 @@ def dot_product_attention(
     query_offset: int | jax.Array | NamedArray | None = None,
     implementation: str | None = None,
     context_strategy: str | None = None,
+    context_balance: str | None = "zigzag",
+    context_layout: str | None = None,
 ) -> NamedArray:
     """``softmax(query · key * scale, over key positions) · value``, axes matched by name.
 
@@ -402,13 +417,31 @@ def dot_product_attention(
     The key positions follow the query positions (no rule for ``key_position`` is needed): the
     keys and values enter split the same way along ``key_position`` and the shards exchange them
     by ``context_strategy``: ``"all_gather"`` (gather every block, one kernel call per shard with
-    its queries at their global positions) or ``"ring"`` (pass the blocks around the mesh axis
+    its queries at their global positions), ``"ring"`` (pass the blocks around the mesh axis
     with ``ppermute``, one block at a time, merging the blocks' results by their log-sum-exp;
     under ``causal`` a block that no query of the shard sees is skipped; the backward pass is a
-    second ring). ``None`` picks the ring once each shard holds 4096 key positions or more, the
-    all-gather below. The ring's blocks run the XLA kernel (merging needs each block's log-sum-exp
-    with its gradient, which cuDNN and splash do not return here); the all-gather runs any kernel
-    that takes a query offset known only at run time (XLA; cuDNN and splash without ``causal``).
+    second ring) or ``"ulysses"`` (an all-to-all makes the shards hold every position of some
+    heads instead of some positions of every head, the kernel runs unmodified on the whole
+    sequence, and an all-to-all brings the output back; the query heads must split into the
+    shards, and key/value heads that do not are repeated until they do). The ring's blocks run
+    the XLA kernel (merging needs each block's log-sum-exp with its gradient, which cuDNN and
+    splash do not return here); the all-gather runs any kernel that takes a query offset known
+    only at run time (XLA; cuDNN and splash without ``causal``); Ulysses runs any kernel, causal
+    included. ``None`` picks Ulysses where a fused kernel (cuDNN, splash) runs and the query heads
+    of a shard split evenly, else the ring once each shard holds 4096 key
+    positions or more, else the all-gather (a provisional rule: see ``docs/parallelism.md``).
+
+    ``context_balance="zigzag"`` (the default) balances a causal ring: with the sequence in
+    order the shard holding the last queries computes every block and the first only its own, so
+    the ring runs on the zig-zag layout instead (the sequence cut into ``2c`` chunks, shard ``i``
+    holding chunks ``i`` and ``2c - 1 - i``), where every shard does the same work: the inputs
+    are moved into it and the output back (an exchange of half of each block each way). It
+    needs query and key lengths that cut into ``2c`` chunks (else the ring runs unbalanced, with
+    a one-time logged note); ``None`` keeps the order. ``context_layout="zigzag"`` says that the
+    inputs' split positions (queries, keys, values, ``key_mask``) are in that layout already
+    (made by :func:`zigzag`, as ``namedaxes.models.Transformer`` does once for all its layers):
+    nothing is moved, the output stays in it, and every strategy takes it; causal masks, windows
+    and offsets still use the positions in the sequence.
 
     Args:
         query: ``(..., position, heads..., head_dim)``; must not have ``key_position``.
@@ -428,8 +461,11 @@ def dot_product_attention(
         query_offset: Key position of the first query: an int or an integer scalar (traced is
             fine for ``"xla"``); default ``key_position size - position size``.
         implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
-        context_strategy: With split query positions: ``"all_gather"``, ``"ring"``, or ``None``
-            (by key length per shard, above).
+        context_strategy: With split query positions: ``"all_gather"``, ``"ring"``,
+            ``"ulysses"``, or ``None`` (by sizes, above).
+        context_balance: ``"zigzag"`` or ``None``: the layout of a causal ring (above).
+        context_layout: ``None`` (the split positions are in order) or ``"zigzag"`` (laid out by
+            :func:`zigzag`).
 
     Returns:
         The query's axes (``head_axis`` from the value), in the query's order.
@@ -441,9 +477,11 @@ def dot_product_attention(
             positions differ from the key's, or the key/value heads do not divide the query heads.
         DuplicateAxisError: if the query has ``key_position``.
         NamedTypeError: if an option has the wrong type.
-        AttentionKernelError: if ``implementation`` or ``context_strategy`` is unknown, names a
-            kernel that cannot run here (with the reason: device, dtype, shapes or options), or
-            asks for a ring whose key positions do not split into equal blocks.
+        AttentionKernelError: if ``implementation`` or a context option is unknown, names a
+            kernel that cannot run here (with the reason: device, dtype, shapes or options), asks
+            for a ring whose key positions do not split into equal blocks, for Ulysses with query
+            heads that do not split into the shards, or for a zig-zag layout the lengths cannot
+            have (or with ``mask=``).
 
     Example:
         >>> import namedaxes as na
@@ -461,8 +499,24 @@ def dot_product_attention(
         )
     if context_strategy is not None and context_strategy not in cp.STRATEGIES:
         raise AttentionKernelError(
-            f"{_WHAT}: unknown context_strategy={context_strategy!r}. Choose None (by key "
-            f"length), {format_names(cp.STRATEGIES)}."
+            f"{_WHAT}: unknown context_strategy={context_strategy!r}. Choose None (by sizes), "
+            f"{format_names(cp.STRATEGIES)}."
+        )
+    if context_balance is not None and context_balance not in cp.BALANCES:
+        raise AttentionKernelError(
+            f"{_WHAT}: unknown context_balance={context_balance!r}. Choose None (the sequence "
+            f"in order) or {format_names(cp.BALANCES)}."
+        )
+    if context_layout is not None and context_layout not in LAYOUTS:
+        raise AttentionKernelError(
+            f"{_WHAT}: unknown context_layout={context_layout!r}. Choose None (the positions "
+            f"in order) or {format_names(LAYOUTS)} (laid out by namedaxes.nn.zigzag)."
+        )
+    if context_layout is not None and mask is not None:
+        raise AttentionKernelError(
+            f"{_WHAT}: mask= takes query and key positions in order, and "
+            f"context_layout={context_layout!r} says they are not. Pass key_mask= or "
+            "key_lengths= for padding, or the inputs in order (context_layout=None)."
         )
     query = expect_axes(query, (), _WHAT, "query")
     key = expect_axes(key, (), _WHAT, "key")
@@ -518,7 +572,7 @@ def dot_product_attention(
         return _general(query, key, value, scale, allowed, kpos_name, head)
 
     arrays = (query, key, value, mask, key_mask, key_lengths, offset)
-    strategy = context_strategy
+    strategy = _ContextOptions(context_strategy, context_balance, context_layout)
     if implementation is not None:
         try:
             return _run_kernel(

@@ -1,0 +1,181 @@
+"""The zig-zag layout of a sequence split over context shards, and moving between layouts.
+
+Split in order over ``c`` shards, shard ``i`` holds chunk ``i`` of ``c`` equal chunks. Under a
+causal mask the last shard then sees every key and the first only its own, so a causal ring waits
+for the last shard. The zig-zag layout cuts the sequence into ``2c`` chunks and gives shard ``i``
+chunks ``i`` and ``2c - 1 - i``: an early and a late chunk each, the same causal work on every
+shard. It is a permutation of one axis; this module moves arrays into and out of it:
+
+* ``exchange``: inside ``shard_map``, a block split in order becomes the shard's zig-zag block
+  (or back). Each shard sends its first half to one shard and its second half to another: two
+  ``ppermute``\\ s of half a block each, whatever ``c``.
+* ``to_sequence`` / ``from_sequence``: on one device, an axis gathered from zig-zag blocks (chunk
+  ``i`` and ``2c - 1 - i`` of each shard, shard after shard) put in order, and back (no exchange:
+  a reshape and a reversal).
+* ``pieces``: the runs of consecutive positions a shard's block is made of, with where each
+  starts in the sequence (one run in order, two in zig-zag).
+* ``zigzag``: the same permutation on NamedArrays, by axis name and the mapping in force (what a
+  model calls once on its inputs, and once backwards on its outputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._array import NamedArray, is_named_array
+from .._errors import AxisSizeError, format_axes, format_names
+from .._mesh import context_mesh
+from .._partitioning._shard_map import shard_map
+from .._spec import entry_axes
+from ._common import mesh_entries, spec_by_name
+
+__all__ = ["LAYOUTS", "Piece", "exchange", "from_sequence", "pieces", "to_sequence", "zigzag"]
+
+#: The layouts of a split sequence besides its order: ``None`` (in order) or these.
+LAYOUTS = ("zigzag",)
+
+
+def _owner(chunk: int, shards: int) -> int:
+    """The shard that holds ``chunk`` (of ``2 * shards``) in the zig-zag layout."""
+    return chunk if chunk < shards else 2 * shards - 1 - chunk
+
+
+def exchange(x: jax.Array, axis: Any, shards: int, dim: int, *, inverse: bool = False) -> jax.Array:
+    """This shard's block of ``dim`` in the zig-zag layout, from its block in order (inside
+    ``shard_map`` over mesh axes ``axis``, ``shards`` of them); ``inverse``: back.
+
+    In order shard ``i`` holds chunks ``2i`` and ``2i + 1``: the even chunks go to their zig-zag
+    shards by one permutation, the odd ones by another. A zig-zag shard ``j`` holds chunk ``j``
+    first, so its even chunk comes first when ``j`` is even.
+    """
+    if shards == 1:
+        return x
+    even = [(i, _owner(2 * i, shards)) for i in range(shards)]
+    odd = [(i, _owner(2 * i + 1, shards)) for i in range(shards)]
+    first, second = jnp.split(x, 2, axis=dim)
+    even_first = jax.lax.axis_index(axis) % 2 == 0
+    if not inverse:
+        a = jax.lax.ppermute(first, axis, even)
+        b = jax.lax.ppermute(second, axis, odd)
+        return jnp.where(even_first, jnp.concatenate([a, b], dim), jnp.concatenate([b, a], dim))
+    evens = jnp.where(even_first, first, second)
+    odds = jnp.where(even_first, second, first)
+    a = jax.lax.ppermute(evens, axis, [(j, i) for i, j in even])
+    b = jax.lax.ppermute(odds, axis, [(j, i) for i, j in odd])
+    return jnp.concatenate([a, b], dim)
+
+
+def to_sequence(x: jax.Array, shards: int, dim: int) -> jax.Array:
+    """An axis gathered from zig-zag blocks (shard after shard), in order."""
+    shape = x.shape
+    n = shape[dim] // (2 * shards)
+    y = x.reshape(shape[:dim] + (shards, 2, n) + shape[dim + 1 :])
+    early = jnp.take(y, 0, axis=dim + 1)  # chunks 0 .. c-1
+    late = jnp.flip(jnp.take(y, 1, axis=dim + 1), axis=dim)  # chunks c .. 2c-1
+    return jnp.concatenate([early, late], axis=dim).reshape(shape)
+
+
+def from_sequence(x: jax.Array, shards: int, dim: int) -> jax.Array:
+    """The inverse of ``to_sequence``: an axis in order as zig-zag blocks, shard after shard."""
+    shape = x.shape
+    n = shape[dim] // (2 * shards)
+    y = x.reshape(shape[:dim] + (2, shards, n) + shape[dim + 1 :])
+    early = jnp.take(y, 0, axis=dim)
+    late = jnp.flip(jnp.take(y, 1, axis=dim), axis=dim)
+    return jnp.stack([early, late], axis=dim + 1).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """A run of ``size`` consecutive positions at ``lo`` in a shard's block, ``start`` in the
+    sequence (an int, or traced when the shard is)."""
+
+    lo: int
+    size: int
+    start: Any
+
+
+def pieces(zig: bool, block: int, shards: int, shard: Any) -> tuple[Piece, ...]:
+    """The runs of shard ``shard``'s block of ``block`` positions: one in order, two in zig-zag."""
+    if not zig:
+        return (Piece(0, block, shard * block),)
+    h = block // 2
+    return Piece(0, h, shard * h), Piece(h, h, (2 * shards - 1 - shard) * h)
+
+
+def context_shards(x: NamedArray, axis: str) -> tuple[Any, int]:
+    """The mesh axes (a ``PartitionSpec`` entry) that split ``x``'s ``axis`` by the mapping in
+    force (else by its sharding on an Explicit mesh), and how many shards they make."""
+    entries = mesh_entries(x)
+    entry = None if entries is None else entries[0].get(axis)
+    if entry is None:
+        return None, 1
+    sizes = dict(context_mesh().shape)  # type: ignore[union-attr]
+    return entry, math.prod(sizes[a] for a in entry_axes(entry))
+
+
+def zigzag(tree: Any, axis: str = "position", *, inverse: bool = False) -> Any:
+    """Every NamedArray of ``tree`` with ``axis`` laid out zig-zag over the shards that split it.
+
+    Where the mapping in force splits ``axis`` over ``c`` shards (context parallelism), the
+    sequence is cut into ``2c`` chunks and shard ``i`` gets chunks ``i`` and ``2c - 1 - i``: under a
+    causal mask every shard then does the same work. ``inverse=True`` puts the axis back in order.
+    An array whose ``axis`` is not split (no mapping, or one shard) is returned as is, as is
+    anything without ``axis``. It moves half of each shard's block to another shard (two
+    ``ppermute`` s per array).
+
+    ``namedaxes.models.Transformer`` calls it once on its inputs and once, inverted, on its
+    outputs, and tells attention (``context_layout="zigzag"``) that the positions in between are
+    laid out so: see :func:`dot_product_attention`.
+
+    Args:
+        tree: A pytree of NamedArrays (other leaves pass through).
+        axis: The sequence axis.
+        inverse: Back from the zig-zag layout to the order.
+
+    Returns:
+        ``tree`` with the permuted arrays.
+
+    Raises:
+        AxisSizeError: if a split ``axis`` does not cut into ``2c`` equal chunks.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import namedaxes as na
+        >>> mesh = jax.make_mesh((2,), ("context",))
+        >>> x = na.named(jnp.arange(8), "position")
+        >>> with jax.set_mesh(mesh), na.axis_mapping({"position": "context"}):
+        ...     z = na.nn.zigzag(x)
+        ...     back = na.nn.zigzag(z, inverse=True)
+        >>> z.array, back.array
+        (Array([0, 1, 6, 7, 2, 3, 4, 5], dtype=int32), Array([0, 1, 2, 3, 4, 5, 6, 7], dtype=int32))
+    """
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, NamedArray) or not x.has_axis(axis):
+            return x
+        entry, shards = context_shards(x, axis)
+        if shards == 1:
+            return x
+        size = x.axis_size(axis)
+        if size % (2 * shards):
+            raise AxisSizeError(
+                f"zigzag: NamedArray({format_axes(x.axes)}) has {axis!r} split over "
+                f"{shards} shards (mesh axes {format_names(entry_axes(entry))}), and its {size} "
+                f"positions do not cut into {2 * shards} equal chunks. Pad the sequence to a "
+                f"multiple of {2 * shards}."
+            )
+        spec = spec_by_name(x, mesh_entries(x)[0])  # type: ignore[index]
+        dim = x.axis_names.index(axis)
+
+        def local(a: NamedArray) -> NamedArray:
+            return NamedArray(exchange(a.array, entry, shards, dim, inverse=inverse), a.axes)
+
+        return shard_map(local, in_specs=(spec,), out_specs=spec, check_vma=False)(x)
+
+    return jax.tree.map(one, tree, is_leaf=is_named_array)
