@@ -303,3 +303,22 @@ def test_dense_dispatch_under_expert_parallelism_needs_no_all_to_all(mesh_2x4):
     np.testing.assert_allclose(y.array, want.array, atol=1e-5)
     assert y.array.sharding.spec[0] == "data"
     assert "all-to-all" not in hlo and "all-reduce" in hlo
+
+
+# -- the grouped-matmul kernel --------------------------------------------------------------
+
+
+def test_grouped_kernel_model_expert_parallel_equals_unsharded(mesh_2x4, unsharded):
+    """dispatch='grouped' (namedaxes.kernels.grouped_matmul, Pallas interpret mode here) with 4-way
+    expert parallelism: the logits, load-balancing loss and every gradient of the unsharded model
+    (ragged dispatch, which equals dense: test_ragged_and_dense_have_the_same_gradients)."""
+    model, ((_, (logits, aux)), grads) = unsharded
+    model = model.with_options(moe_dispatch="grouped")
+    inputs = _inputs()
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPINGS["ep4"]):
+        f = na.named_jit(jax.value_and_grad(_loss, has_aux=True))
+        (_, (logits_s, aux_s)), grads_s = f(na.shard(model), *inputs)
+    close(logits_s.array, logits.array)
+    close(aux_s, aux)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
+        close(a, b)

@@ -4,14 +4,14 @@ Layout: tokens ``x (T, H)`` (every token axis flattened, the capacity groups con
 router ``(H, E)``, the experts' projections ``(E_local, H, I)`` and ``(E_local, I, H)``. The
 steps: route (scores, top-k, capacity), then the expert MLPs, either
 
-* ``"ragged"``: the ``T * k`` assignments sorted by expert and run as one grouped matmul
-  (``jax.lax.ragged_dot``) per projection; or
+* ``"ragged"`` / ``"grouped"``: the ``T * k`` assignments sorted by expert and run as one grouped
+  matmul per projection (``jax.lax.ragged_dot``, or ``namedaxes.kernels.grouped_matmul``); or
 * ``"dense"``: every (local) expert on every token, combined with the routing weights (zero for
   the experts a token did not choose).
 
-Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` sends each
-assignment to the device that holds its expert with an all-to-all and brings the results back
-with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
+Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` and
+``"grouped"`` send each assignment to the device that holds its expert with an all-to-all and
+bring the results back with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
 capacity, the worst case of all of a device's assignments going to one device (so nothing is
 dropped, at ``n`` times the rows of an even split); with one, the most its capacity lets through
 from the sequences the device holds. Where the tokens
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from .._spec import entry_of
+from ..kernels import grouped_matmul
 
 __all__ = ["Placement", "Routing", "local_moe"]
 
@@ -47,7 +48,7 @@ class Routing:
     normalize: bool
     capacity: int | None  # assignments each expert takes per group; None: dropless
     group: int  # tokens per capacity group (consecutive in x)
-    dispatch: str  # "ragged" | "dense"
+    dispatch: str  # "ragged" | "grouped" | "dense"
     activation: Callable[[jax.Array], jax.Array]
     gated: bool
 
@@ -109,12 +110,13 @@ def _ffn_ragged(
 ) -> jax.Array:  # fmt: skip
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
     gate, up, down = w
-    h = jax.lax.ragged_dot(rows, up, sizes)
+    matmul = grouped_matmul if r.dispatch == "grouped" else jax.lax.ragged_dot
+    h = matmul(rows, up, sizes)
     if gate is not None:
-        h = r.activation(jax.lax.ragged_dot(rows, gate, sizes)) * h
+        h = r.activation(matmul(rows, gate, sizes)) * h
     else:
         h = r.activation(h)
-    return _psum(jax.lax.ragged_dot(h, down, sizes), p.tp)
+    return _psum(matmul(h, down, sizes), p.tp)
 
 
 def _ffn_dense(
