@@ -166,6 +166,8 @@ def test_errors():
         build(dispatch="sparse")
     with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a positive number"):
         build(capacity_factor=0)
+    with pytest.raises(na.LayerError, match=r"dispatch=.capacity. runs the experts on \(experts, "):
+        build(dispatch="capacity")
     with pytest.raises(na.LayerError, match=r"shared_gate=True needs a shared expert"):
         build(shared_gate=True)
     moe = build()
@@ -305,7 +307,7 @@ def test_dense_dispatch_under_expert_parallelism_needs_no_all_to_all(mesh_2x4):
     assert "all-to-all" not in hlo and "all-reduce" in hlo
 
 
-# -- the grouped-matmul kernel --------------------------------------------------------------
+# -- the grouped-matmul kernel and the batched capacity layout --------------------------------
 
 
 def test_grouped_kernel_model_expert_parallel_equals_unsharded(mesh_2x4, unsharded):
@@ -322,3 +324,48 @@ def test_grouped_kernel_model_expert_parallel_equals_unsharded(mesh_2x4, unshard
     close(aux_s, aux)
     for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
         close(a, b)
+
+
+def _sum_loss(moe, x, where):
+    y, stats = moe(x, where=where)
+    return jnp.sum(jnp.sin(y.array)) + stats.load_balancing_loss(), (y, stats.counts)
+
+
+WHERE = na.named(jnp.arange(8) >= 1, "position")  # one padding token per row
+_capacity_grad = eqx.filter_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+
+
+def test_capacity_dispatch_drops_what_the_others_drop():
+    """dispatch='capacity' ((experts, capacity) slots, one batched matmul per projection) keeps
+    the same choices as the other dispatches: the oracle's values and counts, with padding, and
+    the dense dispatch's gradients."""
+    got = _capacity_grad(build(dispatch="capacity", capacity_factor=0.5), X, WHERE)
+    dense = _capacity_grad(build(dispatch="dense", capacity_factor=0.5), X, WHERE)
+    (_, (y, counts)), grads = got
+    want, want_counts, _ = oracle(build(capacity_factor=0.5), X, WHERE)
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(counts.array, want_counts)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(dense[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_capacity_dispatch_expert_parallel(mesh_2x4):
+    """8 experts on (data, model), the batch on data: each device's slots of another device's
+    experts go there by all-to-all (blocks of 1 expert x 1 sequence x capacity 1), the tokens
+    the same along model split into shares of whole sequences (one each: 3 of the 4 devices get
+    an empty one); values and gradients are the unsharded ones."""
+    moe = na.nn.MoE(
+        Embed, Axis("experts", 8), Hidden, top_k=2, key=jax.random.key(3),
+        capacity_factor=0.5, dispatch="capacity",
+    )  # fmt: skip
+    (_, (y, counts)), grads = _capacity_grad(moe, X, WHERE)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": ("data", "model")}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+        (_, (y_s, counts_s)), grads_s = f(sharded, x, WHERE)
+        hlo = f.lower(sharded, x, WHERE).compile().as_text()
+    np.testing.assert_allclose(y_s.array, y.array, atol=1e-5)
+    np.testing.assert_array_equal(counts_s.array, counts.array)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert re.search(r"f32\[1,1,1,1,6\][^=]*all-to-all\(", hlo)

@@ -278,7 +278,7 @@ def from_hf(
         **options: Runtime options of the config (``TransformerConfig.RUNTIME_FIELDS``), which
             say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``, or
             ``None``: by length), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"grouped"``,
-            ``"dense"``), ``capacity_factor`` (``None``: dropless, as ``transformers``),
+            ``"dense"``, ``"capacity"``), ``capacity_factor`` (``None``: dropless, as ``transformers``),
             ``gradient_checkpointing`` (``False``, ``"dots"``, ``"carry"``, ...), and, when the
             mapping puts ``layer`` on a mesh axis, ``pipeline_microbatches``,
             ``pipeline_schedule`` (``"gpipe"``, ``"1f1b"``, ``"circular"``) and

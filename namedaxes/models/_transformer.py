@@ -243,7 +243,7 @@ class Transformer(eqx.Module):
 
         The runtime options are the config's fields that no parameter depends on
         (``RUNTIME_FIELDS``): ``context_strategy`` (``"all_gather"``, ``"ring"`` or ``None``),
-        ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"``),
+        ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"``, ``"capacity"``),
         ``capacity_factor``, ``gradient_checkpointing``, and the pipeline's
         ``pipeline_microbatches``, ``pipeline_schedule`` and ``pipeline_repeats`` (see
         :class:`TransformerConfig`).
