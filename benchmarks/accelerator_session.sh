@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 6 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 11 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
-# the example/100m/1b training rows), the generation benchmark, the MoE dispatch comparison, and
+# the example/100m/1b training rows), the generation benchmark, the MoE dispatches (ms, active
+# TFLOP/s, grouped_matmul tilings), and
 # the main example for 150 steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
 # scripts at their tiny CPU sizes, which checks the script itself.
@@ -30,7 +31,10 @@ part "accelerator" "${ACC_T:-200}" "$PY" benchmarks/accelerator.py --rounds 5 \
   --budget "${ACC_B:-170}" ${ACC_SIZES:+--sizes "$ACC_SIZES"}
 part "generate" "${GEN_T:-110}" "$PY" benchmarks/generate.py --budget "${GEN_B:-80}" --rounds 3
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
-moe_small=$([ "$backend" = cpu ] && echo --small)  # its real sizes take minutes on a CPU
-part "moe dispatch" "${MOE_T:-40}" "$PY" benchmarks/moe_dispatch.py --steps 5 $moe_small
+moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
+# Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
+# grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.
+part "moe dispatch" "${MOE_T:-330}" "$PY" benchmarks/moe_dispatch.py --steps 5 \
+  --budget "${MOE_B:-270}" $moe_quick
 part "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"
