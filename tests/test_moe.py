@@ -369,3 +369,52 @@ def test_capacity_dispatch_expert_parallel(mesh_2x4):
     for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert re.search(r"f32\[1,1,1,1,6\][^=]*all-to-all\(", hlo)
+
+
+# -- the exchange by ragged all-to-all (GPUs, TPUs), on an emulation of the collective ----------
+
+
+def emulated_ragged_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name
+):
+    """jax.lax.ragged_all_to_all as its documentation defines it, from all-gather and all-to-all
+    (XLA:CPU has no kernel for it)."""
+    per_device = input_offsets.shape[0] // jax.lax.axis_size(axis_name)
+    sent = jax.lax.all_gather(operand, axis_name)
+    src_at = jax.lax.all_to_all(input_offsets, axis_name, 0, 0, tiled=True)
+    dst_at = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+    row = jnp.arange(output.shape[0])[:, None]
+    inside = (row >= dst_at[None, :]) & (row < (dst_at + recv_sizes)[None, :])
+    slot = jnp.argmax(inside, axis=1)
+    index = jnp.clip(src_at[slot] + row[:, 0] - dst_at[slot], 0, operand.shape[0] - 1)
+    return jnp.where(inside.any(axis=1)[:, None], sent[slot // per_device, index], output)
+
+
+def test_ragged_all_to_all_exchange_on_an_emulation(mesh_2x4, monkeypatch):
+    """Where the backend has ragged all-to-all (GPUs, TPUs), the choices travel as exactly their
+    rows per expert: with the collective emulated, 8 experts on (data, model) and the batch on
+    data (shares along model, all-to-all over both), dropless, values, counts and gradients are
+    the unsharded layer's."""
+    from namedaxes.nn import _moe_dispatch
+
+    calls = []
+
+    def collective(*args, **kwargs):
+        calls.append(kwargs["axis_name"])
+        return emulated_ragged_all_to_all(*args, **kwargs)
+
+    monkeypatch.setattr(_moe_dispatch, "ragged_all_to_all_available", lambda: True)
+    monkeypatch.setattr(_moe_dispatch, "_ragged_all_to_all", collective)
+    moe = na.nn.MoE(
+        Embed, Axis("experts", 8), Hidden, top_k=2, key=jax.random.key(3), dispatch="ragged"
+    )
+    (_, (y, counts)), grads = _capacity_grad(moe, X, WHERE)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": ("data", "model")}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+        (_, (y_s, counts_s)), grads_s = f(sharded, x, WHERE)
+    assert calls == [("data", "model")] * 2  # there and back
+    np.testing.assert_allclose(y_s.array, y.array, atol=1e-5)
+    np.testing.assert_array_equal(counts_s.array, counts.array)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

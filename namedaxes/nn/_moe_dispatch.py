@@ -13,10 +13,12 @@ steps: route (scores, top-k, capacity), then the expert MLPs, either
 
 Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` and
 ``"grouped"`` send each assignment to the device that holds its expert with an all-to-all and
-bring the results back with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
-capacity, the worst case of all of a device's assignments going to one device (so nothing is
-dropped, at ``n`` times the rows of an even split); with one, the most its capacity lets through
-from the sequences the device holds. Where the tokens
+bring the results back with a second one. On GPUs and TPUs that is ``jax.lax.ragged_all_to_all``: the counts per expert
+go first, then exactly the rows, into the receiver's buffer grouped by expert. Elsewhere
+(XLA:CPU has no ragged all-to-all) the blocks have a fixed size: without a capacity, the worst
+case of all of a device's assignments going to one device (so nothing is dropped, at ``n`` times
+the rows of an even split); with one, the most its capacity lets through from the sequences the
+device holds (the receive buffer of the ragged exchange has that size too). Where the tokens
 are the same on several of those devices, each takes its share of them first and the results are
 all-gathered at the end. ``"dense"`` exchanges no tokens: each device runs its experts on the
 tokens of its group and the partial results are summed (reduce-scattered where the tokens are
@@ -238,6 +240,59 @@ def _ragged_exchange(
     return y
 
 
+def ragged_all_to_all_available() -> bool:
+    """Whether this backend runs ``jax.lax.ragged_all_to_all`` (XLA:CPU has no kernel for it)."""
+    return jax.default_backend() in ("gpu", "tpu")
+
+
+# The collective the sized exchange calls: tests put an emulation here, as CPUs lack it.
+_ragged_all_to_all = jax.lax.ragged_all_to_all
+
+
+def _ragged_exchange_sized(
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    """The exchange of ``_ragged_exchange`` by ``jax.lax.ragged_all_to_all`` (GPUs, TPUs): the
+    row counts go first (an all-gather of ``(E,)`` counts), then each device sends exactly its
+    rows of each expert, written straight into the receiver's buffer grouped by expert (no sort
+    there), and the results come back the same way. Only the receive buffer keeps the fixed
+    worst-case size; nothing else is padded. Not run on CPUs (the tests run it on an emulation
+    of the collective)."""
+    t_all, k = ids.shape
+    h = x.shape[1]
+    if p.rep:  # the same tokens on these devices: each takes its share
+        x, weights, ids, keep = _share((x, weights, ids, keep), 1, p)
+    n, e = p.count(p.ep), r.experts
+    local = e // n
+    ep = entry_of(p.ep)
+    key = jnp.where(keep, ids, e).reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    token = order // k
+    count = _sizes(key, e)  # this device's rows per expert, in expert order from row 0
+    counts = jax.lax.all_gather(count, ep)  # (devices, E)
+    starts = jnp.cumsum(counts, axis=1) - counts  # where each expert's rows start on the sender
+    blocks = jnp.sum(counts, axis=0).reshape(n, local)  # rows per expert, by holding device
+    first = (jnp.cumsum(blocks, axis=1) - blocks).reshape(e)  # an expert's rows in its holder
+    at = first[None, :] + jnp.cumsum(counts, axis=0) - counts  # (devices, E): sender's rows there
+    me = jax.lax.axis_index(ep)
+    mine = lambda a: jax.lax.dynamic_slice_in_dim(a, me * local, local, axis=1)  # noqa: E731
+    buffer = jnp.zeros((n * _block(ids.shape[0], local, r), h), x.dtype)
+    rows = _ragged_all_to_all(
+        x[token], buffer, starts[me], count, at[me], mine(counts).reshape(-1), axis_name=ep
+    )
+    done = _ffn_ragged(rows, mine(blocks.reshape(1, e))[0], w, r, p)
+    out = _ragged_all_to_all(
+        done, jnp.zeros((ids.size, h), x.dtype), mine(at).reshape(-1),
+        mine(counts).reshape(-1), mine(starts).reshape(-1), count, axis_name=ep,
+    )  # fmt: skip
+    contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+    y = jnp.zeros_like(x).at[token].add(contrib)
+    if p.rep:
+        y = jax.lax.all_gather(y, entry_of(p.rep), axis=0, tiled=True)[:t_all]
+    return y
+
+
 def _ffn_batched(
     rows: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement
 ) -> jax.Array:
@@ -299,7 +354,8 @@ def local_moe(
     elif r.dispatch == "capacity":
         y = _capacity(x, weights, ids, keep, cast(jax.Array, position), w, r, p)
     elif p.ep:
-        y = _ragged_exchange(x, weights, ids, keep, w, r, p)
+        exchange = _ragged_exchange_sized if ragged_all_to_all_available() else _ragged_exchange
+        y = exchange(x, weights, ids, keep, w, r, p)
     else:
         y = _ragged_local(x, weights, ids, keep, w, r, p)
     return y, stats  # type: ignore[return-value]
