@@ -15,6 +15,7 @@ the stores (forward, row gradient) or out of the operands (weight gradient).
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import jax
@@ -23,12 +24,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .._errors import KernelError, format_names
-
-try:  # JAX's Pallas TPU grouped matmul: the product and the weight gradient
-    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm as _megablox_gmm
-    from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm as _megablox_tgmm
-except ImportError:  # pragma: no cover - present in every JAX this library supports
-    _megablox_gmm = _megablox_tgmm = None
 
 __all__ = ["IMPLEMENTATIONS", "grouped_matmul", "grouped_matmul_reference"]
 
@@ -128,11 +123,7 @@ def grouped_matmul(
     own = "tpu" if implementation == "megablox" else "gpu"
     interpret = backend != own if interpret is None else bool(interpret)
     if implementation == "megablox":
-        if _megablox_gmm is None:  # pragma: no cover - in every JAX this library supports
-            raise KernelError(
-                "grouped_matmul: implementation='megablox' needs "
-                "jax.experimental.pallas.ops.tpu.megablox, which this JAX lacks; use 'pallas'."
-            )
+        _megablox()  # fails here, not in the backward pass, where it is missing
     default = TPU_TILING if implementation == "megablox" else GPU_TILING
     return _grouped((implementation, tiling or default, interpret), lhs, rhs, sizes)
 
@@ -321,7 +312,7 @@ def _product(
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     lhs, rhs = _megablox_padded(lhs, tiling), _megablox_padded(rhs, tiling)
     with jax.numpy_dtype_promotion("standard"):  # megablox's metadata mixes bools and ints
-        out = _megablox_gmm(
+        out = _megablox().gmm(
             lhs, rhs, sizes, lhs.dtype, tiling, transpose_rhs=transpose_rhs, interpret=interpret
         )
     past = (jnp.arange(m) >= jnp.sum(sizes))[:, None]  # megablox leaves these rows unwritten
@@ -339,10 +330,22 @@ def _weight_gradient(
     k, n = lhs.shape[1], grad.shape[1]
     lhs, grad = _megablox_padded(lhs, tiling), _megablox_padded(grad, tiling)
     with jax.numpy_dtype_promotion("standard"):
-        out = _megablox_tgmm(
+        out = _megablox().tgmm(
             lhs.swapaxes(0, 1), grad, sizes, lhs.dtype, tiling, interpret=interpret
         )
     return out[:, :k, :n]
+
+
+def _megablox() -> Any:
+    """JAX's Pallas TPU grouped matmul module (``gmm``, ``tgmm``), imported on first use: it
+    costs a tenth of a second that nothing off TPUs needs."""
+    try:  # the module, which the package's ``gmm`` (a function) shadows as an attribute
+        return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+    except ImportError as e:  # pragma: no cover - present in every JAX this library supports
+        raise KernelError(
+            "grouped_matmul: implementation='megablox' needs "
+            "jax.experimental.pallas.ops.tpu.megablox, which this JAX lacks; use 'pallas'."
+        ) from e
 
 
 def _megablox_padded(x: jax.Array, tiling: tuple[int, int, int]) -> jax.Array:
