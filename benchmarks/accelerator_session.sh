@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 8 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 11 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
+#
+# A device call may run 10 minutes at most, so on a lent machine run it as two calls on the same
+# warm machine (each about 5.5 minutes; 11 in all, inside a 15-minute device budget):
+#   PARTS="device check accelerator generate" bash benchmarks/accelerator_session.sh
+#   PARTS="moe context example" bash benchmarks/accelerator_session.sh
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
-# the example/100m/1b training rows), the generation benchmark, the MoE dispatch comparison, one
-# context-parallel shard's attention per strategy (ring in order / zig-zag balanced, Ulysses,
-# all-gather: context_shards.py), and the main example for 150 steps. Installs nothing; uses $PY (default python3) from the repository
+# the example/100m/1b training rows), the generation benchmark, the MoE dispatches (ms, active
+# TFLOP/s, grouped_matmul tilings), one context-parallel shard's attention per strategy (ring in
+# order / zig-zag balanced, Ulysses, all-gather: context_shards.py), and the main example for 150
+# steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
 # scripts at their tiny CPU sizes, which checks the script itself.
 set -uo pipefail
@@ -18,21 +24,26 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-part() {  # part TITLE SECONDS COMMAND...: one part, its output appended to the log
-  local title=$1 limit=$2
-  shift 2
+PARTS=${PARTS:-device check accelerator generate moe context example}
+part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
+  local key=$1 title=$2 limit=$3
+  shift 3
+  case " $PARTS " in *" $key "*) ;; *) return 0 ;; esac
   echo "== $title" | tee -a "$OUT/all.log"
   timeout "$limit" "$@" 2>&1 | quiet | tee -a "$OUT/all.log"
 }
-part "device" 60 "$PY" -c 'import jax; print(jax.__version__, jax.devices())'
-part "accelerator --check" "${CHECK_T:-60}" "$PY" benchmarks/accelerator.py --check
+part device "device" 30 "$PY" -c 'import jax; print(jax.__version__, jax.devices())'
+part check "accelerator --check" "${CHECK_T:-45}" "$PY" benchmarks/accelerator.py --check
 # ACC_SIZES picks rows (default: the script's own, example/100m/1b on an accelerator).
-part "accelerator" "${ACC_T:-200}" "$PY" benchmarks/accelerator.py --rounds 5 \
-  --budget "${ACC_B:-170}" ${ACC_SIZES:+--sizes "$ACC_SIZES"}
-part "generate" "${GEN_T:-110}" "$PY" benchmarks/generate.py --budget "${GEN_B:-80}" --rounds 3
+part accelerator "accelerator" "${ACC_T:-170}" "$PY" benchmarks/accelerator.py --rounds 5 \
+  --budget "${ACC_B:-140}" ${ACC_SIZES:+--sizes "$ACC_SIZES"}
+part generate "generate" "${GEN_T:-90}" "$PY" benchmarks/generate.py --budget "${GEN_B:-65}" --rounds 3
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
-moe_small=$([ "$backend" = cpu ] && echo --small)  # its real sizes take minutes on a CPU
-part "moe dispatch" "${MOE_T:-40}" "$PY" benchmarks/moe_dispatch.py --steps 5 $moe_small
-part "context shards" "${CTX_T:-100}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-80}"
-part "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
+moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
+# Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
+# grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.
+part moe "moe dispatch" "${MOE_T:-200}" "$PY" benchmarks/moe_dispatch.py --steps 5 \
+  --budget "${MOE_B:-170}" $moe_quick
+part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
+part example "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"

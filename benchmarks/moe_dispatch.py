@@ -1,13 +1,26 @@
-"""nn.MoE's dispatches on one device: do "ragged" (jax.lax.ragged_dot) and "dense" agree, and which
-is faster? Decides what ``dispatch="auto"`` should pick on an accelerator.
+"""nn.MoE's dispatches on one device: which is fastest, and how close to the routed work's floor?
+Decides what ``dispatch="auto"`` should pick on each backend.
 
-Run: ``python benchmarks/moe_dispatch.py`` on a GPU or TPU (``--small`` for a quick CPU check).
-For each expert count, a bfloat16 MoE layer (float32 parameters, SwiGLU experts, top-2 softmax
-routing) runs forward and backward on a batch of tokens with each dispatch. Printed per row: the
-largest difference of the outputs and of the router gradient between the two dispatches (relative
-to their scale), the median time of a forward+backward step, and how XLA compiled
-``ragged_dot`` (the HLO ops that carry it: a grouped-GEMM custom call or kernel, or dense ``dot``s
-over masked operands).
+Run: ``python benchmarks/moe_dispatch.py`` on a GPU or TPU (``--quick`` for a CPU check of the
+script: tiny sizes, where only agreement means anything; ``grouped`` runs in Pallas interpret mode
+there, slowly).
+
+For each expert count (8, 32, 64, 128) and top-k (2, 8), a bfloat16 MoE layer (float32
+parameters, SwiGLU experts, softmax routing renormalised over the top-k) runs forward and backward
+on a batch of tokens with each dispatch: ``dense``, ``ragged`` (``jax.lax.ragged_dot``),
+``grouped`` (``namedaxes.kernels.grouped_matmul``) and ``capacity`` (GShard slots, one batched
+matmul, at ``--capacity-factor``). Printed per row: the median time of a forward+backward step;
+the *active* TFLOP/s, the routed work only (``6 x tokens x top_k x 3 x embed x width``: the three
+expert projections of the choices, forward and backward; the router and the dense or padded
+extra work not counted) over that time, and its share of the bfloat16 peak (``--peak`` in
+TFLOP/s, else measured as ``benchmarks/accelerator.py`` does); the largest difference of the
+output and of the router gradient from ``dense`` with the same capacity (relative to their
+scale); and what XLA compiled the expert products to (custom calls, ragged-dot and dot ops).
+
+``--tilings 64,64,128 128,64,128`` also times ``grouped_matmul`` alone (forward and both backward
+products of the up projection, uniform random routing) per tiling against ``ragged_dot``, to set
+``namedaxes.kernels._grouped_matmul.GPU_TILING`` (at the first and last expert count); on a GPU
+a few tilings run by default. ``--budget`` bounds the whole run: rows past it are skipped.
 """
 
 from __future__ import annotations
@@ -15,14 +28,25 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import time
+import sys
+from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import namedaxes as na
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import Budget, clock  # noqa: E402
+from accelerator import out_of_memory, peak_bf16  # noqa: E402
+
+import namedaxes as na  # noqa: E402
+from namedaxes.kernels import grouped_matmul  # noqa: E402
+
+DISPATCHES = ("dense", "ragged", "grouped", "capacity")
+GPU_TILINGS = ((64, 64, 128), (128, 64, 128), (128, 32, 128), (64, 32, 64), (128, 64, 256))
 
 
 def step_fn(moe: na.nn.MoE, x: na.NamedArray) -> tuple[jax.Array, jax.Array]:
@@ -36,48 +60,132 @@ def step_fn(moe: na.nn.MoE, x: na.NamedArray) -> tuple[jax.Array, jax.Array]:
     return out, grads.router.weight.array
 
 
-def kernels(hlo: str) -> str:
+def compiled_to(hlo: str) -> str:
     calls = sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo)))
     dots = len(re.findall(r"\bdot\(", hlo))
     ragged = len(re.findall(r"\bragged-dot\(", hlo))
-    return f"custom calls {calls or '-'}, {ragged} ragged-dot ops, {dots} dot ops"
+    return f"custom calls {calls or '-'}, {ragged} ragged-dot, {dots} dot"
+
+
+def active_flops(tokens: int, top_k: int, embed: int, width: int) -> float:
+    """The routed work of a forward and backward step: 3 gated-MLP projections per choice."""
+    return 6.0 * tokens * top_k * 3 * embed * width
+
+
+def rel_diff(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def moe_rows(args: argparse.Namespace, peak: float, budget: Budget) -> None:
+    tokens, embed, width = args.tokens, args.embed, args.width
+    x = na.random.normal(jax.random.key(0), {"batch": 8, "position": tokens // 8, "embed": embed})
+    print(
+        f"| experts | top-k | dispatch | ms | active TFLOP/s | % of peak | diff out | diff grad "
+        f"| compiled to |\n|{'---|' * 9}"
+    )
+    for n in args.experts:
+        for k in args.top_k:
+            flops = active_flops(tokens, k, embed, width)
+            refs: dict[float | None, Any] = {}
+            for dispatch in args.dispatches:
+                if budget.left() <= 0:
+                    print(f"| {n} | {k} | {dispatch} | skipped (budget) |")
+                    continue
+                capacity = args.capacity_factor if dispatch == "capacity" else None
+                make = lambda d: na.nn.MoE(  # noqa: E731
+                    {"embed": embed}, na.Axis("experts", n), {"expert_mlp": width}, top_k=k,
+                    key=jax.random.key(1), dispatch=d, normalize=True, capacity_factor=capacity,
+                )  # fmt: skip
+                step = eqx.filter_jit(step_fn)
+                try:
+                    moe = make(dispatch)
+                    out = jax.block_until_ready(step(moe, x))
+                    if capacity not in refs:  # dense with the same capacity: the reference
+                        ref = out if dispatch == "dense" else step(make("dense"), x)
+                        refs[capacity] = jax.block_until_ready(ref)
+                    times = [clock(lambda: step(moe, x)) for _ in range(args.steps)]
+                    how = ""
+                    if dispatch in ("ragged", "grouped"):  # a second compile: only where it tells
+                        how = compiled_to(step.lower(moe, x).lowered.compile().as_text())
+                except Exception as e:  # one row out of memory must not end the table
+                    if not out_of_memory(e):
+                        raise
+                    print(f"| {n} | {k} | {dispatch} | out of memory |")
+                    continue
+                t = statistics.median(times)
+                (y, g), (y_ref, g_ref) = out, refs[capacity]
+                print(
+                    f"| {n} | {k} | {dispatch} | {t * 1e3:.2f} | {flops / t / 1e12:.1f} "
+                    f"| {100 * flops / t / peak:.1f} | {rel_diff(y, y_ref):.1e} "
+                    f"| {rel_diff(g, g_ref):.1e} | {how} |",
+                    flush=True,
+                )
+
+
+def tiling_rows(
+    args: argparse.Namespace, tilings: list[tuple[int, int, int]], budget: Budget
+) -> None:
+    """``grouped_matmul`` alone per tiling against ``ragged_dot``: forward and both backward
+    products of ``(tokens * top_k, embed) x (experts, embed, width)`` in bfloat16, at the first
+    and the last expert count."""
+    k, embed, width = args.top_k[0], args.embed, args.width
+    rows = args.tokens * k
+    print(f"\n| experts | product (top-{k}) | ms | TFLOP/s |\n|{'---|' * 4}")
+    for n in sorted({args.experts[0], args.experts[-1]}):
+        keys = jax.random.split(jax.random.key(2), 3)
+        lhs = jax.random.normal(keys[0], (rows, embed), jnp.bfloat16)
+        rhs = jax.random.normal(keys[1], (n, embed, width), jnp.bfloat16)
+        choice = jax.random.randint(keys[2], (rows,), 0, n)
+        sizes = jnp.zeros(n, jnp.int32).at[choice].add(1)
+        products = {"ragged_dot": lambda a, b: jax.lax.ragged_dot(a, b, sizes)}
+        for t in tilings:
+            products[f"grouped {t}"] = lambda a, b, t=t: grouped_matmul(a, b, sizes, tiling=t)
+        for name, product in products.items():
+            if budget.left() <= 0:
+                print(f"| {n} | {name} | skipped (budget) |")
+                continue
+            f = jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(product(a, b)), (0, 1)))
+            jax.block_until_ready(f(lhs, rhs))
+            ms = statistics.median(clock(lambda: f(lhs, rhs)) for _ in range(args.steps)) * 1e3
+            flops = 6.0 * rows * embed * width
+            print(f"| {n} | {name} | {ms:.3f} | {flops / ms / 1e9:.1f} |", flush=True)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="tiny sizes (CPU check)")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quick", "--small", action="store_true", help="tiny sizes (CPU check)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row")
+    parser.add_argument("--experts", type=_ints, help="expert counts, e.g. 8,32,64,128")
+    parser.add_argument("--top-k", type=_ints, help="top-k values, e.g. 2,8")
+    parser.add_argument("--dispatches", type=lambda s: s.split(","), default=list(DISPATCHES))
+    parser.add_argument("--capacity-factor", type=float, default=1.25)
+    parser.add_argument("--peak", type=float, help="bfloat16 peak TFLOP/s (default: measured)")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds for all rows")
+    parser.add_argument(
+        "--tilings", nargs="*", type=lambda s: tuple(_ints(s)), help="grouped_matmul tilings"
+    )
     args = parser.parse_args()
-    tokens, embed, hidden = (512, 64, 128) if args.small else (8192, 1024, 2048)
-    counts = (4, 8) if args.small else (8, 32, 64)
-    print(f"backend {jax.default_backend()}, {tokens} tokens, embed {embed}, expert width {hidden}")
-    x = na.random.normal(jax.random.key(0), {"batch": 8, "position": tokens // 8, "embed": embed})
-    for n in counts:
-        experts = na.Axis("experts", n)
-        results = {}
-        for dispatch in ("dense", "ragged"):
-            moe = na.nn.MoE(
-                {"embed": embed}, experts, {"expert_mlp": hidden}, top_k=2,
-                key=jax.random.key(1), dispatch=dispatch, normalize=True,
-            )  # fmt: skip
-            step = eqx.filter_jit(step_fn)
-            out = jax.block_until_ready(step(moe, x))
-            times = []
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                jax.block_until_ready(step(moe, x))
-                times.append(time.perf_counter() - start)
-            hlo = step.lower(moe, x).lowered.compile().as_text()
-            results[dispatch] = (out, statistics.median(times), kernels(hlo))
-        (y_d, g_d), t_d, _ = results["dense"]
-        (y_r, g_r), t_r, how = results["ragged"]
-        dy = float(np.abs(np.asarray(y_r) - np.asarray(y_d)).max() / np.abs(np.asarray(y_d)).max())
-        dg = float(np.abs(np.asarray(g_r) - np.asarray(g_d)).max() / np.abs(np.asarray(g_d)).max())
-        print(
-            f"experts {n:3d}: dense {t_d * 1e3:8.2f} ms, ragged {t_r * 1e3:8.2f} ms "
-            f"(ragged/dense {t_r / t_d:.2f}); max rel diff output {dy:.1e}, router grad {dg:.1e}; "
-            f"ragged compiled to {how}"
-        )
+    args.tokens, args.embed, args.width = (256, 64, 64) if args.quick else (8192, 1024, 2048)
+    args.experts = args.experts or ([8] if args.quick else [8, 32, 64, 128])
+    args.top_k = args.top_k or [2, 8]
+    peak = 1e12 * args.peak if args.peak else peak_bf16(Budget(20.0))
+    print(
+        f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {args.tokens} tokens, "
+        f"embed {args.embed}, expert width {args.width}, bfloat16 peak {peak / 1e12:.1f} TFLOP/s "
+        f"({'given' if args.peak else 'measured'}), capacity factor {args.capacity_factor}"
+    )
+    budget = Budget(args.budget)
+    moe_rows(args, peak, budget)
+    tilings = args.tilings
+    if tilings is None and jax.default_backend() == "gpu":
+        tilings = list(GPU_TILINGS)
+    if tilings:
+        tiling_rows(args, tilings, budget)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ names into ``PartitionSpec``s.
 The core lives here (named arrays, axes, errors, the named ops, rules, ``resolve``, the mapping
 context, placement and ``named_jit``/``fsdp``, ``shard_map``); the rest lives in its subpackage and
 only there: ``namedaxes.nn``, ``namedaxes.random``, ``namedaxes.mesh``, ``namedaxes.distributed``,
-``namedaxes.rules``, ``namedaxes.analysis``, ``namedaxes.models``, ``namedaxes.checkpoint``.
+``namedaxes.rules``, ``namedaxes.analysis``, ``namedaxes.kernels``, ``namedaxes.models``,
+``namedaxes.checkpoint``.
 
 Layers, lowest first. A module imports only from its own layer or lower ones, at module top (a
 function-level import counts as an import); no module imports ``namedaxes`` itself, and the
@@ -23,15 +24,17 @@ layers' own modules import one another without cycles (tests/test_layers.py chec
    ``named_jit``/``fsdp``, ``shard_map``
 9. ``mesh``, ``rules``, ``distributed``
 10. ``analysis``
-11. ``nn``
-12. ``models``, ``checkpoint``
-13. ``__init__``, ``_cli``, ``__main__``, ``mypy_plugin``
+11. ``kernels``: Pallas kernels on plain arrays
+12. ``nn``
+13. ``models``, ``checkpoint``
+14. ``__init__``, ``_cli``, ``__main__``, ``mypy_plugin``
 """
 
 __version__ = "0.1.0"
 
 from . import analysis as analysis
 from . import distributed as distributed
+from . import kernels as kernels
 from . import mesh as mesh
 from . import nn as nn
 from . import random as random
@@ -71,6 +74,7 @@ from ._errors import DistributedError as DistributedError
 from ._errors import DonatedArrayError as DonatedArrayError
 from ._errors import DuplicateAxisError as DuplicateAxisError
 from ._errors import GenerationError as GenerationError
+from ._errors import KernelError as KernelError
 from ._errors import LayerError as LayerError
 from ._errors import MappingTypeError as MappingTypeError
 from ._errors import MemoryAnalysisUnavailableError as MemoryAnalysisUnavailableError

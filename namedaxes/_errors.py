@@ -26,6 +26,7 @@ __all__ = [
     "DistributedError",
     "DonatedArrayError",
     "DuplicateAxisError",
+    "KernelError",
     "LayerError",
     "MappingTypeError",
     "MemoryAnalysisUnavailableError",
@@ -141,6 +142,11 @@ class LayerError(NamedAxesError, ValueError):
 class AttentionKernelError(LayerError):
     """An attention kernel asked for by name cannot run here: not on this device, not for these
     dtypes, shapes or options (``dot_product_attention(..., implementation="cudnn")`` on a CPU)."""
+
+
+class KernelError(NamedAxesError, ValueError):
+    """A kernel of ``namedaxes.kernels`` got operands it cannot take (ranks, shapes, dtypes) or
+    options it cannot run with (a tiling that is not powers of 2)."""
 
 
 class PlanError(NamedAxesError, ValueError):

@@ -27,6 +27,7 @@ PUBLIC = [
     "namedaxes.analysis",
     "namedaxes.models",
     "namedaxes.checkpoint",
+    "namedaxes.kernels",
 ]
 MODULES = {
     name: importlib.import_module(name)

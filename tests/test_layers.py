@@ -26,6 +26,7 @@ LAYERS = [
     ("namedaxes._partitioning",),
     ("namedaxes.mesh", "namedaxes.rules", "namedaxes.distributed"),
     ("namedaxes.analysis",),
+    ("namedaxes.kernels",),
     ("namedaxes.nn",),
     ("namedaxes.models", "namedaxes.checkpoint"),
     ("namedaxes", "namedaxes._cli", "namedaxes.__main__", "namedaxes.mypy_plugin"),

@@ -166,6 +166,8 @@ def test_errors():
         build(dispatch="sparse")
     with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a positive number"):
         build(capacity_factor=0)
+    with pytest.raises(na.LayerError, match=r"dispatch=.capacity. runs the experts on \(experts, "):
+        build(dispatch="capacity")
     with pytest.raises(na.LayerError, match=r"shared_gate=True needs a shared expert"):
         build(shared_gate=True)
     moe = build()
@@ -303,3 +305,116 @@ def test_dense_dispatch_under_expert_parallelism_needs_no_all_to_all(mesh_2x4):
     np.testing.assert_allclose(y.array, want.array, atol=1e-5)
     assert y.array.sharding.spec[0] == "data"
     assert "all-to-all" not in hlo and "all-reduce" in hlo
+
+
+# -- the grouped-matmul kernel and the batched capacity layout --------------------------------
+
+
+def test_grouped_kernel_model_expert_parallel_equals_unsharded(mesh_2x4, unsharded):
+    """dispatch='grouped' (namedaxes.kernels.grouped_matmul, Pallas interpret mode here) in a
+    Mixtral-shaped model with 4-way expert parallelism: the logits and load-balancing loss of the
+    unsharded model (ragged dispatch, which equals dense). Forward only, to keep the suite fast:
+    the kernel's gradients are test_grouped_matmul's, and under expert parallelism
+    test_ragged_all_to_all_exchange_on_an_emulation's."""
+    model, ((_, (logits, aux)), _) = unsharded
+    model = model.with_options(moe_dispatch="grouped")
+    ids, mask, _ = _inputs()
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(MAPPINGS["ep4"]):
+        f = na.named_jit(lambda m, ids, mask: m(ids, attention_mask=mask, return_aux_loss=True))
+        logits_s, aux_s = f(na.shard(model), ids, mask)
+    close(logits_s.array, logits.array)
+    close(aux_s, aux)
+
+
+def _sum_loss(moe, x, where):
+    y, stats = moe(x, where=where)
+    return jnp.sum(jnp.sin(y.array)) + stats.load_balancing_loss(), (y, stats.counts)
+
+
+WHERE = na.named(jnp.arange(8) >= 1, "position")  # one padding token per row
+_capacity_grad = eqx.filter_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+
+
+def test_capacity_dispatch_drops_what_the_others_drop():
+    """dispatch='capacity' ((experts, capacity) slots, one batched matmul per projection) keeps
+    the same choices as the other dispatches: the oracle's values and counts, with padding, and
+    the dense dispatch's gradients."""
+    got = _capacity_grad(build(dispatch="capacity", capacity_factor=0.5), X, WHERE)
+    dense = _capacity_grad(build(dispatch="dense", capacity_factor=0.5), X, WHERE)
+    (_, (y, counts)), grads = got
+    want, want_counts, _ = oracle(build(capacity_factor=0.5), X, WHERE)
+    np.testing.assert_allclose(y.array, want, atol=1e-5)
+    np.testing.assert_array_equal(counts.array, want_counts)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(dense[1]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_capacity_dispatch_expert_parallel(mesh_2x4):
+    """8 experts on (data, model), the batch on data: each device's slots of another device's
+    experts go there by all-to-all (blocks of 1 expert x 1 sequence x capacity 1), the tokens
+    the same along model split into shares of whole sequences (one each: 3 of the 4 devices get
+    an empty one); values and gradients are the unsharded ones."""
+    moe = na.nn.MoE(
+        Embed, Axis("experts", 8), Hidden, top_k=2, key=jax.random.key(3),
+        capacity_factor=0.5, dispatch="capacity",
+    )  # fmt: skip
+    (_, (y, counts)), grads = _capacity_grad(moe, X, WHERE)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": ("data", "model")}):
+        sharded, x = na.shard((moe, X))
+        f = na.named_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+        (_, (y_s, counts_s)), grads_s = f(sharded, x, WHERE)
+        hlo = f.lower(sharded, x, WHERE).compile().as_text()
+    np.testing.assert_allclose(y_s.array, y.array, atol=1e-5)
+    np.testing.assert_array_equal(counts_s.array, counts.array)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert re.search(r"f32\[1,1,1,1,6\][^=]*all-to-all\(", hlo)
+
+
+# -- the exchange by ragged all-to-all (GPUs, TPUs), on an emulation of the collective ----------
+
+
+def emulated_ragged_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name
+):
+    """jax.lax.ragged_all_to_all as its documentation defines it, from all-gather and all-to-all
+    (XLA:CPU has no kernel for it)."""
+    per_device = input_offsets.shape[0] // jax.lax.axis_size(axis_name)
+    sent = jax.lax.all_gather(operand, axis_name)
+    src_at = jax.lax.all_to_all(input_offsets, axis_name, 0, 0, tiled=True)
+    dst_at = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+    row = jnp.arange(output.shape[0])[:, None]
+    inside = (row >= dst_at[None, :]) & (row < (dst_at + recv_sizes)[None, :])
+    slot = jnp.argmax(inside, axis=1)
+    index = jnp.clip(src_at[slot] + row[:, 0] - dst_at[slot], 0, operand.shape[0] - 1)
+    return jnp.where(inside.any(axis=1)[:, None], sent[slot // per_device, index], output)
+
+
+def test_ragged_all_to_all_exchange_on_an_emulation(mesh_2x4, monkeypatch):
+    """Where the backend has ragged all-to-all (GPUs, TPUs), the choices travel as exactly their
+    rows per expert: with the collective emulated, grouped dispatch (what runs there), 8 experts
+    on (data, model) and the batch on data (shares along model, all-to-all over both), dropless,
+    values, counts and gradients are the unsharded layer's (ragged dispatch)."""
+    from namedaxes.nn import _moe_dispatch
+
+    calls = []
+
+    def collective(*args, **kwargs):
+        calls.append(kwargs["axis_name"])
+        return emulated_ragged_all_to_all(*args, **kwargs)
+
+    monkeypatch.setattr(_moe_dispatch, "ragged_all_to_all_available", lambda: True)
+    monkeypatch.setattr(_moe_dispatch, "_ragged_all_to_all", collective)
+    moe = lambda dispatch: na.nn.MoE(  # noqa: E731  (the same parameters for each)
+        Embed, Axis("experts", 8), Hidden, top_k=2, key=jax.random.key(3), dispatch=dispatch
+    )
+    (_, (y, counts)), grads = _capacity_grad(moe("ragged"), X, WHERE)
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "experts": ("data", "model")}):
+        sharded, x = na.shard((moe("grouped"), X))
+        f = na.named_jit(eqx.filter_value_and_grad(_sum_loss, has_aux=True))
+        (_, (y_s, counts_s)), grads_s = f(sharded, x, WHERE)
+    assert calls == [("data", "model")] * 2  # there and back
+    np.testing.assert_allclose(y_s.array, y.array, atol=1e-5)
+    np.testing.assert_array_equal(counts_s.array, counts.array)
+    for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

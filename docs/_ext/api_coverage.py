@@ -17,7 +17,9 @@ from typing import Any
 
 log = logging.getLogger("mkdocs.hooks.api_coverage")
 
-SUBPACKAGES = ("nn", "models", "random", "mesh", "rules", "analysis", "checkpoint", "distributed")
+SUBPACKAGES = (
+    "nn", "models", "random", "mesh", "rules", "analysis", "checkpoint", "distributed", "kernels",
+)  # fmt: skip
 
 
 def _public(module: types.ModuleType) -> list[str]:

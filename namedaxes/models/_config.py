@@ -106,7 +106,7 @@ class TransformerConfig:
         router_aux_loss_coef: The weight ``transformers`` gives the load-balancing loss in
             training (kept for ``config.json``; scale ``Transformer``'s ``aux_loss`` by it).
         moe_dispatch: How the experts run (``namedaxes.nn.MoE``'s ``dispatch``: ``"auto"``,
-            ``"ragged"``, ``"dense"``). A runtime option.
+            ``"ragged"``, ``"grouped"``, ``"dense"``, ``"capacity"``). A runtime option.
         pipeline_microbatches: Microbatches of the pipeline when the mapping places ``layer`` on
             mesh axes (``{"layer": "stage"}``); ``None``: one per stage (see
             ``namedaxes.nn.Stacked``). A runtime option.

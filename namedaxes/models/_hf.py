@@ -279,7 +279,8 @@ def from_hf(
             say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``,
             ``"ulysses"``, or ``None``: by sizes), ``context_balance`` (``"zigzag"``, the
             default: a causal ring on a zig-zag layout of the sequence, or ``None``),
-            ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``),
+            ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"``,
+            ``"capacity"``),
             ``capacity_factor`` (``None``: dropless, as ``transformers``),
             ``gradient_checkpointing`` (``False``, ``"dots"``, ``"carry"``, ...), and, when the
             mapping puts ``layer`` on a mesh axis, ``pipeline_microbatches``,

@@ -251,7 +251,8 @@ class Transformer(eqx.Module):
         (``RUNTIME_FIELDS``): ``context_strategy`` (``"all_gather"``, ``"ring"``,
         ``"ulysses"`` or ``None``), ``context_balance`` (``"zigzag"`` or ``None``: whether a
         causal ring runs on the zig-zag layout of the sequence, which the model makes at its
-        input and undoes at its output), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"dense"``), ``capacity_factor``,
+        input and undoes at its output), ``moe_dispatch`` (``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"``,
+        ``"capacity"``), ``capacity_factor``,
         ``gradient_checkpointing``, and the pipeline's ``pipeline_microbatches``,
         ``pipeline_schedule`` and ``pipeline_repeats`` (see :class:`TransformerConfig`).
         ``from_hf`` takes the same keywords.

@@ -45,7 +45,7 @@ from ._moe_dispatch import Placement, Routing, local_moe
 __all__ = ["DISPATCHES", "MoE", "RouterStats"]
 
 #: ``dispatch`` options: ``"auto"`` is ``"dense"`` on CPU and ``"ragged"`` elsewhere.
-DISPATCHES = ("auto", "ragged", "dense")
+DISPATCHES = ("auto", "ragged", "grouped", "dense", "capacity")
 SCORINGS = ("softmax", "sigmoid")
 
 
@@ -118,17 +118,22 @@ class MoE(eqx.Module):
     nothing, from the experts). Without it (default) nothing is dropped.
 
     Dispatch: ``"ragged"`` sorts the choices by expert and runs each projection as one grouped
-    matmul (``jax.lax.ragged_dot``); ``"dense"`` runs every expert on every token and combines
-    them with the routing weights (zero for experts not chosen): ``E / top_k`` times the work, no
-    sorting. ``"auto"`` (default) is ``"ragged"`` on GPUs and TPUs and ``"dense"`` on CPUs, where
-    XLA computes ``ragged_dot`` as a masked dense product (``top_k`` times the dense work). Both
-    give the same values.
+    matmul (``jax.lax.ragged_dot``); ``"grouped"`` does the same with
+    :func:`namedaxes.kernels.grouped_matmul`, a kernel that does only the routed work forward and
+    backward (Pallas/Triton on GPUs, megablox on TPUs; on CPUs Pallas interpret mode, which is
+    slow: for tests); ``"dense"`` runs every expert on every token and combines them with the
+    routing weights (zero for experts not chosen): ``E / top_k`` times the work, no sorting;
+    ``"capacity"`` (needs ``capacity_factor``) places each sequence's kept choices in
+    ``(experts, capacity)`` slots and runs one ``(E, slots, Embed) x (E, Embed, Hidden)`` batched
+    matmul per projection (GShard's layout). ``"auto"`` (default) is ``"ragged"`` on GPUs and TPUs
+    and ``"dense"`` on CPUs, where XLA computes ``ragged_dot`` as a masked dense product
+    (``top_k`` times the dense work). All give the same values and drop the same choices.
 
     Under a mapping, the layer runs per device (``shard_map``): placing ``experts`` on mesh axes
     is expert parallelism (each device holds and computes its block of experts; with
-    ``"ragged"`` the tokens' choices travel to their experts' devices and back by all-to-all),
-    placing ``Hidden`` splits each expert (tensor parallelism), and the token axes stay where
-    they are. ``Embed`` is gathered for the layer.
+    ``"ragged"``, ``"grouped"`` and ``"capacity"`` the tokens' choices travel to their experts'
+    devices and back by all-to-all), placing ``Hidden`` splits each expert (tensor parallelism),
+    and the token axes stay where they are. ``Embed`` is gathered for the layer.
 
     Args:
         Embed: The input and output axes.
@@ -142,7 +147,7 @@ class MoE(eqx.Module):
         normalize: Renormalise each token's top-k weights to sum to 1.
         capacity_factor: Capacity per expert as a multiple of an even share, or ``None``
             (dropless).
-        dispatch: ``"auto"``, ``"ragged"`` or ``"dense"``.
+        dispatch: ``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"`` or ``"capacity"``.
         SharedHidden: The hidden axes of a shared expert, or ``None`` for none.
         shared_gate: Scale the shared expert by a learned sigmoid gate.
         position: The sequence axis of the inputs (capacity counts per sequence).
@@ -151,7 +156,8 @@ class MoE(eqx.Module):
 
     Raises:
         LayerError: for ``top_k`` outside ``1 .. Experts.size``, an unknown ``scoring``,
-            ``dispatch`` or activation, or a capacity factor that is not positive.
+            ``dispatch`` or activation, a capacity factor that is not positive, or
+            ``dispatch="capacity"`` without one.
 
     Example:
         >>> import jax
@@ -219,6 +225,12 @@ class MoE(eqx.Module):
             raise LayerError(
                 f"MoE: capacity_factor={capacity_factor!r} must be a positive number, or None "
                 "for dropless routing."
+            )
+        if dispatch == "capacity" and capacity_factor is None:
+            raise LayerError(
+                "MoE: dispatch='capacity' runs the experts on (experts, capacity) slots and "
+                "needs a capacity_factor (e.g. 1.25); for dropless routing use 'ragged', "
+                "'grouped' or 'dense'."
             )
         act = _by_name(activation) if isinstance(activation, str) else activation
         k_router, k_experts, k_shared, k_gate = jax.random.split(key, 4)

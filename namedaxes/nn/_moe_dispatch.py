@@ -4,33 +4,41 @@ Layout: tokens ``x (T, H)`` (every token axis flattened, the capacity groups con
 router ``(H, E)``, the experts' projections ``(E_local, H, I)`` and ``(E_local, I, H)``. The
 steps: route (scores, top-k, capacity), then the expert MLPs, either
 
-* ``"ragged"``: the ``T * k`` assignments sorted by expert and run as one grouped matmul
-  (``jax.lax.ragged_dot``) per projection; or
+* ``"ragged"`` / ``"grouped"``: the ``T * k`` assignments sorted by expert and run as one grouped
+  matmul per projection (``jax.lax.ragged_dot``, or ``namedaxes.kernels.grouped_matmul``);
 * ``"dense"``: every (local) expert on every token, combined with the routing weights (zero for
-  the experts a token did not choose).
+  the experts a token did not choose); or
+* ``"capacity"``: each group's kept assignments in ``(experts, capacity)`` slots (GShard's layout)
+  and one batched matmul ``(E, slots, H) x (E, H, I)`` per projection.
 
-Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` sends each
-assignment to the device that holds its expert with an all-to-all and brings the results back
-with a second one. The blocks have a fixed size (XLA:CPU has no ragged all-to-all): without a
-capacity, the worst case of all of a device's assignments going to one device (so nothing is
-dropped, at ``n`` times the rows of an even split); with one, the most its capacity lets through
-from the sequences the device holds. Where the tokens
+Under expert parallelism (the experts split over the mesh axes ``ep``), ``"ragged"`` and
+``"grouped"`` send each assignment to the device that holds its expert with an all-to-all and
+bring the results back with a second one. On GPUs and TPUs that is ``jax.lax.ragged_all_to_all``: the counts per expert
+go first, then exactly the rows, into the receiver's buffer grouped by expert. Elsewhere
+(XLA:CPU has no ragged all-to-all) the blocks have a fixed size: without a capacity, the worst
+case of all of a device's assignments going to one device (so nothing is dropped, at ``n`` times
+the rows of an even split); with one, the most its capacity lets through from the sequences the
+device holds (the receive buffer of the ragged exchange has that size too). Where the tokens
 are the same on several of those devices, each takes its share of them first and the results are
 all-gathered at the end. ``"dense"`` exchanges no tokens: each device runs its experts on the
 tokens of its group and the partial results are summed (reduce-scattered where the tokens are
-split).
+split). ``"capacity"`` sends each device's slot block of every other device's experts (the
+slots are the fixed blocks) by all-to-all and back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
+from typing import cast
 
 import jax
 import jax.numpy as jnp
 
 from .._spec import entry_of
+from ..kernels import grouped_matmul
 
 __all__ = ["Placement", "Routing", "local_moe"]
 
@@ -47,7 +55,7 @@ class Routing:
     normalize: bool
     capacity: int | None  # assignments each expert takes per group; None: dropless
     group: int  # tokens per capacity group (consecutive in x)
-    dispatch: str  # "ragged" | "dense"
+    dispatch: str  # "ragged" | "grouped" | "dense" | "capacity"
     activation: Callable[[jax.Array], jax.Array]
     gated: bool
 
@@ -72,12 +80,13 @@ def _psum(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return jax.lax.psum(x, entry_of(axes)) if axes else x
 
 
-def route(
-    x: jax.Array, router: jax.Array, mask: jax.Array, r: Routing
-) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+def route(x: jax.Array, router: jax.Array, mask: jax.Array, r: Routing) -> tuple[
+    jax.Array, jax.Array, jax.Array, jax.Array | None, tuple[jax.Array, jax.Array, jax.Array]
+]:  # fmt: skip
     """Top-k weights ``(T, k)`` (float32), expert ids ``(T, k)``, which assignments run ``(T, k)``,
-    and the load statistics (choices per expert, summed probabilities, tokens) of the tokens in
-    ``mask``."""
+    with a capacity each assignment's position among its expert's in its group ``(T, k)`` (else
+    ``None``), and the load statistics (choices per expert, summed probabilities, tokens) of the
+    tokens in ``mask``."""
     logits = jnp.dot(x, router).astype(F32)
     if r.scoring == "softmax":
         scores = jax.nn.softmax(logits, axis=-1)
@@ -93,6 +102,7 @@ def route(
     counts = jnp.einsum("tke,t->e", chosen, real)
     stats = (counts, jnp.einsum("te,t->e", probs, real), jnp.sum(real))
     keep = jnp.broadcast_to(mask[:, None], ids.shape)
+    position = None
     if r.capacity is not None:
         # Position of each assignment among its expert's, in (token, choice) order per group.
         taken = (chosen * keep[..., None].astype(F32)).astype(jnp.int32)
@@ -100,7 +110,7 @@ def route(
         before = jnp.cumsum(groups, axis=1).reshape(taken.shape) - taken
         position = jnp.sum(before * taken, axis=-1)
         keep = keep & (position < r.capacity)
-    return weights * keep.astype(F32), ids.astype(jnp.int32), keep, stats
+    return weights * keep.astype(F32), ids.astype(jnp.int32), keep, position, stats
 
 
 def _ffn_ragged(
@@ -109,12 +119,13 @@ def _ffn_ragged(
 ) -> jax.Array:  # fmt: skip
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
     gate, up, down = w
-    h = jax.lax.ragged_dot(rows, up, sizes)
+    matmul = grouped_matmul if r.dispatch == "grouped" else jax.lax.ragged_dot
+    h = matmul(rows, up, sizes)
     if gate is not None:
-        h = r.activation(jax.lax.ragged_dot(rows, gate, sizes)) * h
+        h = r.activation(matmul(rows, gate, sizes)) * h
     else:
         h = r.activation(h)
-    return _psum(jax.lax.ragged_dot(h, down, sizes), p.tp)
+    return _psum(matmul(h, down, sizes), p.tp)
 
 
 def _ffn_dense(
@@ -180,6 +191,18 @@ def _block(tokens: int, local: int, r: Routing) -> int:
     return min(choices, sequences * local * r.capacity)
 
 
+def _share(arrays: tuple[jax.Array, ...], unit: int, p: Placement) -> tuple[jax.Array, ...]:
+    """This device's share of rows that are the same on the devices of ``p.rep``: as many whole
+    ``unit``s of rows on each (the last padded with zeros, ``False`` for masks)."""
+    t, n = arrays[0].shape[0], p.count(p.rep)
+    share = -(-t // (unit * n)) * unit
+    first = jax.lax.axis_index(entry_of(p.rep)) * share
+    widths = lambda a: [(0, share * n - t)] + [(0, 0)] * (a.ndim - 1)  # noqa: E731
+    return tuple(
+        jax.lax.dynamic_slice_in_dim(jnp.pad(a, widths(a)), first, share, axis=0) for a in arrays
+    )
+
+
 def _ragged_exchange(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
     w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
@@ -187,16 +210,7 @@ def _ragged_exchange(
     t_all, k = ids.shape
     h = x.shape[1]
     if p.rep:  # the same tokens on these devices: each takes its share
-        share = -(-t_all // p.count(p.rep))
-        pad = share * p.count(p.rep) - t_all
-        if pad:
-            x = jnp.pad(x, ((0, pad), (0, 0)))
-            weights, ids = jnp.pad(weights, ((0, pad), (0, 0))), jnp.pad(ids, ((0, pad), (0, 0)))
-            keep = jnp.pad(keep, ((0, pad), (0, 0)))
-        first = jax.lax.axis_index(entry_of(p.rep)) * share
-        x, weights, ids, keep = (
-            jax.lax.dynamic_slice_in_dim(a, first, share, axis=0) for a in (x, weights, ids, keep)
-        )
+        x, weights, ids, keep = _share((x, weights, ids, keep), 1, p)
     n = p.count(p.ep)
     local = r.experts // n
     a = _block(ids.shape[0], local, r)
@@ -227,18 +241,127 @@ def _ragged_exchange(
     return y
 
 
+def ragged_all_to_all_available() -> bool:
+    """Whether expert parallelism exchanges tokens by ``jax.lax.ragged_all_to_all``: only on GPUs
+    and TPUs (XLA:CPU has no kernel for it), and only when ``NAMEDAXES_RAGGED_ALL_TO_ALL=1`` is
+    set. It has run only on an emulation of the collective so far (the tests'); until it has run
+    on several accelerators the fixed blocks stay the default there too."""
+    if os.environ.get("NAMEDAXES_RAGGED_ALL_TO_ALL") != "1":
+        return False
+    return jax.default_backend() in ("gpu", "tpu")
+
+
+# The collective the sized exchange calls: tests put an emulation here, as CPUs lack it.
+_ragged_all_to_all = jax.lax.ragged_all_to_all
+
+
+def _ragged_exchange_sized(
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    """The exchange of ``_ragged_exchange`` by ``jax.lax.ragged_all_to_all`` (GPUs, TPUs): the
+    row counts go first (an all-gather of ``(E,)`` counts), then each device sends exactly its
+    rows of each expert, written straight into the receiver's buffer grouped by expert (no sort
+    there), and the results come back the same way. Only the receive buffer keeps the fixed
+    worst-case size; nothing else is padded. Not run on CPUs (the tests run it on an emulation
+    of the collective)."""
+    t_all, k = ids.shape
+    h = x.shape[1]
+    if p.rep:  # the same tokens on these devices: each takes its share
+        x, weights, ids, keep = _share((x, weights, ids, keep), 1, p)
+    n, e = p.count(p.ep), r.experts
+    local = e // n
+    ep = entry_of(p.ep)
+    key = jnp.where(keep, ids, e).reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    token = order // k
+    count = _sizes(key, e)  # this device's rows per expert, in expert order from row 0
+    counts = jax.lax.all_gather(count, ep)  # (devices, E)
+    starts = jnp.cumsum(counts, axis=1) - counts  # where each expert's rows start on the sender
+    blocks = jnp.sum(counts, axis=0).reshape(n, local)  # rows per expert, by holding device
+    first = (jnp.cumsum(blocks, axis=1) - blocks).reshape(e)  # an expert's rows in its holder
+    at = first[None, :] + jnp.cumsum(counts, axis=0) - counts  # (devices, E): sender's rows there
+    me = jax.lax.axis_index(ep)
+    mine = lambda a: jax.lax.dynamic_slice_in_dim(a, me * local, local, axis=1)  # noqa: E731
+    buffer = jnp.zeros((n * _block(ids.shape[0], local, r), h), x.dtype)
+    rows = _ragged_all_to_all(
+        x[token], buffer, starts[me], count, at[me], mine(counts).reshape(-1), axis_name=ep
+    )
+    done = _ffn_ragged(rows, mine(blocks.reshape(1, e))[0], w, r, p)
+    out = _ragged_all_to_all(
+        done, jnp.zeros((ids.size, h), x.dtype), mine(at).reshape(-1),
+        mine(counts).reshape(-1), mine(starts).reshape(-1), count, axis_name=ep,
+    )  # fmt: skip
+    contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+    y = jnp.zeros_like(x).at[token].add(contrib)
+    if p.rep:
+        y = jax.lax.all_gather(y, entry_of(p.rep), axis=0, tiled=True)[:t_all]
+    return y
+
+
+def _ffn_batched(
+    rows: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement
+) -> jax.Array:
+    """The expert MLPs on ``rows (E, R, H)``, expert ``e`` on ``rows[e]``: batched matmuls."""
+    gate, up, down = w
+    h = jnp.einsum("erh,ehi->eri", rows, up)
+    if gate is not None:
+        h = r.activation(jnp.einsum("erh,ehi->eri", rows, gate)) * h
+    else:
+        h = r.activation(h)
+    return _psum(jnp.einsum("eri,eih->erh", h, down), p.tp)
+
+
+def _capacity(
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array, position: jax.Array,
+    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+) -> jax.Array:  # fmt: skip
+    """GShard's layout: each group's kept assignments in ``(experts, capacity)`` slots, at their
+    ``position``, run as one ``(E, groups * capacity, H)`` batched product; under expert
+    parallelism each device's slots of another's experts are the block all-to-all sends it."""
+    t_all, h = x.shape
+    if p.rep:  # the same tokens on these devices: each takes a share of whole groups
+        x, weights, ids, keep, position = _share((x, weights, ids, keep, position), r.group, p)
+    t, e, c = x.shape[0], r.experts, cast(int, r.capacity)
+    groups = t // r.group
+    empty = groups * e * c  # the slot of the dropped assignments: an extra zero row
+    group = jnp.arange(t, dtype=jnp.int32)[:, None] // r.group
+    slot = jnp.where(keep, (group * e + ids) * c + position, empty).reshape(-1)
+    token = jnp.full((empty + 1,), t, jnp.int32).at[slot].set(jnp.arange(slot.size) // r.top_k)
+    zero = jnp.zeros((1, h), x.dtype)
+    rows = jnp.concatenate([x, zero])[token[:empty]].reshape(groups, e, c, h)
+    rows = rows.transpose(1, 0, 2, 3)  # (E, groups, C, H)
+    n = p.count(p.ep)
+    if n > 1:  # block d of the experts to device d; each device gets every device's slots
+        ep = entry_of(p.ep)
+        rows = jax.lax.all_to_all(rows.reshape(n, e // n, groups, c, h), ep, 0, 0, tiled=True)
+        rows = rows.transpose(1, 0, 2, 3, 4)  # (E / n, devices, groups, C, H)
+    out = _ffn_batched(rows.reshape(rows.shape[0], -1, h), w, r, p).reshape(rows.shape)
+    if n > 1:
+        out = jax.lax.all_to_all(out.transpose(1, 0, 2, 3, 4), ep, 0, 0, tiled=True)
+    out = out.reshape(e, groups, c, h).transpose(1, 0, 2, 3).reshape(empty, h)
+    picked = jnp.concatenate([out, zero])[slot].reshape(t, r.top_k, h)
+    y = jnp.einsum("tkh,tk->th", picked, weights.astype(picked.dtype))
+    if p.rep:
+        y = jax.lax.all_gather(y, entry_of(p.rep), axis=0, tiled=True)[:t_all]
+    return y
+
+
 def local_moe(
     x: jax.Array, mask: jax.Array, router: jax.Array,
     w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:  # fmt: skip
     """The MoE output ``(T, H)`` of this device's tokens and the load statistics (summed over
     the devices that split the tokens)."""
-    weights, ids, keep, stats = route(x, router, mask, r)
+    weights, ids, keep, position, stats = route(x, router, mask, r)
     stats = tuple(_psum(s, p.tokens) for s in stats)  # type: ignore[assignment]
     if r.dispatch == "dense":
         y = _dense(x, weights, ids, w, r, p)
+    elif r.dispatch == "capacity":
+        y = _capacity(x, weights, ids, keep, cast(jax.Array, position), w, r, p)
     elif p.ep:
-        y = _ragged_exchange(x, weights, ids, keep, w, r, p)
+        exchange = _ragged_exchange_sized if ragged_all_to_all_available() else _ragged_exchange
+        y = exchange(x, weights, ids, keep, w, r, p)
     else:
         y = _ragged_local(x, weights, ids, keep, w, r, p)
     return y, stats  # type: ignore[return-value]

@@ -1,0 +1,379 @@
+"""A grouped matmul that does only the routed work: ``out[r] = lhs[r] @ rhs[g]`` for the rows ``r``
+of each group ``g`` (rows sorted by group, ``group_sizes[g]`` each; rows past the last group give 0),
+with both backward products (the rows' gradient and each group's weight gradient).
+
+Kernels: on GPUs a Pallas kernel (Triton lowering); on TPUs JAX's own megablox ``gmm``/``tgmm``
+where it imports; elsewhere the same Pallas kernel in interpret mode (slow: for tests). The
+reference, ``jax.lax.ragged_dot``, is beside it.
+
+The Pallas kernel walks a list of work items, one per (group, row tile) pair that the group
+touches, so a tile is computed once per group it holds rows of: the waste is at most one tile per
+group boundary, and an empty group costs nothing. A tile's rows of other groups are masked out of
+the stores (forward, row gradient) or out of the operands (weight gradient).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from .._errors import KernelError, format_names
+
+__all__ = ["IMPLEMENTATIONS", "grouped_matmul", "grouped_matmul_reference"]
+
+IMPLEMENTATIONS = ("pallas", "megablox")
+
+F32 = jnp.float32
+# (rows, contraction, columns) per tile on GPUs: powers of 2, as Triton needs. Untuned: the GPU
+# session's benchmark (benchmarks/moe_dispatch.py --tiling) decides.
+GPU_TILING = (64, 64, 128)
+TPU_TILING = (128, 128, 128)
+_TRITON = plgpu.CompilerParams(num_warps=4, num_stages=3)
+
+
+def grouped_matmul_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """The plain-JAX reference of :func:`grouped_matmul`: ``jax.lax.ragged_dot``.
+
+    Args:
+        lhs: ``(M, K)`` rows sorted by group.
+        rhs: ``(G, K, N)``, one matrix per group.
+        group_sizes: ``(G,)`` int32 rows per group (summing to at most ``M``).
+
+    Returns:
+        ``(M, N)``: each row times its group's matrix; rows past the groups are 0.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes.kernels import grouped_matmul_reference
+        >>> rhs = jnp.stack([jnp.eye(2), 2 * jnp.eye(2)])
+        >>> grouped_matmul_reference(jnp.ones((3, 2)), rhs, jnp.array([1, 1], jnp.int32))
+        Array([[1., 1.],
+               [2., 2.],
+               [0., 0.]], dtype=float32)
+    """
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    implementation: str | None = None,
+    tiling: tuple[int, int, int] | None = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """``jax.lax.ragged_dot`` by a kernel that does only the routed work, forward and backward.
+
+    Row ``r`` of group ``g`` (the rows sorted by group, ``group_sizes[g]`` of them, empty groups
+    allowed) is multiplied by ``rhs[g]``; rows past the last group give 0. The gradients are two
+    more grouped products: the rows' (``d_out[r] @ rhs[g].T``) and each group's weight gradient
+    (``lhs[rows of g].T @ d_out[rows of g]``; 0 for an empty group). All three accumulate in
+    float32 and return the operands' dtype.
+
+    Implementations: ``"pallas"``, this module's Pallas kernel, lowered by Triton on GPUs (in
+    interpret mode elsewhere: slow, for tests); ``"megablox"``, JAX's Pallas TPU grouped matmul
+    (``gmm``, whose backward is ``gmm`` and ``tgmm``), for TPUs. The default is ``"megablox"`` on
+    TPUs and ``"pallas"`` elsewhere.
+
+    Args:
+        lhs: ``(M, K)`` rows sorted by group.
+        rhs: ``(G, K, N)``, one matrix per group, the same dtype as ``lhs``.
+        group_sizes: ``(G,)`` integer rows per group, summing to at most ``M``.
+        implementation: ``"pallas"``, ``"megablox"`` or ``None`` (by backend, as above).
+        tiling: ``(rows, contraction, columns)`` per tile, powers of 2 of at least 16 (clipped to
+            small operands); default ``GPU_TILING`` (``TPU_TILING`` for megablox).
+        interpret: Run the kernel in Pallas interpret mode; default: unless on the kernel's own
+            platform (GPU for ``"pallas"``, TPU for ``"megablox"``).
+
+    Returns:
+        ``(M, N)`` in the operands' dtype.
+
+    Raises:
+        KernelError: for operands of the wrong rank, mismatched shapes or dtypes, integer
+            operands, an unknown implementation or one this JAX lacks, or a tiling that is not
+            three powers of 2 of at least 16.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from namedaxes.kernels import grouped_matmul
+        >>> lhs = jax.random.normal(jax.random.key(0), (5, 4))
+        >>> rhs = jax.random.normal(jax.random.key(1), (3, 4, 2))
+        >>> sizes = jnp.array([2, 0, 3], jnp.int32)  # the middle group is empty
+        >>> out = grouped_matmul(lhs, rhs, sizes)  # interpret mode on a CPU
+        >>> bool(jnp.allclose(out, jax.lax.ragged_dot(lhs, rhs, sizes), atol=1e-5))
+        True
+    """
+    _check(lhs, rhs, group_sizes, tiling)
+    sizes = group_sizes.astype(jnp.int32)
+    backend = jax.default_backend()
+    if implementation is None:
+        implementation = "megablox" if backend == "tpu" else "pallas"
+    if implementation not in IMPLEMENTATIONS:
+        raise KernelError(
+            f"grouped_matmul: implementation={implementation!r} is not one of "
+            f"{format_names(IMPLEMENTATIONS)} (or None: by backend)."
+        )
+    own = "tpu" if implementation == "megablox" else "gpu"
+    interpret = backend != own if interpret is None else bool(interpret)
+    if implementation == "megablox":
+        _megablox()  # fails here, not in the backward pass, where it is missing
+    default = TPU_TILING if implementation == "megablox" else GPU_TILING
+    return _grouped((implementation, tiling or default, interpret), lhs, rhs, sizes)
+
+
+def _check(lhs: Any, rhs: Any, sizes: Any, tiling: Any) -> None:
+    shapes = f"lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape} {rhs.dtype}, group_sizes {sizes.shape}"
+    problem = None
+    if lhs.ndim != 2 or rhs.ndim != 3 or sizes.ndim != 1:
+        problem = "needs lhs (M, K), rhs (G, K, N) and group_sizes (G,)"
+    elif lhs.shape[1] != rhs.shape[1] or rhs.shape[0] != sizes.shape[0]:
+        problem = "needs lhs's K to be rhs's K and one group size per matrix of rhs"
+    elif lhs.dtype != rhs.dtype or not jnp.issubdtype(lhs.dtype, jnp.floating):
+        problem = "needs lhs and rhs of one floating dtype (cast one to the other)"
+    elif not jnp.issubdtype(sizes.dtype, jnp.integer):
+        problem = "needs integer group_sizes"
+    if problem:
+        raise KernelError(f"grouped_matmul {problem}; got {shapes}.")
+    if tiling is not None and not (
+        isinstance(tiling, tuple)
+        and len(tiling) == 3
+        and all(isinstance(t, int) and t >= 16 and t & (t - 1) == 0 for t in tiling)
+    ):
+        raise KernelError(
+            f"grouped_matmul: tiling={tiling!r} must be three powers of 2 of at least 16, "
+            f"(rows, contraction, columns), e.g. {GPU_TILING}."
+        )
+
+
+def _tile(size: int, tile: int) -> int:
+    """The tile for a dimension of ``size``: ``tile``, or less for a small dimension (at least
+    16, a power of 2)."""
+    return min(tile, max(16, pl.next_power_of_2(size)))
+
+
+def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
+    extra = -x.shape[axis] % multiple
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def _bounds(sizes: jax.Array, m: int, rows: int) -> tuple[jax.Array, jax.Array]:
+    """First and past-last row of each group, then of the rows past the groups (up to ``rows``,
+    the padded row count), then of an empty group for the unused work items."""
+    ends = jnp.minimum(jnp.cumsum(sizes), m)
+    starts = jnp.concatenate([jnp.zeros(1, jnp.int32), ends[:-1]])
+    tail = ends[-1:] if ends.shape[0] else jnp.zeros(1, jnp.int32)
+    zero = jnp.zeros(1, jnp.int32)
+    return (
+        jnp.concatenate([starts, tail, zero]),
+        jnp.concatenate([ends, jnp.full(1, rows, jnp.int32), zero]),
+    )
+
+
+def _work(starts: jax.Array, ends: jax.Array, tm: int, tiles: int) -> tuple[jax.Array, jax.Array]:
+    """The (group, row tile) of each work item: every tile each group touches, in row order.
+
+    The groups and the tail partition the rows, so they touch at most ``tiles + groups`` tiles
+    (one more per boundary inside a tile); unused items get the last, empty group."""
+    n = starts.shape[0]  # groups + tail + empty
+    first = starts // tm
+    count = jnp.where(ends > starts, (ends - 1) // tm - first + 1, 0)
+    done = jnp.cumsum(count)
+    items = jnp.arange(tiles + n - 2, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(done, items, side="right"), n - 1).astype(jnp.int32)
+    tile = first[group] + items - (done - count)[group]
+    return group, jnp.where(group == n - 1, 0, tile).astype(jnp.int32)
+
+
+def _gmm_kernel(
+    group_ref: Any, tile_ref: Any, start_ref: Any, end_ref: Any, lhs_ref: Any, rhs_ref: Any,
+    out_ref: Any, *, groups: int, k_tiles: int, tm: int, tk: int, tn: int, transpose_rhs: bool,
+) -> None:  # fmt: skip
+    w, j = pl.program_id(0), pl.program_id(1)
+    g, t = group_ref[w], tile_ref[w]
+    rows = pl.ds(pl.multiple_of(t * tm, tm), tm)
+    cols = pl.ds(pl.multiple_of(j * tn, tn), tn)
+
+    def step(k: jax.Array, acc: jax.Array) -> jax.Array:
+        inner = pl.ds(pl.multiple_of(k * tk, tk), tk)
+        a = lhs_ref[rows, inner]
+        if transpose_rhs:  # rhs[g] is (N, K): contract both on their second axis
+            b, dims = rhs_ref[g, cols, inner], (((1,), (1,)), ((), ()))
+        else:
+            b, dims = rhs_ref[g, inner, cols], (((1,), (0,)), ((), ()))
+        return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
+
+    # The tail (rows past the groups) and unused items multiply nothing: they store 0 or nothing.
+    steps = jnp.where(g < groups, k_tiles, 0)
+    acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((tm, tn), F32))
+    row = t * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
+    mask = (row >= start_ref[g]) & (row < end_ref[g])
+    plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=mask)
+
+
+def _gmm(
+    lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, tiling: tuple[int, int, int],
+    interpret: bool, transpose_rhs: bool = False,
+) -> jax.Array:  # fmt: skip
+    """``lhs (M, K)`` times ``rhs[g]`` (``(K, N)``, or ``(N, K)`` transposed) per group."""
+    m, k = lhs.shape
+    groups = rhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    if m == 0 or n == 0:
+        return jnp.zeros((m, n), lhs.dtype)
+    tm, tk, tn = _tile(m, tiling[0]), _tile(k, tiling[1]), _tile(n, tiling[2])
+    lhs = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
+    rhs = _pad_to(_pad_to(rhs, 1, tn if transpose_rhs else tk), 2, tk if transpose_rhs else tn)
+    rows = lhs.shape[0]
+    starts, ends = _bounds(sizes, m, rows)
+    group, tile = _work(starts, ends, tm, rows // tm)
+    kernel = functools.partial(
+        _gmm_kernel, groups=groups, k_tiles=lhs.shape[1] // tk, tm=tm, tk=tk, tn=tn,
+        transpose_rhs=transpose_rhs,
+    )  # fmt: skip
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, pl.cdiv(n, tn) * tn), lhs.dtype),
+        grid=(group.shape[0], pl.cdiv(n, tn)),
+        compiler_params=_TRITON,
+        interpret=interpret,
+    )(group, tile, starts, ends, lhs, rhs)
+    return out[:m, :n]
+
+
+def _tgmm_kernel(
+    start_ref: Any, end_ref: Any, lhs_ref: Any, grad_ref: Any, out_ref: Any,
+    *, tm: int, tk: int, tn: int,
+) -> None:  # fmt: skip
+    g, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    start, end = start_ref[g], end_ref[g]
+    first = start // tm
+    tiles = jnp.where(end > start, (end - 1) // tm - first + 1, 0)
+    inner = pl.ds(pl.multiple_of(i * tk, tk), tk)
+    cols = pl.ds(pl.multiple_of(j * tn, tn), tn)
+
+    def step(s: jax.Array, acc: jax.Array) -> jax.Array:
+        t = first + s
+        rows = pl.ds(pl.multiple_of(t * tm, tm), tm)
+        row = t * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, 1), 0)
+        mine = (row >= start) & (row < end)  # both operands: another group's rows may be inf
+        a = jnp.where(mine, lhs_ref[rows, inner], 0)
+        b = jnp.where(mine, grad_ref[rows, cols], 0)
+        dims = (((0,), (0,)), ((), ()))
+        return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
+
+    acc = jax.lax.fori_loop(0, tiles, step, jnp.zeros((tk, tn), F32))
+    out_ref[g, inner, cols] = acc.astype(out_ref.dtype)
+
+
+def _tgmm(
+    lhs: jax.Array, grad: jax.Array, sizes: jax.Array, tiling: tuple[int, int, int],
+    interpret: bool,
+) -> jax.Array:  # fmt: skip
+    """Each group's ``lhs[rows].T @ grad[rows]``: ``(G, K, N)``, 0 for an empty group."""
+    m, k = lhs.shape
+    n, groups = grad.shape[1], sizes.shape[0]
+    if m == 0 or k == 0 or n == 0:
+        return jnp.zeros((groups, k, n), lhs.dtype)
+    tm, tk, tn = _tile(m, tiling[0]), _tile(k, tiling[1]), _tile(n, tiling[2])
+    lhs = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
+    grad = _pad_to(_pad_to(grad, 0, tm), 1, tn)
+    starts, ends = _bounds(sizes, m, lhs.shape[0])
+    kernel = functools.partial(_tgmm_kernel, tm=tm, tk=tk, tn=tn)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((groups, lhs.shape[1], grad.shape[1]), lhs.dtype),
+        grid=(groups, lhs.shape[1] // tk, grad.shape[1] // tn),
+        compiler_params=_TRITON,
+        interpret=interpret,
+    )(starts, ends, lhs, grad)
+    return out[:, :k, :n]
+
+
+def _product(
+    how: tuple[str, tuple[int, int, int], bool], lhs: jax.Array, rhs: jax.Array,
+    sizes: jax.Array, transpose_rhs: bool = False,
+) -> jax.Array:  # fmt: skip
+    """The forward or row-gradient product by ``how``'s implementation."""
+    implementation, tiling, interpret = how
+    if implementation == "pallas":
+        return _gmm(lhs, rhs, sizes, tiling, interpret, transpose_rhs)
+    m = lhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    lhs, rhs = _megablox_padded(lhs, tiling), _megablox_padded(rhs, tiling)
+    with jax.numpy_dtype_promotion("standard"):  # megablox's metadata mixes bools and ints
+        out = _megablox().gmm(
+            lhs, rhs, sizes, lhs.dtype, tiling, transpose_rhs=transpose_rhs, interpret=interpret
+        )
+    past = (jnp.arange(m) >= jnp.sum(sizes))[:, None]  # megablox leaves these rows unwritten
+    return jnp.where(past, jnp.zeros((), out.dtype), out[:m, :n])
+
+
+def _weight_gradient(
+    how: tuple[str, tuple[int, int, int], bool], lhs: jax.Array, grad: jax.Array,
+    sizes: jax.Array,
+) -> jax.Array:  # fmt: skip
+    """Each group's ``lhs[rows].T @ grad[rows]`` by ``how``'s implementation."""
+    implementation, tiling, interpret = how
+    if implementation == "pallas":
+        return _tgmm(lhs, grad, sizes, tiling, interpret)
+    k, n = lhs.shape[1], grad.shape[1]
+    lhs, grad = _megablox_padded(lhs, tiling), _megablox_padded(grad, tiling)
+    with jax.numpy_dtype_promotion("standard"):
+        out = _megablox().tgmm(
+            lhs.swapaxes(0, 1), grad, sizes, lhs.dtype, tiling, interpret=interpret
+        )
+    return out[:, :k, :n]
+
+
+def _megablox() -> Any:
+    """JAX's Pallas TPU grouped matmul module (``gmm``, ``tgmm``), imported on first use: it
+    costs a tenth of a second that nothing off TPUs needs."""
+    try:  # the module, which the package's ``gmm`` (a function) shadows as an attribute
+        return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
+    except ImportError as e:  # pragma: no cover - present in every JAX this library supports
+        raise KernelError(
+            "grouped_matmul: implementation='megablox' needs "
+            "jax.experimental.pallas.ops.tpu.megablox, which this JAX lacks; use 'pallas'."
+        ) from e
+
+
+def _megablox_padded(x: jax.Array, tiling: tuple[int, int, int]) -> jax.Array:
+    """``x`` padded to megablox's whole tiles: rows to ``tiling[0]``, the other two dimensions
+    (contracted in one product, not in another) to the larger of the others."""
+    x = _pad_to(x, x.ndim - 1, max(tiling[1:]))
+    return _pad_to(x, x.ndim - 2, tiling[0] if x.ndim == 2 else max(tiling[1:]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _grouped(
+    how: tuple[str, tuple[int, int, int], bool], lhs: jax.Array, rhs: jax.Array, sizes: jax.Array
+) -> jax.Array:
+    return _product(how, lhs, rhs, sizes)
+
+
+def _grouped_fwd(
+    how: tuple[str, tuple[int, int, int], bool], lhs: jax.Array, rhs: jax.Array, sizes: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    return _product(how, lhs, rhs, sizes), (lhs, rhs, sizes)
+
+
+def _grouped_bwd(
+    how: tuple[str, tuple[int, int, int], bool], res: tuple[jax.Array, ...], grad: jax.Array
+) -> tuple[jax.Array, jax.Array, None]:
+    lhs, rhs, sizes = res
+    d_lhs = _product(how, grad, rhs, sizes, transpose_rhs=True)
+    return d_lhs, _weight_gradient(how, lhs, grad, sizes), None
+
+
+_grouped.defvjp(_grouped_fwd, _grouped_bwd)

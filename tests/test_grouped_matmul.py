@@ -1,0 +1,138 @@
+"""namedaxes.kernels.grouped_matmul in Pallas interpret mode against jax.lax.ragged_dot and a dense
+product: values and both gradients (rows, per-group weights) for group sizes with empty and
+single-row groups, rows past the groups and no rows at all, in float32 and bfloat16. The work list
+visits only the tiles each group has rows in; the kernels lower to Triton for GPUs; megablox (the
+TPU path) in interpret mode agrees too."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import namedaxes as na
+from namedaxes.kernels import grouped_matmul, grouped_matmul_reference
+from namedaxes.kernels._grouped_matmul import _bounds, _work
+
+M, K, N, G = 45, 24, 40, 6
+TILING = (16, 16, 16)  # several tiles each way, K and N padded
+SIZES = {
+    "empty and single-row groups, rows past them": [5, 0, 1, 20, 0, 13],
+    "one group of every row": [0, 0, 0, 45, 0, 0],
+    "random, every row": (
+        np.random.default_rng(0).multinomial(44, [1 / G] * G) + np.eye(G, dtype=int)[2]
+    ).tolist(),
+    "nothing routed": [0] * G,
+}
+# Largest error allowed, relative to the reference's largest magnitude: float32 rounding, or
+# bfloat16's (8 bits) for the results rounded to bfloat16 from float32 sums.
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
+
+
+def dense(lhs, rhs, sizes):
+    """Each row times its group's matrix as one dense product with the one-hot groups."""
+    group = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(lhs.shape[0]), side="right")
+    onehot = (group[:, None] == jnp.arange(rhs.shape[0])[None, :]).astype(jnp.float32)
+    return jnp.einsum(
+        "mg,mk,gkn->mn", onehot, lhs.astype(jnp.float32), rhs.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    )  # fmt: skip
+
+
+@functools.cache
+def value_and_grads(how):
+    """A compiled (output, d lhs, d rhs) of ``sum(out * cot)``, one per product and dtype (the
+    sizes are an argument: every case reuses it)."""
+    products = {
+        "kernel": lambda a, b, s: grouped_matmul(a, b, s, tiling=TILING, interpret=True),
+        "megablox": lambda a, b, s: grouped_matmul(a, b, s, implementation="megablox"),
+        "ragged_dot": grouped_matmul_reference,
+        "dense": dense,
+    }
+
+    def f(lhs, rhs, sizes, cot):
+        out, vjp = jax.vjp(lambda a, b: products[how](a, b, sizes), lhs, rhs)
+        return (out, *vjp(cot.astype(out.dtype)))
+
+    return jax.jit(f)
+
+
+def operands(dtype):
+    keys = jax.random.split(jax.random.key(0), 3)
+    lhs = jax.random.normal(keys[0], (M, K), dtype)
+    rhs = jax.random.normal(keys[1], (G, K, N), dtype)
+    return lhs, rhs, jax.random.normal(keys[2], (M, N), jnp.float32)
+
+
+def close(a, b, dtype, what=""):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    atol = TOL[dtype] * max(1.0, float(np.abs(b).max()))
+    np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=str(what))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_values_and_gradients_equal_ragged_dot_and_dense(dtype):
+    lhs, rhs, cot = operands(dtype)
+    for case, sizes in SIZES.items():
+        sizes = jnp.asarray(sizes, jnp.int32)
+        got = value_and_grads("kernel")(lhs, rhs, sizes, cot)
+        assert [g.dtype for g in got] == [dtype] * 3, case
+        for how in ("ragged_dot", "dense"):
+            want = value_and_grads(how)(lhs, rhs, sizes, cot)
+            for name, a, b in zip(("output", "d lhs", "d rhs"), got, want):
+                close(a, b, dtype, (case, how, name))
+        past = int(sizes.sum())
+        assert not np.asarray(got[0][past:], np.float32).any()  # rows past the groups: 0
+        assert not np.asarray(got[1][past:], np.float32).any()
+        empty = np.flatnonzero(np.asarray(sizes) == 0)
+        assert not np.asarray(got[2][empty], np.float32).any()  # empty groups: no gradient
+
+
+def test_megablox_in_interpret_mode_equals_ragged_dot():
+    """The TPU path (megablox gmm/tgmm, which leaves rows past the groups unwritten), here in
+    interpret mode: values and gradients, rows past the groups 0."""
+    lhs, rhs, cot = operands(jnp.float32)
+    sizes = jnp.asarray(SIZES["empty and single-row groups, rows past them"], jnp.int32)
+    got = value_and_grads("megablox")(lhs, rhs, sizes, cot)
+    want = value_and_grads("ragged_dot")(lhs, rhs, sizes, cot)
+    for a, b in zip(got, want):
+        close(a, b, jnp.float32)
+
+
+def test_the_work_list_visits_only_the_tiles_each_group_has_rows_in():
+    """Rows 0-4 group 0, 5 group 2, 6-25 group 3, 26-38 group 5, 39-47 past the groups, in tiles
+    of 16 rows: one item per (group, tile) pair that shares a row, none for empty groups; the
+    unused items (tiles + groups in all) go to the last, empty group."""
+    sizes = jnp.asarray(SIZES["empty and single-row groups, rows past them"], jnp.int32)
+    group, tile = jax.jit(lambda s: _work(*_bounds(s, M, 48), 16, 3))(sizes)
+    pairs = [(int(g), int(t)) for g, t in zip(group, tile)]
+    visited = [(0, 0), (2, 0), (3, 0), (3, 1), (5, 1), (5, 2), (6, 2)]
+    assert pairs == visited + [(7, 0)] * 2
+
+
+def test_the_kernels_lower_to_triton_for_gpus():
+    """Lowered for CUDA (no GPU needed): the forward product and both backward products are
+    Triton kernels."""
+    lhs, rhs, _ = operands(jnp.bfloat16)
+    sizes = jnp.asarray(SIZES["random, every row"], jnp.int32)
+
+    def loss(a, b):
+        out = grouped_matmul(a, b, sizes, interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(loss, (0, 1))).trace(lhs, rhs).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("xla.gpu.triton") == 3
+
+
+def test_errors():
+    lhs, rhs, _ = operands(jnp.float32)
+    sizes = jnp.zeros(G, jnp.int32)
+    with pytest.raises(na.KernelError, match=r"needs lhs and rhs of one floating dtype .* got lhs"):
+        grouped_matmul(lhs.astype(jnp.bfloat16), rhs, sizes)
+    with pytest.raises(na.KernelError, match=r"one group size per matrix of rhs; got .* \(5,\)"):
+        grouped_matmul(lhs, rhs, sizes[:5])
+    with pytest.raises(na.KernelError, match=r"tiling=\(16, 24, 16\) must be three powers of 2"):
+        grouped_matmul(lhs, rhs, sizes, tiling=(16, 24, 16))
+    with pytest.raises(na.KernelError, match=r"implementation='triton' is not one of 'pallas'"):
+        grouped_matmul(lhs, rhs, sizes, implementation="triton")
