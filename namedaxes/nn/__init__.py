@@ -38,6 +38,7 @@ from ._precision import MATMUL_RULES as MATMUL_RULES
 from ._precision import Precision as Precision
 from ._precision import current_precision as current_precision
 from ._precision import precision as precision
+from ._quantized import QuantizedArray as QuantizedArray
 from ._rotary import RopeScaling as RopeScaling
 from ._rotary import RotaryEmbedding as RotaryEmbedding
 from ._stacked import Stacked as Stacked
@@ -53,6 +54,7 @@ __all__ = [
     "Linear",
     "MoE",
     "PIPELINE_SCHEDULES",
+    "QuantizedArray",
     "RmsNorm",
     "RouterStats",
     "Stacked",
