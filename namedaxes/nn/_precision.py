@@ -49,14 +49,6 @@ _FIELDS = {
 MATMUL_FORMATS = {"float8": "float8", "fp8": "float8"}
 SCALINGS = ("tensor", "row")
 
-#: Which layers go to a low-precision format by default (float8 matmuls in training, quantized
-#: weights for inference), as ``(axis name, yes/no)`` rules over the names of a layer's matmul
-#: (a ``Linear``'s input and output axes; the tied head's ``vocab`` and ``embed``). The first rule
-#: naming one of them decides; a layer no rule names stays in the compute dtype. The output head
-#: (``vocab``), the mixture-of-experts router (``experts``) and the shared expert's one-wide gate
-#: stay; the attention projections (``heads``, ``kv_heads``), MLPs (``mlp``, ``shared_mlp``,
-#: ``expert_mlp``) and any other ``embed`` projection go. Norms, embedding lookups and attention
-#: scores are not layers' matmuls: they never go.
 MATMUL_RULES: tuple[tuple[str, bool], ...] = (
     ("vocab", False),
     ("experts", False),
@@ -68,6 +60,14 @@ MATMUL_RULES: tuple[tuple[str, bool], ...] = (
     ("kv_heads", True),
     ("embed", True),
 )
+"""Which layers go to a low-precision format by default (float8 matmuls in training, quantized
+weights for inference), as ``(axis name, yes/no)`` rules over the names of a layer's matmul
+(a ``Linear``'s input and output axes; the tied head's ``vocab`` and ``embed``). The first rule
+naming one of them decides; a layer no rule names stays in the compute dtype. The output head
+(``vocab``), the mixture-of-experts router (``experts``) and the shared expert's one-wide gate
+stay; the attention projections (``heads``, ``kv_heads``), MLPs (``mlp``, ``shared_mlp``,
+``expert_mlp``) and any other ``embed`` projection go. Norms, embedding lookups and attention
+scores are not layers' matmuls: they never go."""
 
 
 def as_rules(rules: Any, what: str) -> tuple[tuple[str, bool], ...]:
