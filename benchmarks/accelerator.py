@@ -6,6 +6,7 @@ Run on a GPU (or TPU) machine from the repository root:
     python benchmarks/accelerator.py --quick      # fewer rounds; 1b and 16k-token attention skipped
     python benchmarks/accelerator.py --sizes 100m --rounds 5
     python benchmarks/accelerator.py --check      # cuDNN attention numerics against XLA, then exit
+    python benchmarks/accelerator.py --precision fp8   # float8 matmuls vs bfloat16: 100m/1b/8b-wide
 
 On a CPU it runs tiny sizes (the same code) in well under a minute; only ratios mean anything there.
 
@@ -27,6 +28,13 @@ it measured):
   ``flops_per_token``: 6 x the matmuls' parameters plus causal attention; remat recomputation not
   counted), MFU, the interleaved median step-time ratio namedaxes / plain and plain / plain (A/A:
   the plain step timed in a second slot of every round), and both first losses.
+
+``--precision fp8`` (or ``fp8-row``: row scaling) replaces the attention section and the training
+table with one of the named step under float8 matmuls against the same step in bfloat16
+(``_precision_rows.py``): loss agreement over ``--loss-steps`` steps from the same parameters,
+step times, the speedup and the float8 GEMMs in the compiled program; on an accelerator for
+``100m``, ``1b`` and ``8b-wide`` (hidden 4096, MLP 14336, 32 query / 8 key-value heads of 128,
+``--wide-layers`` layers: an 8B model's width on one GPU).
 """
 
 from __future__ import annotations
@@ -51,6 +59,10 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402  (the example's model and its plain twin)
+from _precision_rows import HEADER as PRECISION_HEADER  # noqa: E402
+from _precision_rows import POLICIES as PRECISION_POLICIES  # noqa: E402
+from _precision_rows import WIDTHS as PRECISION_WIDTHS  # noqa: E402
+from _precision_rows import precision_row  # noqa: E402
 from _timing import Budget, clock  # noqa: E402
 
 import namedaxes as na  # noqa: E402
@@ -70,6 +82,19 @@ GPU_SIZES = {
     "example": _at("small", seq=2048, batch=16),
     "100m": _at("100m", seq=2048, batch=8),
     "1b": _at("1b", seq=2048, batch=4),
+    # An 8B model's width (Llama 3 8B: hidden 4096, MLP 14336, GQA 32/8 of 128) with fewer layers,
+    # so that it trains on one 80 GB GPU (--wide-layers).
+    "8b-wide": _at(
+        "1b",
+        hidden=4096,
+        mlp=14336,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        layers=12,
+        seq=2048,
+        batch=2,
+    ),  # fmt: skip
 }
 CPU_SIZES = {
     "example": _at("small", seq=64, batch=8),
@@ -438,6 +463,13 @@ def main() -> int:
         "--remat", default="dots", choices=("none", "dots", "carry"), help="Stacked remat policy"
     )
     parser.add_argument(
+        "--precision", default="bf16", choices=("bf16", "fp8", "fp8-row"),
+        help="fp8/fp8-row: float8 matmuls (tensor/row scaling) against bfloat16",
+    )  # fmt: skip
+    parser.add_argument("--loss-steps", type=int, default=None,
+                        help="--precision: steps compared (default 100; 10 on CPU)")  # fmt: skip
+    parser.add_argument("--wide-layers", type=int, default=None, help="layers of 8b-wide (12)")
+    parser.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -452,7 +484,9 @@ def main() -> int:
     rounds = args.rounds or (3 if args.quick else 7 if accel else 3)
     per_round = args.steps or (3 if accel else 2)
     # On a CPU only the tiny sizes: a GPU size's first step alone would take minutes there.
-    gpu_default = ["example", "100m"] if args.quick else list(GPU_SIZES)
+    gpu_default = ["example", "100m"] if args.quick else ["example", "100m", "1b"]
+    if args.precision != "bf16":
+        gpu_default = ["100m", "1b"] if args.quick else ["100m", "1b", "8b-wide"]
     default = gpu_default if accel else list(CPU_SIZES)
     chosen = args.sizes.split(",") if args.sizes else default
     unknown = [s for s in chosen if s not in GPU_SIZES and s not in CPU_SIZES]
@@ -464,6 +498,29 @@ def main() -> int:
 
     peak = peak_bf16(Budget(min(30.0, total.left())))
     print(f"measured bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
+    sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
+    if args.wide_layers:
+        sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
+    if args.precision != "bf16":
+        loss_steps = args.loss_steps or (100 if accel else 10)
+        out = Stream(f"training step (AdamW), float8 matmuls ({args.precision}: "
+                     f"{PRECISION_POLICIES[args.precision]}) vs bfloat16, namedaxes",
+                     PRECISION_HEADER, PRECISION_WIDTHS)  # fmt: skip
+        for name in chosen:
+            size = dataclasses.replace(sizes[name], remat=args.remat)
+            left = total.left()
+            if left <= 0:
+                out.row([name, "skipped (budget)"])
+                continue
+            try:
+                out.row(precision_row(name, size, args.precision, peak, Budget(min(240.0, left)),
+                                      rounds, per_round, loss_steps))  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
+                why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
+                out.row([name, why])
+            gc.collect()
+            jax.clear_caches()
+        return 0
 
     tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
     rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
@@ -481,8 +538,7 @@ def main() -> int:
     title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
     out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
     for name in chosen:
-        size = (GPU_SIZES if accel else CPU_SIZES).get(name) or {**CPU_SIZES, **GPU_SIZES}[name]
-        size = dataclasses.replace(size, remat=args.remat)
+        size = dataclasses.replace(sizes[name], remat=args.remat)
         left = total.left()
         if left <= 0:
             out.row([name, "skipped (budget)"])

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 11 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 16 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
 #
-# A device call may run 10 minutes at most, so on a lent machine run it as two calls on the same
-# warm machine (each about 5.5 minutes; 11 in all, inside a 15-minute device budget):
-#   PARTS="device check accelerator generate" bash benchmarks/accelerator_session.sh
-#   PARTS="moe context example" bash benchmarks/accelerator_session.sh
+# A device call may run 10 minutes at most and a session has 15 minutes of device time, so on a
+# lent machine run the parts an issue needs, a call each on the same warm machine (PARTS selects):
+#   PARTS="device moe context" bash benchmarks/accelerator_session.sh    # experts, long context: ~5 min
+#   PARTS="fp8 qgen" bash benchmarks/accelerator_session.sh              # low precision: ~5.5 min
+#   PARTS="check accelerator generate example" bash benchmarks/accelerator_session.sh  # baselines: ~6 min
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
-# the example/100m/1b training rows), the generation benchmark, the MoE dispatches (ms, active
-# TFLOP/s, grouped_matmul tilings), one context-parallel shard's attention per strategy (ring in
-# order / zig-zag balanced, Ulysses, all-gather: context_shards.py), and the main example for 150
+# the example/100m/1b training rows), float8 training against bfloat16 (accelerator.py --precision
+# fp8: 100m/1b/8b-wide), the generation benchmark, decoding with int8/float8 weights against
+# bfloat16 (generate.py --weights), the MoE dispatches (ms, active TFLOP/s, grouped_matmul
+# tilings), one context-parallel shard's attention per strategy (ring in order / zig-zag
+# balanced, Ulysses, all-gather: context_shards.py), and the main example for 150
 # steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
 # scripts at their tiny CPU sizes, which checks the script itself.
@@ -24,7 +27,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device check accelerator generate moe context example}
+PARTS=${PARTS:-device check accelerator fp8 generate qgen moe context example}
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
   shift 3
@@ -38,6 +41,11 @@ part check "accelerator --check" "${CHECK_T:-45}" "$PY" benchmarks/accelerator.p
 part accelerator "accelerator" "${ACC_T:-170}" "$PY" benchmarks/accelerator.py --rounds 5 \
   --budget "${ACC_B:-140}" ${ACC_SIZES:+--sizes "$ACC_SIZES"}
 part generate "generate" "${GEN_T:-90}" "$PY" benchmarks/generate.py --budget "${GEN_B:-65}" --rounds 3
+# FP8_SIZES picks rows (default 100m/1b/8b-wide on an accelerator); FP8_P=fp8-row for row scaling.
+part fp8 "accelerator --precision fp8" "${FP8_T:-240}" "$PY" benchmarks/accelerator.py \
+  --precision "${FP8_P:-fp8}" --rounds 5 --budget "${FP8_B:-210}" ${FP8_SIZES:+--sizes "$FP8_SIZES"}
+part qgen "generate --weights" "${QGEN_T:-90}" "$PY" benchmarks/generate.py --dtype bfloat16 \
+  --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
 # Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then

@@ -5,6 +5,7 @@ Run from the repository root:
     python benchmarks/generate.py                 # CPU: a small model; GPU/TPU: ~100M parameters
     python benchmarks/generate.py --budget 120 --rounds 5 --batches 1,16 --new-tokens 256
     python benchmarks/generate.py --dtype bfloat16 --batches 1 --rounds 2   # the CPU, in bfloat16
+    python benchmarks/generate.py --weights bfloat16,int8,float8 --only-weights   # quantized weights
 
 One Llama-style :class:`namedaxes.models.Transformer` with random weights (on an accelerator ~101M
 parameters: vocabulary 32768, hidden 768, 12 layers, 12 heads of 64 with 4 key/value heads, MLP
@@ -33,6 +34,13 @@ eos (every row runs every step). For each batch size:
   says whether both hold for every batch size;
 * log records of the ``namedaxes`` logger during the calls (none expected: decoding asks for the
   XLA kernel itself).
+
+``--weights bfloat16,int8,float8`` adds a table of the decode loop with the weights as they are
+and quantized (``models.quantize``: int8 or float8 values, per-channel scales, dequantized where
+used) at each batch size: ms per token and tokens/s, interleaved; the speedup over the first
+format; the share of the first format's greedy tokens each gives (random weights: a near-tie
+flipped by rounding changes every later token, so a share below 1 is not a bug by itself); and the
+largest difference of the first step's logits from the first format's, over their largest value.
 
 Each section stops when the time budget is spent (checked between rounds) and prints what it has.
 """
@@ -217,10 +225,9 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str, Any]:
-    """``cached``, ``plain`` and ``plain A/A``: each runs its prefill, then its decode loop timed;
-    a call returns ``(seconds of the decode, tokens (batch, new), the first step's logits)``."""
-    cfg = model.config
+def cached_decoder(model: models.Transformer, tokens: jax.Array, new: int) -> Callable[[], Any]:
+    """generate's programs: each call runs the prefill, then the decode loop timed; it returns
+    ``(seconds of the decode, tokens (batch, new), the first step's logits)``."""
     prompt_len = tokens.shape[1]
     bucket = gen._bucket(prompt_len)
     prompt = na.named(tokens, ("batch", "position"))
@@ -231,10 +238,6 @@ def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str
     options = dict(steps=new, top_k=None, top_p=False, policy=policy, sample=False)
     dynamic = (jnp.float32(1), jnp.float32(0), jax.random.key(0), jnp.asarray([-1], jnp.int32),
                jnp.asarray(0, jnp.int32))  # fmt: skip
-    p = plain_params(model)
-    plain_prefill, plain_decode = plain_decoder(cfg)
-    pre = jax.jit(plain_prefill, static_argnums=2)
-    plain_len = prompt_len + new - 1
 
     def cached() -> Any:
         logits, cache, nxt = gen._prefill(model, bucket_ids, bucket_mask, length=length,
@@ -245,6 +248,19 @@ def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str
         jax.block_until_ready(out)
         logits = na.rearrange(logits, ("batch", "vocab")).array
         return time.perf_counter() - start, out.array, logits
+
+    return cached
+
+
+def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str, Any]:
+    """``cached``, ``plain`` and ``plain A/A``: each runs its prefill, then its decode loop timed;
+    a call returns ``(seconds of the decode, tokens (batch, new), the first step's logits)``."""
+    cfg = model.config
+    prompt_len = tokens.shape[1]
+    p = plain_params(model)
+    plain_prefill, plain_decode = plain_decoder(cfg)
+    pre = jax.jit(plain_prefill, static_argnums=2)
+    plain_len = prompt_len + new - 1
 
     def plain() -> Callable[[], Any]:
         dec = jax.jit(lambda *a: plain_decode(*a), static_argnums=(4, 5), donate_argnums=(2, 3))
@@ -259,7 +275,7 @@ def decoders(model: models.Transformer, tokens: jax.Array, new: int) -> dict[str
 
         return run
 
-    return {"cached": cached, "plain": plain(), "plain A/A": plain()}
+    return {"cached": cached_decoder(model, tokens, new), "plain": plain(), "plain A/A": plain()}
 
 
 def float32_check(model: models.Transformer, tokens: jax.Array, new: int) -> tuple[float, float]:
@@ -329,6 +345,42 @@ def row(model: models.Transformer, batch: int, prompt_len: int, new: int, rounds
     return cells, agree == 1.0 and delta <= LOGITS_TOL
 
 
+def weights_rows(model: models.Transformer, formats: list[str], batch: int, prompt_len: int,
+                 new: int, rounds: int, budget: Budget) -> list[list[str]]:  # fmt: skip
+    """One row per weight format at ``batch``: the cached decode loop's time per token (median,
+    interleaved), tokens/s, the speedup over the first format and the share of its tokens."""
+    cfg = model.config
+    tokens = jax.random.randint(jax.random.key(batch), (batch, prompt_len), 3, cfg.vocab_size)
+    tokens = tokens.astype(jnp.int32)
+    slots = {}
+    for fmt in formats:
+        weights = models.quantize(model, fmt) if fmt in ("int8", "float8") else model
+        slots[fmt] = cached_decoder(weights, tokens, new)
+    first = {fmt: fn() for fmt, fn in slots.items()}  # compile
+    times: dict[str, list[float]] = {f: [] for f in formats}
+    for r in range(rounds):
+        if r >= 2 and budget.left() <= 0:
+            break
+        for f in formats[r % len(formats) :] + formats[: r % len(formats)]:
+            times[f].append(slots[f]()[0])
+    per_token = {f: statistics.median(t) / (new - 1) for f, t in times.items()}
+    base = formats[0]
+    scale = float(jnp.max(jnp.abs(first[base][2])))
+    return [
+        [
+            f"{batch}",
+            f,
+            f"{per_token[f] * 1e3:.3f}",
+            f"{batch / per_token[f]:.0f}",
+            f"{per_token[base] / per_token[f]:.2f}",
+            f"{float(jnp.mean(first[f][1] == first[base][1])):.3f}",
+            f"{float(jnp.max(jnp.abs(first[f][2] - first[base][2])) / scale):.4f}",
+            f"{len(times[f])}",
+        ]
+        for f in formats
+    ]
+
+
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:
     rows = [r + [""] * (len(header) - len(r)) for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
@@ -353,6 +405,11 @@ def main() -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"),
                         default="bfloat16" if accel else "float32",
                         help="the timed model's parameters (the check is float32)")  # fmt: skip
+    parser.add_argument("--weights", default=None,
+                        help="comma-separated weight formats to compare in the decode loop: the "
+                        "model's dtype, int8, float8 (e.g. bfloat16,int8,float8)")  # fmt: skip
+    parser.add_argument("--only-weights", action="store_true",
+                        help="with --weights: skip the main table")  # fmt: skip
     args = parser.parse_args()
     budget = Budget(args.budget)
     sizes = ACCEL if accel else CPU
@@ -373,6 +430,26 @@ def main() -> int:
     rows = []
     checks = []
     batches = [int(x) for x in args.batches.split(",")]
+    if args.weights:
+        formats = args.weights.split(",")
+        unknown = [f for f in formats if f not in (args.dtype, "int8", "float8")]
+        if unknown:
+            parser.error(f"--weights: unknown {unknown}; use {args.dtype}, int8, float8")
+        share = Budget(budget.left() / (1 if args.only_weights else 2))
+        w_rows = []
+        for i, b in enumerate(batches):
+            part = Budget(share.left() / (len(batches) - i))
+            try:
+                w_rows += weights_rows(model, formats, b, args.prompt, args.new_tokens,
+                                       args.rounds, part)  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - one batch size failing must not lose the others
+                w_rows.append([f"{b}", f"{type(e).__name__}: {str(e)[:100]}"])
+        table("decode per token by weight format (models.quantize: weight-only, per-channel "
+              "scales; median, interleaved)", ["batch", "weights", "ms/tok", "tok/s",
+              f"speedup vs {formats[0]}", f"tokens = {formats[0]}'s", "first logits diff / max",
+              "rounds"], w_rows)  # fmt: skip
+        if args.only_weights:
+            return 0
     for i, b in enumerate(batches):
         share = Budget(budget.left() / (len(batches) - i))
         if share.left() <= 0:

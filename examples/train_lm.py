@@ -8,6 +8,7 @@ Run from the repository root (the README's first command does):
     python examples/train_lm.py --mesh data=2,model=4 --data ~/text --tokenizer tokenizer.json
     python examples/train_lm.py --checkpoint-dir ckpt   # save, and resume on any mesh
     python examples/train_lm.py --save-hf out           # a folder transformers loads
+    python examples/train_lm.py --precision params=float32,compute=bfloat16,matmul=float8
 
 The text is this Python's standard library source (or ``--data``), split into training and
 held-out files, tokenized by a byte-level BPE trained on the training split and cached
@@ -459,6 +460,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="parameters float32, compute bfloat16 (default: on accelerators)",
     )
     parser.add_argument(
+        "--precision",
+        metavar="POLICY",
+        help="a precision policy instead, e.g. params=float32,compute=bfloat16,matmul=float8",
+    )
+    parser.add_argument(
         "--checkpoint-dir",
         help="save there and resume from its latest step (needs the [checkpoint] extra)",
     )
@@ -478,14 +484,22 @@ def chosen_size(args: argparse.Namespace, platform: str) -> tuple[str, Size]:
     return name, size
 
 
+def chosen_policy(args: argparse.Namespace, accelerator: bool) -> na.nn.Precision | None:
+    """``--precision``'s policy, else ``MIXED`` with ``--mixed-precision`` (default: on
+    accelerators), else ``None`` (float32)."""
+    if args.precision:
+        return na.nn.Precision.parse(args.precision)
+    mixed = accelerator if args.mixed_precision is None else args.mixed_precision
+    return MIXED if mixed else None
+
+
 def main(argv: list[str] | None = None) -> None:
     setup_devices()
     args = parse_args(argv)
     use_compile_cache(args.compile_cache)
     preset, size = chosen_size(args, jax.default_backend())
     accelerator = jax.default_backend() != "cpu"
-    mixed = accelerator if args.mixed_precision is None else args.mixed_precision
-    policy = MIXED if mixed else None
+    policy = chosen_policy(args, accelerator)
     console = Console(width=120, quiet=jax.process_index() != 0)
 
     mesh = make_mesh(args.mesh, args.explicit)

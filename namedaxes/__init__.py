@@ -85,6 +85,7 @@ from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import NoMeshError as NoMeshError
 from ._errors import PlanError as PlanError
+from ._errors import QuantizationError as QuantizationError
 from ._errors import ShardingError as ShardingError
 from ._errors import ShardingWarning as ShardingWarning
 from ._errors import SpecMismatchError as SpecMismatchError

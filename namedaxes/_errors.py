@@ -275,6 +275,11 @@ class GenerationError(NamedAxesError, ValueError):
     option or length, or a model that cannot reach the positions asked for."""
 
 
+class QuantizationError(NamedAxesError, ValueError):
+    """Weights cannot be quantized, or a quantized model cannot do what was asked: an unknown
+    format, weights quantized twice, a quantized model given to ``save_hf``."""
+
+
 class ModelConfigError(NamedAxesError, ValueError):
     """A model configuration cannot be used: an unsupported ``model_type`` or option in a Hugging Face
     ``config.json``, or values that contradict each other (``namedaxes.models``)."""

@@ -189,6 +189,16 @@ def test_default_size_follows_the_platform(capsys):
     )
 
 
+def test_precision_option():
+    """--precision takes a policy string (float8 matmuls, for one), over --mixed-precision."""
+    policy = train_lm.chosen_policy(
+        train_lm.parse_args(["--precision", "params=float32,compute=bfloat16,matmul=float8"]), False
+    )
+    assert policy == na.nn.Precision("float32", "bfloat16", matmul="float8")
+    assert train_lm.chosen_policy(train_lm.parse_args([]), True) == train_lm.MIXED
+    assert train_lm.chosen_policy(train_lm.parse_args([]), False) is None
+
+
 def test_compile_cache_option(tmp_path, monkeypatch):
     """--compile-cache DIR (default under the examples' cache root) sets JAX's persistent
     compilation cache; --no-compile-cache leaves it unset."""

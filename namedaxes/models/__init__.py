@@ -26,6 +26,7 @@ from ._hf import config_from_hf as config_from_hf
 from ._hf import from_hf as from_hf
 from ._hf import hf_config as hf_config
 from ._hf import save_hf as save_hf
+from ._quantize import quantize as quantize
 from ._transformer import DecoderLayer as DecoderLayer
 from ._transformer import Transformer as Transformer
 
@@ -42,5 +43,6 @@ __all__ = [
     "from_hf",
     "generate",
     "hf_config",
+    "quantize",
     "save_hf",
 ]

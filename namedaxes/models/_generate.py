@@ -324,7 +324,7 @@ def _placed(model: Transformer, *inputs: Any) -> tuple[Mesh | None, list[Any]]:
     on the model's mesh: the prefill then places it by the mapping). A mesh set around the call
     that does not hold the model cannot be fixed by moving the prompt: that is an error.
     """
-    weight = model.embed.weight.array
+    weight = jax.tree.leaves(model.embed.weight)[0]  # its array, also when it is quantized
     sharding = getattr(weight, "sharding", None)
     if isinstance(weight, jax.core.Tracer) or sharding is None:
         return None, list(inputs)

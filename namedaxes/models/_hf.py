@@ -23,6 +23,7 @@ from .._errors import (
     MeshTypeError,
     ModelConfigError,
     NamedTypeError,
+    QuantizationError,
     format_names,
 )
 from .._logical._context import current_axis_mapping, rules_in_force
@@ -34,6 +35,7 @@ from ..distributed import process_allgather
 from ._config import TransformerConfig, runtime_options
 from ._families import family_of
 from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
+from ._quantize import is_quantized
 from ._safetensors import INDEX, SINGLE, Checkpoint, write_safetensors
 from ._transformer import Transformer, mappable_axes
 
@@ -391,6 +393,8 @@ def save_hf(
         ModelConfigError: if the family's ``config.json`` cannot express ``model.config``.
         DonatedArrayError: for a parameter donated to a step (``named_jit(...,
             donate_args=...)``, ``fsdp``), whose buffer is gone: save the model the step returned.
+        QuantizationError: for a model from :func:`quantize` (Hugging Face folders hold the
+            weights themselves): save the model it was made from.
 
     Example:
         >>> import jax, os, tempfile
@@ -408,6 +412,12 @@ def save_hf(
     """
     if not isinstance(model, Transformer):
         raise NamedTypeError(f"save_hf needs a namedaxes.models.Transformer, got {type(model)}.")
+    if is_quantized(model):
+        raise QuantizationError(
+            "save_hf: this model's weights are quantized (models.quantize), and a Hugging Face "
+            "folder holds the weights themselves. Save the model it was quantized from "
+            "(quantize returns a new model and leaves its argument as it was)."
+        )
     check_live(model, "save_hf")
     folder = Path(path)
     config = hf_config(model.config)

@@ -277,13 +277,15 @@ class Transformer(eqx.Module):
         if config == self.config:
             return self
         like = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
-        leaves, new = jax.tree.leaves(self), jax.tree.leaves(like)
-        if [jnp.shape(x) for x in leaves] != [jnp.shape(x) for x in new]:
+        # Parameter by parameter: a quantized weight (models.quantize) stands where its weight does.
+        leaves = jax.tree.leaves(self, is_leaf=_is_parameter)
+        new, structure = jax.tree.flatten(like, is_leaf=_is_parameter)
+        if [_shape(x) for x in leaves] != [_shape(x) for x in new]:
             raise ModelConfigError(  # a runtime option that changed the parameters: a bug
                 f"Transformer.with_options({', '.join(options)}): these options change the "
                 "parameters, so they cannot be runtime options (RUNTIME_FIELDS)."
             )
-        return jax.tree.unflatten(jax.tree.structure(like), leaves)
+        return jax.tree.unflatten(structure, leaves)
 
     def init_cache(self, batch: AxisSpec, length: int, *, dtype: Any = None) -> nn.KVCache:
         """An empty :class:`~namedaxes.nn.KVCache` for every layer: ``length`` slots per row.
@@ -533,6 +535,14 @@ class Transformer(eqx.Module):
         xs = (self.layers.stacked, jnp.arange(Layer.size, dtype=jnp.int32))
         x, keys, values, mask = fold(body, Layer)(init, xs)
         return x, nn.KVCache(keys, values, mask, cache.index + n)
+
+
+def _is_parameter(x: Any) -> bool:
+    return isinstance(x, (NamedArray, nn.QuantizedArray))
+
+
+def _shape(x: Any) -> Any:
+    return x.axes if _is_parameter(x) else jnp.shape(x)
 
 
 def _position_axis(x: Any, what: str, *, integer: bool) -> Axis:

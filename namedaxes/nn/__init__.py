@@ -34,15 +34,18 @@ from ._norm import LayerNorm as LayerNorm
 from ._norm import RmsNorm as RmsNorm
 from ._pipeline import PIPELINE_SCHEDULES as PIPELINE_SCHEDULES
 
-# mixed precision
+# mixed precision and low-precision formats
+from ._precision import MATMUL_RULES as MATMUL_RULES
 from ._precision import Precision as Precision
 from ._precision import current_precision as current_precision
 from ._precision import precision as precision
+from ._quantized import QuantizedArray as QuantizedArray
 from ._rotary import RopeScaling as RopeScaling
 from ._rotary import RotaryEmbedding as RotaryEmbedding
 from ._stacked import Stacked as Stacked
 
 __all__ = [
+    "MATMUL_RULES",
     "MLP",
     "Attention",
     "Dropout",
@@ -52,6 +55,7 @@ __all__ = [
     "Linear",
     "MoE",
     "PIPELINE_SCHEDULES",
+    "QuantizedArray",
     "RmsNorm",
     "RouterStats",
     "Stacked",

@@ -12,7 +12,6 @@ import numpy as np
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisIndexError, NamedTypeError, format_axes
-from .._ops.contract import dot
 from ..random import normal
 from ._common import (
     as_axes,
@@ -24,6 +23,7 @@ from ._common import (
     param,
     place,
 )
+from ._fp8 import matmul
 
 __all__ = ["Embedding"]
 
@@ -170,10 +170,13 @@ class Embedding(eqx.Module):
     def unembed(self, x: NamedArray) -> NamedArray:
         """Logits over ``Vocab``: ``x`` with ``Embed`` contracted against the table (a tied head).
 
+        A float8 policy's rules see the names ``Vocab`` and ``Embed``: by default the head stays
+        in the compute dtype.
+
         Raises:
             AxisNotFoundError: if ``x`` lacks ``Embed``.
             DuplicateAxisError: if ``x`` already has ``Vocab``.
         """
         x = expect_axes(x, (self.Embed,), "Embedding.unembed")
         expect_free(x, (self.Vocab.name,), "Embedding.unembed", "is the output axis")
-        return output(dot(compute(x), param(self.weight), axis=self.Embed.name))
+        return output(matmul(compute(x), param(self.weight), (self.Embed.name,)))

@@ -10,7 +10,6 @@ import jax
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
 from .._errors import DuplicateAxisError, format_names
-from .._ops.contract import dot
 from .._ops.creation import zeros
 from ..random import normal
 from ._common import (
@@ -23,6 +22,7 @@ from ._common import (
     output,
     param,
 )
+from ._fp8 import matmul
 
 __all__ = ["Linear"]
 
@@ -38,7 +38,8 @@ class Linear(eqx.Module):
     Under an ``axis_mapping`` with a mesh (inside ``named_jit``/``fsdp``), the weight and the output
     are placed by that mapping, so a weight stored FSDP-sharded is gathered here. Under a precision
     policy the input and the parameters are cast to its compute dtype and the result to its output
-    dtype.
+    dtype; a policy with ``matmul="float8"`` runs the product in float8 when its rules pick the
+    layer by the names of ``In`` and ``Out`` (see :class:`Precision`).
 
     Args:
         In: The input axes (an ``Axis``, a sequence of them, or a ``{name: size}`` dict).
@@ -99,7 +100,7 @@ class Linear(eqx.Module):
         """
         x = expect_axes(x, self.In, "Linear")
         expect_free(x, (a.name for a in self.Out), "Linear", "is an output axis of the layer")
-        y = dot(compute(x), param(self.weight), axis=tuple(a.name for a in self.In))
+        y = matmul(compute(x), param(self.weight), tuple(a.name for a in self.In))
         if self.bias is not None:
             y = y + param(self.bias)
         return output(y)

@@ -5,6 +5,10 @@ A policy in force (``with precision("params=float32,compute=bfloat16"):``) is re
 ``compute`` where a layer uses them (so their gradients come back in ``param``), layer inputs are
 cast to ``compute`` and results to ``output``. Numerically sensitive steps run in float32 whatever
 the policy: norms, the attention softmax and the loss.
+
+``matmul="float8"`` also runs the matmuls of the layers its rules pick (by the names of their axes,
+:data:`MATMUL_RULES` unless the policy adds its own) in float8 (``nn/_fp8.py``); the same rules
+pick the layers ``models.quantize`` stores in int8 or float8.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._errors import NamedTypeError
 
-__all__ = ["Precision", "current_precision", "precision"]
+__all__ = ["MATMUL_RULES", "Precision", "current_precision", "picks", "precision"]
 
 _ALIASES = {
     "f32": "float32",
@@ -39,7 +43,71 @@ _FIELDS = {
     "c": "compute",
     "output": "output",
     "o": "output",
+    "matmul": "matmul",
+    "scaling": "scaling",
 }
+MATMUL_FORMATS = {"float8": "float8", "fp8": "float8"}
+SCALINGS = ("tensor", "row")
+
+MATMUL_RULES: tuple[tuple[str, bool], ...] = (
+    ("vocab", False),
+    ("experts", False),
+    ("shared_gate", False),
+    ("mlp", True),
+    ("shared_mlp", True),
+    ("expert_mlp", True),
+    ("heads", True),
+    ("kv_heads", True),
+    ("embed", True),
+)
+"""Which layers go to a low-precision format by default (float8 matmuls in training, quantized
+weights for inference), as ``(axis name, yes/no)`` rules over the names of a layer's matmul
+(a ``Linear``'s input and output axes; the tied head's ``vocab`` and ``embed``). The first rule
+naming one of them decides; a layer no rule names stays in the compute dtype. The output head
+(``vocab``), the mixture-of-experts router (``experts``) and the shared expert's one-wide gate
+stay; the attention projections (``heads``, ``kv_heads``), MLPs (``mlp``, ``shared_mlp``,
+``expert_mlp``) and any other ``embed`` projection go. Norms, embedding lookups and attention
+scores are not layers' matmuls: they never go."""
+
+
+def as_rules(rules: Any, what: str) -> tuple[tuple[str, bool], ...]:
+    """``rules`` (a ``{name: bool}`` dict or ``(name, bool)`` pairs; ``"*"`` names every layer)
+    as a tuple of pairs.
+
+    Raises:
+        NamedTypeError: ``"{what}: ... is not an (axis name, True/False) rule ..."``.
+    """
+    if rules is None:
+        return ()
+    items = list(rules.items()) if isinstance(rules, dict) else rules
+    if isinstance(items, str) or not isinstance(items, (list, tuple)):
+        items = [items]
+    out = []
+    for rule in items:
+        ok = isinstance(rule, (tuple, list)) and len(rule) == 2
+        if not (ok and isinstance(rule[0], str) and isinstance(rule[1], bool)):
+            raise NamedTypeError(
+                f"{what}: {rule!r} is not an (axis name, True/False) rule. Write e.g. "
+                "[('vocab', True), ('mlp', False)] or {'vocab': True}; '*' names every layer."
+            )
+        out.append((rule[0], rule[1]))
+    return tuple(out)
+
+
+def picks(rules: tuple[tuple[str, bool], ...], names: Any) -> bool:
+    """Whether the layer whose matmul has the axes ``names`` goes to the low-precision format:
+    ``rules`` first, then :data:`MATMUL_RULES`; the first rule naming one of ``names`` (or
+    ``"*"``) decides, and no rule means no.
+
+    Example:
+        >>> picks((), ("embed", "vocab")), picks((("vocab", True),), ("embed", "vocab"))
+        (False, True)
+    """
+    names = set(names)
+    for name, yes in rules + MATMUL_RULES:
+        if name == "*" or name in names:
+            return yes
+    return False
 
 
 def float_dtype(value: Any, prefix: str, needs: str) -> jnp.dtype | None:
@@ -70,13 +138,27 @@ class Precision:
     ``Precision.parse("params=float32,compute=bfloat16,output=float32")`` (also ``p=f32,c=bf16``,
     as in ``jmp``). Set it for a block of code with :func:`precision`.
 
+    ``matmul="float8"`` runs the matmuls of the layers the rules pick in float8, forward and
+    backward: inputs and weights in e4m3, the incoming gradient in e5m2, each scaled from its
+    absolute maximum (``scaling="tensor"``: one scale per tensor; ``"row"``: one per row of the
+    matmul, per token and per output channel, more accurate), the product accumulated in float32,
+    scaled back and returned in the compute dtype. Parameters, their gradients and the optimizer
+    are untouched. The rules: ``matmul_rules`` (checked first), then :data:`MATMUL_RULES`.
+
     Args:
         param: Parameters are created in this dtype (by layers built with ``dtype=None``).
         compute: Layers cast their parameters and inputs to this dtype before computing.
         output: Layers cast their results to this dtype (``None``: results stay in ``compute``).
+        matmul: ``None``, or ``"float8"`` (also ``"fp8"``) for float8 matmuls.
+        scaling: ``"tensor"`` or ``"row"``: how float8 matmuls scale their operands.
+        matmul_rules: Which layers' matmuls go to ``matmul``, before the defaults: ``(axis name,
+            True/False)`` pairs or a ``{name: bool}`` dict, ``"*"`` naming every layer (e.g.
+            ``{"vocab": True}`` adds the output head; ``[("mlp", True), ("*", False)]`` keeps only
+            the MLPs).
 
     Raises:
-        NamedTypeError: if a dtype is not a floating dtype.
+        NamedTypeError: if a dtype is not a floating dtype, ``matmul`` or ``scaling`` is none of
+            the above, or a rule is not ``(name, bool)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -91,6 +173,9 @@ class Precision:
     param: Any = None
     compute: Any = None
     output: Any = None
+    matmul: str | None = None
+    scaling: str = "tensor"
+    matmul_rules: Any = ()
 
     def __post_init__(self) -> None:
         for f in ("param", "compute", "output"):
@@ -99,13 +184,32 @@ class Precision:
                 value = _ALIASES.get(value.strip().lower(), value.strip())
             dtype = float_dtype(value, f"Precision {f}=", f"Precision {f} must be")
             object.__setattr__(self, f, dtype)
+        matmul = self.matmul
+        if matmul is not None:
+            matmul = MATMUL_FORMATS.get(matmul.strip().lower()) if isinstance(matmul, str) else None
+            if matmul is None:
+                raise NamedTypeError(
+                    f"Precision matmul={self.matmul!r} is not a matmul format. Pass 'float8' (or "
+                    "None for matmuls in the compute dtype)."
+                )
+        scaling = self.scaling.strip().lower() if isinstance(self.scaling, str) else None
+        if scaling not in SCALINGS:
+            raise NamedTypeError(
+                f"Precision scaling={self.scaling!r} is not a scaling. Pass 'tensor' (one scale "
+                "per tensor) or 'row' (one per token and per output channel)."
+            )
+        object.__setattr__(self, "matmul", matmul)
+        object.__setattr__(self, "scaling", scaling)
+        rules = as_rules(self.matmul_rules, "Precision matmul_rules")
+        object.__setattr__(self, "matmul_rules", rules)
 
     @classmethod
     def parse(cls, spec: str) -> Precision:
         """A policy from ``"params=float32,compute=bfloat16,output=float32"``.
 
         Keys: ``params``/``param``/``p``, ``compute``/``c``, ``output``/``o``; values: dtype names
-        and the short forms ``f32``, ``bf16``, ``f16``. Missing keys are ``None``.
+        and the short forms ``f32``, ``bf16``, ``f16``. Missing keys are ``None``. ``matmul=float8``
+        and ``scaling=tensor|row`` set float8 matmuls (with the default rules).
 
         Raises:
             NamedTypeError: on an unknown key, a repeated key or a value that is not a float dtype.
@@ -113,6 +217,8 @@ class Precision:
         Example:
             >>> Precision.parse("p=f32,c=bf16,o=f32").output
             dtype('float32')
+            >>> Precision.parse("params=float32,compute=bfloat16,matmul=float8,scaling=row")
+            Precision('params=float32,compute=bfloat16,matmul=float8,scaling=row')
         """
         if not isinstance(spec, str):
             raise NamedTypeError(f"Precision.parse needs a string, got {spec!r}.")
@@ -125,9 +231,9 @@ class Precision:
                 raise NamedTypeError(
                     f"Precision.parse({spec!r}): {part!r} is {why}. Write e.g. "
                     "'params=float32,compute=bfloat16,output=float32' (keys params, compute, "
-                    "output or p, c, o)."
+                    "output or p, c, o; matmul, scaling)."
                 )
-            given[field] = value
+            given[field] = value.strip()
         return cls(**given)
 
     def __repr__(self) -> str:
@@ -140,7 +246,22 @@ class Precision:
             )
             if dt is not None
         ]
-        return f"Precision({','.join(parts)!r})"
+        if self.matmul is not None:
+            parts.append(f"matmul={self.matmul}")
+        if self.scaling != "tensor":
+            parts.append(f"scaling={self.scaling}")
+        rules = f", matmul_rules={self.matmul_rules!r}" if self.matmul_rules else ""
+        return f"Precision({','.join(parts)!r}{rules})"
+
+    def float8(self, names: Any) -> bool:
+        """Whether a layer whose matmul has the axes ``names`` runs it in float8 here.
+
+        Example:
+            >>> p = Precision(compute="bfloat16", matmul="float8")
+            >>> p.float8(("embed", "mlp")), p.float8(("embed", "vocab"))
+            (True, False)
+        """
+        return self.matmul == "float8" and picks(self.matmul_rules, names)
 
     def cast_to_param(self, tree: Any) -> Any:
         """Floating arrays (and NamedArrays) of ``tree`` cast to ``param``."""
