@@ -47,7 +47,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from .._array import NamedArray, is_named_array
 from .._axis import Axis
@@ -59,8 +59,9 @@ from .._errors import (
     format_axes,
 )
 from .._logical._context import axis_mapping, current_rules
-from .._mesh import context_mesh
+from .._mesh import context_mesh, explicit_axes
 from .._ops.shape import flatten_axes, rearrange, unflatten_axis
+from .._partitioning._shard import constrain
 from .._spec import entry_axes, entry_of
 from ._common import mesh_entries
 
@@ -242,11 +243,20 @@ def _pick(x: Any, j: Any) -> Any:
 # -- the stage loop ------------------------------------------------------------------------------
 
 
+def _array_leaves(tree: Any) -> tuple[list[Any], Any, list[int]]:
+    """``tree``'s leaves (NamedArrays whole), its treedef, and which leaves hold arrays."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
+    return (
+        leaves,
+        treedef,
+        [i for i, v in enumerate(leaves) if isinstance(v, NamedArray | jax.Array)],
+    )
+
+
 def _arrays(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
     """The array leaves of ``tree`` (a NamedArray's array, plain arrays) and how to rebuild it with
     arrays of other (local) sizes."""
-    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_named_array)
-    idx = [i for i, v in enumerate(leaves) if isinstance(v, NamedArray) or isinstance(v, jax.Array)]
+    leaves, treedef, idx = _array_leaves(tree)
 
     def rebuild(arrays: list[Any]) -> Any:
         out = list(leaves)
@@ -271,13 +281,9 @@ def _layer_dim(v: Any, name: str) -> int | None:
 
 
 def _layer_specs(stacked: Any, name: str, pipe: Pipeline) -> list[PartitionSpec]:
-    leaves = [
-        v
-        for v in jax.tree.leaves(stacked, is_leaf=is_named_array)
-        if isinstance(v, NamedArray) or isinstance(v, jax.Array)
-    ]
+    leaves, _, idx = _array_leaves(stacked)
     specs = []
-    for v in leaves:
+    for v in (leaves[i] for i in idx):
         d = _layer_dim(v, name)
         if d is None:
             specs.append(PartitionSpec())
@@ -311,13 +317,9 @@ def _circular_layout(stacked: Any, name: str, pipe: Pipeline, inverse: bool = Fa
 
 
 def _place_like(x: NamedArray, entries: dict[str, Any]) -> NamedArray:
-    """``x`` with its axes on ``entries`` (by name): a reshard on an Explicit mesh, a sharding
-    constraint on an Auto one."""
+    """``x`` with its axes on ``entries`` (by name), as ``shard`` places a traced array."""
     spec = PartitionSpec(*(entries.get(n) for n in x.axis_names))
-    mesh = context_mesh()
-    if any(t == AxisType.Explicit for t in mesh.axis_types):
-        return NamedArray(jax.sharding.reshard(x.array, spec), x.axes)
-    return NamedArray(jax.lax.with_sharding_constraint(x.array, NamedSharding(mesh, spec)), x.axes)
+    return NamedArray(constrain(x.array, spec, context_mesh()), x.axes)
 
 
 def run(
@@ -393,7 +395,7 @@ def run(
         PartitionSpec() if i < n_out else PartitionSpec(pipe.axis) for i in range(len(probe))
     )
     call = mapped(specs)
-    if any(t == AxisType.Explicit for t in mesh.axis_types):
+    if explicit_axes(mesh):
         # Sharding in types inside a partly manual shard_map loses the loop's saved activations'
         # layout in XLA (it gathered them over the data and model axes): run the pipeline with
         # the mesh's axes Auto inside, as on an Auto mesh, and give the outputs' types back (the
