@@ -29,6 +29,7 @@ slots are the fixed blocks) by all-to-all and back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -118,14 +119,22 @@ def _ffn_ragged(
     r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
-    gate, up, down = w
     matmul = grouped_matmul if r.dispatch == "grouped" else jax.lax.ragged_dot
-    h = matmul(rows, up, sizes)
-    if gate is not None:
-        h = r.activation(matmul(rows, gate, sizes)) * h
-    else:
-        h = r.activation(h)
-    return _psum(matmul(h, down, sizes), p.tp)
+    product = lambda a, m: matmul(a, m, sizes)  # noqa: E731
+    return _psum(_expert_mlp(rows, w, r, product, product), p.tp)
+
+
+def _expert_mlp(
+    x: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing,
+    into: Callable[[jax.Array, jax.Array], jax.Array],
+    out: Callable[[jax.Array, jax.Array], jax.Array],
+) -> jax.Array:  # fmt: skip
+    """``down(act(gate(x)) * up(x))`` (or ``down(act(up(x)))``), each projection by ``into`` (up,
+    gate) or ``out`` (down): the one expert MLP every dispatch runs, with its own products."""
+    gate, up, down = w
+    h = into(x, up)
+    h = r.activation(into(x, gate)) * h if gate is not None else r.activation(h)
+    return out(h, down)
 
 
 def _ffn_dense(
@@ -133,13 +142,8 @@ def _ffn_dense(
     r: Routing,
 ) -> jax.Array:  # fmt: skip
     """Every expert of ``w`` on every token, summed with the weights ``combine (T, E)``."""
-    gate, up, down = w
-    h = jnp.einsum("th,ehi->tei", x, up)
-    if gate is not None:
-        h = r.activation(jnp.einsum("th,ehi->tei", x, gate)) * h
-    else:
-        h = r.activation(h)
-    out = jnp.einsum("tei,eih->teh", h, down)
+    into = functools.partial(jnp.einsum, "th,ehi->tei")
+    out = _expert_mlp(x, w, r, into, functools.partial(jnp.einsum, "tei,eih->teh"))
     return jnp.einsum("teh,te->th", out, combine.astype(out.dtype))
 
 
@@ -303,13 +307,9 @@ def _ffn_batched(
     rows: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement
 ) -> jax.Array:
     """The expert MLPs on ``rows (E, R, H)``, expert ``e`` on ``rows[e]``: batched matmuls."""
-    gate, up, down = w
-    h = jnp.einsum("erh,ehi->eri", rows, up)
-    if gate is not None:
-        h = r.activation(jnp.einsum("erh,ehi->eri", rows, gate)) * h
-    else:
-        h = r.activation(h)
-    return _psum(jnp.einsum("eri,eih->erh", h, down), p.tp)
+    into = functools.partial(jnp.einsum, "erh,ehi->eri")
+    out = _expert_mlp(rows, w, r, into, functools.partial(jnp.einsum, "eri,eih->erh"))
+    return _psum(out, p.tp)
 
 
 def _capacity(
