@@ -469,6 +469,7 @@ def main() -> int:
     parser.add_argument("--loss-steps", type=int, default=None,
                         help="--precision: steps compared (default 100; 10 on CPU)")  # fmt: skip
     parser.add_argument("--wide-layers", type=int, default=None, help="layers of 8b-wide (12)")
+    parser.add_argument("--peak", type=float, help="bfloat16 peak TFLOP/s (default: measured)")
     parser.add_argument(
         "--budget",
         type=float,
@@ -496,8 +497,8 @@ def main() -> int:
     print(f"device: {device.device_kind} ({platform()}), jax {jax.__version__}, namedaxes "
           f"{na.__version__}; precision {POLICY}, remat {args.remat!r}")  # fmt: skip
 
-    peak = peak_bf16(Budget(min(30.0, total.left())))
-    print(f"measured bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
+    peak = 1e12 * args.peak if args.peak else peak_bf16(Budget(min(30.0, total.left())))
+    print(f"{'given' if args.peak else 'measured'} bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
     sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
     if args.wide_layers:
         sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)

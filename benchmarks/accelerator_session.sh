@@ -27,7 +27,8 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device check accelerator fp8 generate qgen moe context example}
+PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe context example}
+backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
   shift 3
@@ -35,23 +36,35 @@ part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), l
   echo "== $title" | tee -a "$OUT/all.log"
   timeout "$limit" "$@" 2>&1 | quiet | tee -a "$OUT/all.log"
 }
-part device "device" 30 "$PY" -c 'import jax; print(jax.__version__, jax.devices())'
+part device "device" 30 "$PY" benchmarks/device_info.py
+# The bfloat16 matmul peak, measured once (TFLOP/s; the MFU denominator of the parts below).
+case " $PARTS " in *" peak "*)
+  PEAK=${PEAK:-$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks")
+from accelerator import peak_bf16; from _timing import Budget
+print(round(peak_bf16(Budget(15)) / 1e12, 1))' 2>/dev/null | tail -1)}
+  echo "== peak: ${PEAK:-?} TFLOP/s" | tee -a "$OUT/all.log" ;;
+esac
+peak=${PEAK:+--peak $PEAK}
+# grouped_matmul alone: each implementation and tiling (Pallas/Triton, Mosaic GPU) against
+# ragged_dot and a plain matmul of the same FLOPs, with its error: sets the GPU defaults.
+part kernels "grouped_matmul kernels" "${KER_T:-120}" "$PY" benchmarks/grouped_matmul.py \
+  --budget "${KER_B:-95}" $peak ${KER_E:+--experts "$KER_E"} $([ "$backend" = cpu ] && echo --quick)
 part check "accelerator --check" "${CHECK_T:-45}" "$PY" benchmarks/accelerator.py --check
 # ACC_SIZES picks rows (default: the script's own, example/100m/1b on an accelerator).
 part accelerator "accelerator" "${ACC_T:-170}" "$PY" benchmarks/accelerator.py --rounds 5 \
-  --budget "${ACC_B:-140}" ${ACC_SIZES:+--sizes "$ACC_SIZES"}
+  --budget "${ACC_B:-140}" ${ACC_SIZES:+--sizes "$ACC_SIZES"} $peak
 part generate "generate" "${GEN_T:-90}" "$PY" benchmarks/generate.py --budget "${GEN_B:-65}" --rounds 3
 # FP8_SIZES picks rows (default 100m/1b/8b-wide on an accelerator); FP8_P=fp8-row for row scaling.
 part fp8 "accelerator --precision fp8" "${FP8_T:-240}" "$PY" benchmarks/accelerator.py \
-  --precision "${FP8_P:-fp8}" --rounds 5 --budget "${FP8_B:-210}" ${FP8_SIZES:+--sizes "$FP8_SIZES"}
+  --precision "${FP8_P:-fp8}" --rounds 5 --budget "${FP8_B:-210}" ${FP8_SIZES:+--sizes "$FP8_SIZES"} \
+  ${FP8_LOSS:+--loss-steps "$FP8_LOSS"} $peak
 part qgen "generate --weights" "${QGEN_T:-90}" "$PY" benchmarks/generate.py --dtype bfloat16 \
   --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5
-backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
 # Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
 # grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.
 part moe "moe dispatch" "${MOE_T:-200}" "$PY" benchmarks/moe_dispatch.py --steps 5 \
-  --budget "${MOE_B:-170}" $moe_quick
+  --budget "${MOE_B:-170}" $moe_quick $peak ${MOE_E:+--experts "$MOE_E"} ${MOE_K:+--top-k "$MOE_K"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
 part example "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"

@@ -17,10 +17,9 @@ TFLOP/s, else measured as ``benchmarks/accelerator.py`` does); the largest diffe
 output and of the router gradient from ``dense`` with the same capacity (relative to their
 scale); and what XLA compiled the expert products to (custom calls, ragged-dot and dot ops).
 
-``--tilings 64,64,128 128,64,128`` also times ``grouped_matmul`` alone (forward and both backward
-products of the up projection, uniform random routing) per tiling against ``ragged_dot``, to set
-``namedaxes.kernels._grouped_matmul.GPU_TILING`` (at the first and last expert count); on a GPU
-a few tilings run by default. ``--budget`` bounds the whole run: rows past it are skipped.
+The kernel alone, per implementation and tiling: ``benchmarks/grouped_matmul.py``. ``--budget``
+bounds the whole run: rows past it are skipped. A row that fails (a kernel this device cannot
+compile) prints its first error line and the table goes on.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ from _timing import Budget, clock  # noqa: E402
 from accelerator import out_of_memory, peak_bf16  # noqa: E402
 
 import namedaxes as na  # noqa: E402
-from namedaxes.kernels import grouped_matmul  # noqa: E402
 
 DISPATCHES = ("dense", "ragged", "grouped", "capacity")
-GPU_TILINGS = ((64, 64, 128), (128, 64, 128), (128, 32, 128), (64, 32, 64), (128, 64, 256))
 
 
 def step_fn(moe: na.nn.MoE, x: na.NamedArray) -> tuple[jax.Array, jax.Array]:
@@ -65,6 +62,11 @@ def compiled_to(hlo: str) -> str:
     dots = len(re.findall(r"\bdot\(", hlo))
     ragged = len(re.findall(r"\bragged-dot\(", hlo))
     return f"custom calls {calls or '-'}, {ragged} ragged-dot, {dots} dot"
+
+
+def first_line(e: Exception) -> str:
+    text = (str(e).strip().splitlines() or [""])[0][:160]
+    return f"{type(e).__name__}: {text}"
 
 
 def active_flops(tokens: int, top_k: int, embed: int, width: int) -> float:
@@ -108,10 +110,9 @@ def moe_rows(args: argparse.Namespace, peak: float, budget: Budget) -> None:
                     how = ""
                     if dispatch in ("ragged", "grouped"):  # a second compile: only where it tells
                         how = compiled_to(step.lower(moe, x).lowered.compile().as_text())
-                except Exception as e:  # one row out of memory must not end the table
-                    if not out_of_memory(e):
-                        raise
-                    print(f"| {n} | {k} | {dispatch} | out of memory |")
+                except Exception as e:  # noqa: BLE001 - one row failing must not end the table
+                    why = "out of memory" if out_of_memory(e) else f"failed: {first_line(e)}"
+                    print(f"| {n} | {k} | {dispatch} | {why} |", flush=True)
                     continue
                 t = statistics.median(times)
                 (y, g), (y_ref, g_ref) = out, refs[capacity]
@@ -121,35 +122,6 @@ def moe_rows(args: argparse.Namespace, peak: float, budget: Budget) -> None:
                     f"| {rel_diff(g, g_ref):.1e} | {how} |",
                     flush=True,
                 )
-
-
-def tiling_rows(
-    args: argparse.Namespace, tilings: list[tuple[int, int, int]], budget: Budget
-) -> None:
-    """``grouped_matmul`` alone per tiling against ``ragged_dot``: forward and both backward
-    products of ``(tokens * top_k, embed) x (experts, embed, width)`` in bfloat16, at the first
-    and the last expert count."""
-    k, embed, width = args.top_k[0], args.embed, args.width
-    rows = args.tokens * k
-    print(f"\n| experts | product (top-{k}) | ms | TFLOP/s |\n|{'---|' * 4}")
-    for n in sorted({args.experts[0], args.experts[-1]}):
-        keys = jax.random.split(jax.random.key(2), 3)
-        lhs = jax.random.normal(keys[0], (rows, embed), jnp.bfloat16)
-        rhs = jax.random.normal(keys[1], (n, embed, width), jnp.bfloat16)
-        choice = jax.random.randint(keys[2], (rows,), 0, n)
-        sizes = jnp.zeros(n, jnp.int32).at[choice].add(1)
-        products = {"ragged_dot": lambda a, b: jax.lax.ragged_dot(a, b, sizes)}
-        for t in tilings:
-            products[f"grouped {t}"] = lambda a, b, t=t: grouped_matmul(a, b, sizes, tiling=t)
-        for name, product in products.items():
-            if budget.left() <= 0:
-                print(f"| {n} | {name} | skipped (budget) |")
-                continue
-            f = jax.jit(jax.value_and_grad(lambda a, b: jnp.sum(product(a, b)), (0, 1)))
-            jax.block_until_ready(f(lhs, rhs))
-            ms = statistics.median(clock(lambda: f(lhs, rhs)) for _ in range(args.steps)) * 1e3
-            flops = 6.0 * rows * embed * width
-            print(f"| {n} | {name} | {ms:.3f} | {flops / ms / 1e9:.1f} |", flush=True)
 
 
 def _ints(text: str) -> list[int]:
@@ -166,9 +138,6 @@ def main() -> None:
     parser.add_argument("--capacity-factor", type=float, default=1.25)
     parser.add_argument("--peak", type=float, help="bfloat16 peak TFLOP/s (default: measured)")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for all rows")
-    parser.add_argument(
-        "--tilings", nargs="*", type=lambda s: tuple(_ints(s)), help="grouped_matmul tilings"
-    )
     args = parser.parse_args()
     args.tokens, args.embed, args.width = (256, 64, 64) if args.quick else (8192, 1024, 2048)
     args.experts = args.experts or ([8] if args.quick else [8, 32, 64, 128])
@@ -181,11 +150,6 @@ def main() -> None:
     )
     budget = Budget(args.budget)
     moe_rows(args, peak, budget)
-    tilings = args.tilings
-    if tilings is None and jax.default_backend() == "gpu":
-        tilings = list(GPU_TILINGS)
-    if tilings:
-        tiling_rows(args, tilings, budget)
 
 
 if __name__ == "__main__":

@@ -136,3 +136,56 @@ def test_errors():
         grouped_matmul(lhs, rhs, sizes, tiling=(16, 24, 16))
     with pytest.raises(na.KernelError, match=r"implementation='triton' is not one of 'pallas'"):
         grouped_matmul(lhs, rhs, sizes, implementation="triton")
+
+
+def test_mosaic_fails_closed_off_hopper_gpus():
+    lhs, rhs, _ = operands(jnp.bfloat16)
+    with pytest.raises(na.KernelError, match=r"'mosaic' runs on Hopper GPUs only .*implementation='pallas'"):
+        grouped_matmul(lhs, rhs, jnp.zeros(G, jnp.int32), implementation="mosaic")
+
+
+class FakeMosaic:
+    """Stands in for JAX's Mosaic GPU modules with their contract: blocks must divide the
+    contraction and the columns (forward) or the output (transposed), and the forward product
+    leaves rows past the groups unwritten (NaN here)."""
+
+    @staticmethod
+    def ragged_dot(lhs, rhs, *, group_sizes, transpose_rhs, block_m, block_n, block_k, **_):
+        k = lhs.shape[1]
+        n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+        assert k % block_k == 0 and n % block_n == 0 and lhs.shape[0] % block_m == 0
+        out = jax.lax.ragged_dot(lhs, rhs.swapaxes(1, 2) if transpose_rhs else rhs, group_sizes)
+        past = (jnp.arange(lhs.shape[0]) >= jnp.sum(group_sizes))[:, None]
+        return jnp.where(past, jnp.nan, out).astype(lhs.dtype)
+
+    @staticmethod
+    def transposed_ragged_dot(lhs, rhs, *, group_sizes, block_m, block_n, **_):
+        assert lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
+        dims = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), [0], [])
+        return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, dims).astype(lhs.dtype)
+
+
+def test_mosaic_wrapper_pads_blocks_and_zeroes_the_rows_it_leaves_unwritten(monkeypatch):
+    """The Mosaic GPU path (Hopper only, so faked here with its contract): operands padded to
+    whole blocks, rows past the groups 0, and the three products equal ragged_dot's."""
+    from namedaxes.kernels import _grouped_matmul as gm
+
+    monkeypatch.setattr(gm, "_hopper", lambda: True)
+    monkeypatch.setattr(gm, "_mosaic", lambda: (FakeMosaic, FakeMosaic))
+    lhs, rhs, cot = operands(jnp.bfloat16)
+    sizes = jnp.asarray(SIZES["empty and single-row groups, rows past them"], jnp.int32)
+
+    def f(lhs, rhs, cot):  # implementation=None picks mosaic on (this faked) Hopper
+        out, vjp = jax.vjp(lambda a, b: grouped_matmul(a, b, sizes), lhs, rhs)
+        return (out, *vjp(cot.astype(out.dtype)))
+
+    got = jax.jit(f)(lhs, rhs, cot)
+    want = value_and_grads("ragged_dot")(lhs, rhs, sizes, cot)
+    for name, a, b in zip(("output", "d lhs", "d rhs"), got, want):
+        close(a, b, jnp.bfloat16, name)
+    assert not np.asarray(got[0][int(sizes.sum()) :], np.float32).any()
+    with pytest.raises(na.KernelError, match=r"needs bfloat16 or float16 operands, got float32"):
+        grouped_matmul(lhs.astype(jnp.float32), rhs.astype(jnp.float32), sizes,
+                       implementation="mosaic")  # fmt: skip
+    with pytest.raises(na.KernelError, match=r"tiles that are multiples of 64, got \(64, 32, 64\)"):
+        grouped_matmul(lhs, rhs, sizes, implementation="mosaic", tiling=(64, 32, 64))

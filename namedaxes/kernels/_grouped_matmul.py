@@ -2,9 +2,10 @@
 of each group ``g`` (rows sorted by group, ``group_sizes[g]`` each; rows past the last group give 0),
 with both backward products (the rows' gradient and each group's weight gradient).
 
-Kernels: on GPUs a Pallas kernel (Triton lowering); on TPUs JAX's own megablox ``gmm``/``tgmm``
-where it imports; elsewhere the same Pallas kernel in interpret mode (slow: for tests). The
-reference, ``jax.lax.ragged_dot``, is beside it.
+Kernels: on GPUs a Pallas kernel (Triton lowering), or on Hopper GPUs JAX's own Mosaic GPU grouped
+matmuls (``ragged_dot_mgpu``/``transposed_ragged_dot_mgpu``: wgmma, bulk tensor copies); on TPUs
+JAX's own megablox ``gmm``/``tgmm`` where it imports; elsewhere the Pallas kernel in interpret mode
+(slow: for tests). The reference, ``jax.lax.ragged_dot``, is beside it.
 
 The Pallas kernel walks a list of work items, one per (group, row tile) pair that the group
 touches, so a tile is computed once per group it holds rows of: the waste is at most one tile per
@@ -27,13 +28,17 @@ from .._errors import KernelError, format_names
 
 __all__ = ["IMPLEMENTATIONS", "grouped_matmul", "grouped_matmul_reference"]
 
-IMPLEMENTATIONS = ("pallas", "megablox")
+IMPLEMENTATIONS = ("pallas", "mosaic", "megablox")
 
 F32 = jnp.float32
 # (rows, contraction, columns) per tile on GPUs: powers of 2, as Triton needs. Untuned: the GPU
 # session's benchmark (benchmarks/moe_dispatch.py --tiling) decides.
 GPU_TILING = (64, 64, 128)
 TPU_TILING = (128, 128, 128)
+# Mosaic GPU's (rows, contraction, columns) per block, then the pipeline depth and the column
+# blocks per row-major sweep (``grid_block_n``). Blocks are multiples of 64, as wgmma needs.
+MOSAIC_TILING = (128, 64, 128)
+MOSAIC_PIPELINE = (4, 1)
 _TRITON = plgpu.CompilerParams(num_warps=4, num_stages=3)
 
 
@@ -78,27 +83,30 @@ def grouped_matmul(
     float32 and return the operands' dtype.
 
     Implementations: ``"pallas"``, this module's Pallas kernel, lowered by Triton on GPUs (in
-    interpret mode elsewhere: slow, for tests); ``"megablox"``, JAX's Pallas TPU grouped matmul
-    (``gmm``, whose backward is ``gmm`` and ``tgmm``), for TPUs. The default is ``"megablox"`` on
-    TPUs and ``"pallas"`` elsewhere.
+    interpret mode elsewhere: slow, for tests); ``"mosaic"``, JAX's Mosaic GPU grouped matmuls
+    (``ragged_dot_mgpu``, and ``transposed_ragged_dot_mgpu`` for the weight gradient), for Hopper
+    GPUs and 16-bit operands; ``"megablox"``, JAX's Pallas TPU grouped matmul (``gmm``, whose
+    backward is ``gmm`` and ``tgmm``), for TPUs. The default is ``"megablox"`` on TPUs,
+    ``GPU_DEFAULT`` on Hopper GPUs for 16-bit operands, and ``"pallas"`` elsewhere.
 
     Args:
         lhs: ``(M, K)`` rows sorted by group.
         rhs: ``(G, K, N)``, one matrix per group, the same dtype as ``lhs``.
         group_sizes: ``(G,)`` integer rows per group, summing to at most ``M``.
-        implementation: ``"pallas"``, ``"megablox"`` or ``None`` (by backend, as above).
+        implementation: ``"pallas"``, ``"mosaic"``, ``"megablox"`` or ``None`` (as above).
         tiling: ``(rows, contraction, columns)`` per tile, powers of 2 of at least 16 (clipped to
-            small operands); default ``GPU_TILING`` (``TPU_TILING`` for megablox).
+            small operands; multiples of 64 for ``"mosaic"``); default ``GPU_TILING``
+            (``MOSAIC_TILING``, ``TPU_TILING``).
         interpret: Run the kernel in Pallas interpret mode; default: unless on the kernel's own
-            platform (GPU for ``"pallas"``, TPU for ``"megablox"``).
+            platform (GPU for ``"pallas"``, TPU for ``"megablox"``). ``"mosaic"`` has none.
 
     Returns:
         ``(M, N)`` in the operands' dtype.
 
     Raises:
         KernelError: for operands of the wrong rank, mismatched shapes or dtypes, integer
-            operands, an unknown implementation or one this JAX lacks, or a tiling that is not
-            three powers of 2 of at least 16.
+            operands, an unknown implementation or one this JAX or device lacks, or a tiling that
+            is not three powers of 2 of at least 16.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -114,18 +122,62 @@ def grouped_matmul(
     sizes = group_sizes.astype(jnp.int32)
     backend = jax.default_backend()
     if implementation is None:
-        implementation = "megablox" if backend == "tpu" else "pallas"
+        implementation = _default_implementation(backend, lhs.dtype)
     if implementation not in IMPLEMENTATIONS:
         raise KernelError(
             f"grouped_matmul: implementation={implementation!r} is not one of "
             f"{format_names(IMPLEMENTATIONS)} (or None: by backend)."
         )
-    own = "tpu" if implementation == "megablox" else "gpu"
+    own = {"megablox": "tpu", "mosaic": backend}.get(implementation, "gpu")  # mosaic: none
     interpret = backend != own if interpret is None else bool(interpret)
     if implementation == "megablox":
         _megablox()  # fails here, not in the backward pass, where it is missing
-    default = TPU_TILING if implementation == "megablox" else GPU_TILING
+    if implementation == "mosaic":
+        _mosaic_check(lhs.dtype, interpret, tiling)
+    default = {"megablox": TPU_TILING, "mosaic": MOSAIC_TILING}.get(implementation, GPU_TILING)
     return _grouped((implementation, tiling or default, interpret), lhs, rhs, sizes)
+
+
+# What ``implementation=None`` runs on a Hopper GPU for 16-bit operands: the faster of the two
+# GPU kernels in benchmarks/moe_dispatch.py's kernel table.
+GPU_DEFAULT = "mosaic"
+
+
+def _default_implementation(backend: str, dtype: Any) -> str:
+    if backend == "tpu":
+        return "megablox"
+    if _mosaic_fits(dtype) and _hopper():
+        return GPU_DEFAULT
+    return "pallas"
+
+
+def _hopper() -> bool:
+    """Whether the default device is a Hopper GPU (compute capability 9.x), which Mosaic GPU's
+    wgmma kernels need."""
+    capability = getattr(jax.devices()[0], "compute_capability", "")
+    return jax.default_backend() == "gpu" and str(capability).startswith("9")
+
+
+def _mosaic_fits(dtype: Any) -> bool:
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _mosaic_check(dtype: Any, interpret: bool, tiling: Any) -> None:
+    """Fails closed where Mosaic GPU cannot run: off Hopper GPUs, in interpret mode, for
+    operands that are not 16-bit, or tiles that are not multiples of 64."""
+    problem = None
+    if interpret or not _hopper():
+        problem = "runs on Hopper GPUs only (no interpret mode)"
+    elif not _mosaic_fits(dtype):
+        problem = f"needs bfloat16 or float16 operands, got {jnp.dtype(dtype).name}"
+    elif tiling is not None and any(t % 64 for t in tiling):
+        problem = f"needs tiles that are multiples of 64, got {tiling}"
+    if problem:
+        raise KernelError(
+            f"grouped_matmul: implementation='mosaic' {problem}; use implementation='pallas' "
+            "(or None: by backend and dtype)."
+        )
+    _mosaic()  # fails here, not in the backward pass, where it is missing
 
 
 def _check(lhs: Any, rhs: Any, sizes: Any, tiling: Any) -> None:
@@ -308,6 +360,8 @@ def _product(
     implementation, tiling, interpret = how
     if implementation == "pallas":
         return _gmm(lhs, rhs, sizes, tiling, interpret, transpose_rhs)
+    if implementation == "mosaic":
+        return _mosaic_gmm(lhs, rhs, sizes, tiling, transpose_rhs)
     m = lhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     lhs, rhs = _megablox_padded(lhs, tiling), _megablox_padded(rhs, tiling)
@@ -327,6 +381,8 @@ def _weight_gradient(
     implementation, tiling, interpret = how
     if implementation == "pallas":
         return _tgmm(lhs, grad, sizes, tiling, interpret)
+    if implementation == "mosaic":
+        return _mosaic_tgmm(lhs, grad, sizes, tiling)
     k, n = lhs.shape[1], grad.shape[1]
     lhs, grad = _megablox_padded(lhs, tiling), _megablox_padded(grad, tiling)
     with jax.numpy_dtype_promotion("standard"):
@@ -346,6 +402,65 @@ def _megablox() -> Any:
             "grouped_matmul: implementation='megablox' needs "
             "jax.experimental.pallas.ops.tpu.megablox, which this JAX lacks; use 'pallas'."
         ) from e
+
+
+def _mosaic() -> tuple[Any, Any]:
+    """JAX's Mosaic GPU grouped matmul modules (forward and transposed), imported on first use."""
+    base = "jax.experimental.pallas.ops.gpu."
+    try:
+        return (
+            importlib.import_module(base + "ragged_dot_mgpu"),
+            importlib.import_module(base + "transposed_ragged_dot_mgpu"),
+        )
+    except ImportError as e:
+        raise KernelError(
+            "grouped_matmul: implementation='mosaic' needs jax.experimental.pallas.ops.gpu's "
+            f"ragged_dot_mgpu and transposed_ragged_dot_mgpu, which this JAX lacks ({e}); "
+            "use 'pallas'."
+        ) from e
+
+
+def _mosaic_blocks(tiling: tuple[int, int, int]) -> dict[str, int]:
+    depth, sweep = MOSAIC_PIPELINE
+    return dict(
+        block_m=tiling[0], block_k=tiling[1], block_n=tiling[2], max_concurrent_steps=depth,
+        grid_block_n=sweep,
+    )  # fmt: skip
+
+
+def _mosaic_gmm(
+    lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, tiling: tuple[int, int, int],
+    transpose_rhs: bool,
+) -> jax.Array:  # fmt: skip
+    """The forward or row-gradient product by Mosaic GPU's ``ragged_dot``: whole blocks of the
+    contraction and the columns (zero padding), and 0 in the rows past the groups, which it
+    leaves unwritten."""
+    m = lhs.shape[0]
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    blocks = _mosaic_blocks(tiling)
+    columns = blocks["block_n"] * blocks["grid_block_n"]
+    lhs = _pad_to(_pad_to(lhs, 0, blocks["block_m"]), 1, blocks["block_k"])
+    rhs = _pad_to(rhs, 2 if transpose_rhs else 1, blocks["block_k"])
+    rhs = _pad_to(rhs, 1 if transpose_rhs else 2, columns)
+    out = _mosaic()[0].ragged_dot(
+        lhs, rhs, group_sizes=sizes, transpose_rhs=transpose_rhs, **blocks
+    )
+    past = (jnp.arange(m) >= jnp.sum(sizes))[:, None]
+    return jnp.where(past, jnp.zeros((), out.dtype), out[:m, :n])
+
+
+def _mosaic_tgmm(
+    lhs: jax.Array, grad: jax.Array, sizes: jax.Array, tiling: tuple[int, int, int]
+) -> jax.Array:
+    """Each group's ``lhs[rows].T @ grad[rows]`` by Mosaic GPU's ``transposed_ragged_dot``
+    (the rows are its contraction): whole blocks of the rows, ``K`` and ``N``."""
+    k, n = lhs.shape[1], grad.shape[1]
+    blocks = _mosaic_blocks(tiling)
+    # Its blocks: the output rows (our K) by block_m, the rows (contracted) by block_k.
+    lhs = _pad_to(_pad_to(lhs, 0, blocks["block_k"]), 1, blocks["block_m"])
+    grad = _pad_to(_pad_to(grad, 0, blocks["block_k"]), 1, blocks["block_n"])
+    out = _mosaic()[1].transposed_ragged_dot(lhs, grad, group_sizes=sizes, **blocks)
+    return out[:, :k, :n]
 
 
 def _megablox_padded(x: jax.Array, tiling: tuple[int, int, int]) -> jax.Array:
