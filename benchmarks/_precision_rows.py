@@ -89,7 +89,15 @@ def precision_row(
             if i > 0 and budget.left() <= 0:
                 break
     n = min(len(losses[k]) for k in kinds)
-    rel = max(abs(a / b - 1) for a, b in zip(losses[fp8][:n], losses["bf16"][:n]))
+    diffs = [abs(a / b - 1) for a, b in zip(losses[fp8][:n], losses["bf16"][:n])]
+    rel = max(diffs)
+    every = max(1, n // 10)
+    curve = ", ".join(
+        f"{i}: {losses['bf16'][i]:.3f}/{losses[fp8][i]:.3f}" for i in range(0, n, every)
+    )
+    print(f"  {name} losses bf16/{fp8} by step: {curve}; largest difference at step "
+          f"{diffs.index(rel)} ({losses['bf16'][diffs.index(rel)]:.4f} / "
+          f"{losses[fp8][diffs.index(rel)]:.4f})", flush=True)  # fmt: skip
 
     def run(k: str) -> Any:
         for b in batches[:per_round]:

@@ -23,6 +23,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# A persistent compilation cache, so that a program compiled twice (for its text, then to run)
+# costs one compile: device time is what a session is short of.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/namedaxes-jax-cache}
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
@@ -59,7 +62,8 @@ part fp8 "accelerator --precision fp8" "${FP8_T:-240}" "$PY" benchmarks/accelera
   --precision "${FP8_P:-fp8}" --rounds 5 --budget "${FP8_B:-210}" ${FP8_SIZES:+--sizes "$FP8_SIZES"} \
   ${FP8_LOSS:+--loss-steps "$FP8_LOSS"} $peak
 part qgen "generate --weights" "${QGEN_T:-90}" "$PY" benchmarks/generate.py --dtype bfloat16 \
-  --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5
+  --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5 \
+  --model "${QGEN_M:-8b-wide}" --new-tokens "${QGEN_N:-128}"
 moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
 # Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
 # grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.

@@ -41,6 +41,9 @@ used) at each batch size: ms per token and tokens/s, interleaved; the speedup ov
 format; the share of the first format's greedy tokens each gives (random weights: a near-tie
 flipped by rounding changes every later token, so a share below 1 is not a bug by itself); and the
 largest difference of the first step's logits from the first format's, over their largest value.
+``--model 8b-wide`` runs it on an 8B model's width at 8 layers (hidden 4096, MLP 14336, 32/8
+heads of 128: ~3.8 GB of bfloat16 weights read per token, so that decoding is bandwidth-bound
+as in a real 8B model, where the ~101M model is bound by kernel launches).
 
 Each section stops when the time budget is spent (checked between rounds) and prints what it has.
 """
@@ -70,6 +73,10 @@ from namedaxes.models import _generate as gen  # noqa: E402
 
 ACCEL = dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12,
              num_heads=12, num_kv_heads=4, head_dim=64)  # fmt: skip
+# An 8B model's width (hidden 4096, MLP 14336, 32 query / 8 key-value heads of 128) at 8 layers:
+# decoding reads ~3.8 GB of bfloat16 weights per token, enough to be bandwidth-bound.
+WIDE = dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_layers=8,
+            num_heads=32, num_kv_heads=8, head_dim=128)  # fmt: skip
 CPU = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4,
            num_kv_heads=2, head_dim=64)  # fmt: skip
 # The first step's logits of the two float32 runs differ by summation order only.
@@ -410,9 +417,15 @@ def main() -> int:
                         "model's dtype, int8, float8 (e.g. bfloat16,int8,float8)")  # fmt: skip
     parser.add_argument("--only-weights", action="store_true",
                         help="with --weights: skip the main table")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        choices=("100m", "8b-wide"),
+        default="100m",
+        help="on an accelerator: the ~101M model or an 8B-width one (8 layers)",
+    )
     args = parser.parse_args()
     budget = Budget(args.budget)
-    sizes = ACCEL if accel else CPU
+    sizes = (WIDE if args.model == "8b-wide" else ACCEL) if accel else CPU
     dtype = jnp.dtype(args.dtype).type
     cfg = models.TransformerConfig("llama", tie_word_embeddings=True,
                                    max_position_embeddings=4096, **sizes)  # fmt: skip

@@ -38,13 +38,13 @@ from moe_dispatch import first_line  # noqa: E402
 from namedaxes.kernels import _grouped_matmul as gm  # noqa: E402
 from namedaxes.kernels import grouped_matmul  # noqa: E402
 
-PALLAS_TILINGS = ((64, 64, 128), (128, 64, 128), (128, 64, 256))
+PALLAS_TILINGS = ((64, 64, 128), (128, 64, 128))
 # (block rows, contraction, columns), then (pipeline depth, column blocks per sweep).
 MOSAIC_CONFIGS = (
-    ((128, 64, 128), (4, 1)),
     ((128, 64, 128), (4, 8)),
-    ((128, 64, 256), (4, 1)),
-    ((64, 64, 128), (4, 1)),
+    ((64, 64, 128), (4, 8)),
+    ((128, 64, 128), (4, 16)),
+    ((128, 64, 128), (3, 8)),
 )
 
 

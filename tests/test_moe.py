@@ -418,3 +418,18 @@ def test_ragged_all_to_all_exchange_on_an_emulation(mesh_2x4, monkeypatch):
     np.testing.assert_array_equal(counts_s.array, counts.array)
     for a, b in zip(jax.tree.leaves(grads_s), jax.tree.leaves(grads), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_auto_dispatch_is_the_fastest_measured_for_the_backend(monkeypatch, caplog):
+    """capacity with a capacity factor; else grouped on Hopper GPUs for 16-bit compute, dense on
+    CPUs, ragged elsewhere with a note (benchmarks/moe_dispatch.py's table in docs/nn.md)."""
+    from namedaxes.nn import _moe
+
+    assert _moe.auto_dispatch(1.25, jnp.bfloat16) == "capacity"
+    assert _moe.auto_dispatch(None, jnp.bfloat16) == "dense"  # this CPU
+    monkeypatch.setattr(_moe.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(_moe, "mosaic_runs", lambda dtype: jnp.dtype(dtype).itemsize == 2)
+    assert _moe.auto_dispatch(None, jnp.bfloat16) == "grouped"
+    with caplog.at_level("WARNING"):
+        assert _moe.auto_dispatch(None, jnp.float32) == "ragged"
+    assert "dispatch='auto' runs 'ragged'" in caplog.text and "got float32" in caplog.text

@@ -38,7 +38,7 @@ TPU_TILING = (128, 128, 128)
 # Mosaic GPU's (rows, contraction, columns) per block, then the pipeline depth and the column
 # blocks per row-major sweep (``grid_block_n``). Blocks are multiples of 64, as wgmma needs.
 MOSAIC_TILING = (128, 64, 128)
-MOSAIC_PIPELINE = (4, 1)
+MOSAIC_PIPELINE = (4, 8)
 _TRITON = plgpu.CompilerParams(num_warps=4, num_stages=3)
 
 
@@ -146,9 +146,15 @@ GPU_DEFAULT = "mosaic"
 def _default_implementation(backend: str, dtype: Any) -> str:
     if backend == "tpu":
         return "megablox"
-    if _mosaic_fits(dtype) and _hopper():
+    if mosaic_runs(dtype):
         return GPU_DEFAULT
     return "pallas"
+
+
+def mosaic_runs(dtype: Any) -> bool:
+    """Whether ``implementation="mosaic"`` runs here for operands of ``dtype``: a Hopper GPU and
+    16-bit operands."""
+    return _mosaic_fits(dtype) and _hopper()
 
 
 def _hopper() -> bool:
@@ -266,8 +272,9 @@ def _gmm_kernel(
         return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
 
     # The tail (rows past the groups) and unused items multiply nothing: they store 0 or nothing.
-    steps = jnp.where(g < groups, k_tiles, 0)
-    acc = jax.lax.fori_loop(0, steps, step, jnp.zeros((tm, tn), F32))
+    steps = jnp.where(g < groups, k_tiles, 0).astype(jnp.int32)
+    # Both bounds strongly int32: Triton's scf.for needs one type for its bounds.
+    acc = jax.lax.fori_loop(jnp.int32(0), steps, step, jnp.zeros((tm, tn), F32))
     row = t * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
     mask = (row >= start_ref[g]) & (row < end_ref[g])
     plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=mask)
@@ -324,7 +331,7 @@ def _tgmm_kernel(
         dims = (((0,), (0,)), ((), ()))
         return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
 
-    acc = jax.lax.fori_loop(0, tiles, step, jnp.zeros((tk, tn), F32))
+    acc = jax.lax.fori_loop(jnp.int32(0), tiles.astype(jnp.int32), step, jnp.zeros((tk, tn), F32))
     out_ref[g, inner, cols] = acc.astype(out_ref.dtype)
 
 

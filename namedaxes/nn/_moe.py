@@ -28,6 +28,8 @@ from .._ops.hof import vmap
 from .._ops.shape import broadcast_to, rearrange
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
+from ..kernels._grouped_matmul import mosaic_runs
+from ._attention_kernels import note_once
 from ._common import (
     as_axes,
     compute,
@@ -44,8 +46,42 @@ from ._moe_dispatch import Placement, Routing, local_moe
 
 __all__ = ["DISPATCHES", "MoE", "RouterStats"]
 
-#: ``dispatch`` options: ``"auto"`` is ``"dense"`` on CPU and ``"ragged"`` elsewhere.
+#: ``dispatch`` options; ``"auto"`` picks by :func:`auto_dispatch`.
 DISPATCHES = ("auto", "ragged", "grouped", "dense", "capacity")
+
+
+def auto_dispatch(capacity_factor: float | None, dtype: Any) -> str:
+    """What ``dispatch="auto"`` runs: the fastest dispatch ``benchmarks/moe_dispatch.py`` measured
+    on this backend (docs/nn.md has the table).
+
+    With a ``capacity_factor``, ``"capacity"`` (one batched matmul; every dispatch drops the same
+    choices, and it was the fastest on the H100 and on CPUs). Without one: ``"grouped"`` on
+    Hopper GPUs for 16-bit compute (the Mosaic GPU grouped matmul: 1.7-4.9x ``"dense"`` at 8-64
+    experts), ``"dense"`` on CPUs (where XLA's ``ragged_dot`` is a masked dense product), and
+    ``"ragged"`` elsewhere (TPUs and other GPUs, not measured yet), with a one-time note on GPUs.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from namedaxes.nn._moe import auto_dispatch
+        >>> auto_dispatch(1.25, jnp.float32)
+        'capacity'
+    """
+    if capacity_factor is not None:
+        return "capacity"
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "dense"
+    if backend == "gpu":
+        if mosaic_runs(dtype):
+            return "grouped"
+        note_once(
+            f"MoE dispatch='auto' runs 'ragged' (jax.lax.ragged_dot) here: the fast grouped matmul "
+            f"needs a Hopper GPU and bfloat16/float16 compute (got {jnp.dtype(dtype).name} on "
+            f"{jax.devices()[0].device_kind}); pass dispatch= to choose."
+        )
+    return "ragged"
+
+
 SCORINGS = ("softmax", "sigmoid")
 
 
@@ -120,14 +156,16 @@ class MoE(eqx.Module):
     Dispatch: ``"ragged"`` sorts the choices by expert and runs each projection as one grouped
     matmul (``jax.lax.ragged_dot``); ``"grouped"`` does the same with
     :func:`namedaxes.kernels.grouped_matmul`, a kernel that does only the routed work forward and
-    backward (Pallas/Triton on GPUs, megablox on TPUs; on CPUs Pallas interpret mode, which is
-    slow: for tests); ``"dense"`` runs every expert on every token and combines them with the
+    backward (JAX's Mosaic GPU grouped matmuls on Hopper GPUs, Pallas/Triton on other GPUs,
+    megablox on TPUs; on CPUs Pallas interpret mode, which is slow: for tests); ``"dense"`` runs every expert on every token and combines them with the
     routing weights (zero for experts not chosen): ``E / top_k`` times the work, no sorting;
     ``"capacity"`` (needs ``capacity_factor``) places each sequence's kept choices in
     ``(experts, capacity)`` slots and runs one ``(E, slots, Embed) x (E, Embed, Hidden)`` batched
-    matmul per projection (GShard's layout). ``"auto"`` (default) is ``"ragged"`` on GPUs and TPUs
-    and ``"dense"`` on CPUs, where XLA computes ``ragged_dot`` as a masked dense product
-    (``top_k`` times the dense work). All give the same values and drop the same choices.
+    matmul per projection (GShard's layout). ``"auto"`` (default) is the fastest measured on the
+    backend (:func:`auto_dispatch`): ``"capacity"`` with a ``capacity_factor``; else ``"grouped"``
+    on Hopper GPUs for 16-bit compute, ``"dense"`` on CPUs (where XLA computes ``ragged_dot`` as
+    a masked dense product, ``top_k`` times the dense work), ``"ragged"`` elsewhere. All give the
+    same values and drop the same choices.
 
     Under a mapping, the layer runs per device (``shard_map``): placing ``experts`` on mesh axes
     is expert parallelism (each device holds and computes its block of experts; with
@@ -305,10 +343,10 @@ class MoE(eqx.Module):
             y = y + s
         return output(y), RouterStats(counts, probs, count)
 
-    def _routing(self, tokens: list[Axis]) -> Routing:
+    def _routing(self, tokens: list[Axis], dtype: Any) -> Routing:
         dispatch = self.dispatch
         if dispatch == "auto":
-            dispatch = "dense" if jax.default_backend() == "cpu" else "ragged"
+            dispatch = auto_dispatch(self.capacity_factor, dtype)
         group = tokens[-1].size if tokens and tokens[-1].name == self.position else None
         experts = self.Experts.size
         capacity = None
@@ -331,7 +369,7 @@ class MoE(eqx.Module):
     def _run(
         self, x: NamedArray, mask: NamedArray, weights: tuple[Any, ...], tokens: list[Axis]
     ) -> tuple[NamedArray, NamedArray, NamedArray, NamedArray]:
-        routing = self._routing(tokens)
+        routing = self._routing(tokens, x.dtype)
         entries = self._entries(x, weights[2])
         n_embed = len(self.Embed)
 
