@@ -682,13 +682,13 @@ def test_cross_entropy_integer_and_soft_targets_with_padding():
 
 def test_cross_entropy_target_entry_values_gradients_and_program():
     """Integer targets pick their class's log-probability exactly as take(log_softmax) does, values
-    and gradients (negative ids count from the end; targets over some of the logits' axes; small
-    integer dtypes), and the compiled gradient is elementwise: no gather, no scatter."""
+    and gradients (targets over some of the logits' axes; small integer dtypes), and the compiled
+    gradient is elementwise: no gather, no scatter."""
     V = Axis("vocab", 7)
     logits = data(B, T, V)
     rng = np.random.default_rng(4)
     cases = [
-        named(jnp.asarray(rng.integers(-7, 7, size=(2, 5)), jnp.int32), (B, T)),
+        named(jnp.asarray(rng.integers(0, 7, size=(2, 5)), jnp.int32), (B, T)),
         named(jnp.asarray(rng.integers(0, 7, size=(2, 5)), jnp.int8), (B, T)),
         named(jnp.asarray(rng.integers(0, 7, size=(5,)), jnp.uint32), (T,)),
     ]
@@ -707,6 +707,66 @@ def test_cross_entropy_target_entry_values_gradients_and_program():
         np.testing.assert_array_equal(g, g_ref)
     hlo = jax.jit(jax.grad(ours)).lower(logits.array, cases[0]).as_text()
     assert "gather" not in hlo and "scatter" not in hlo
+
+
+def test_cross_entropy_targets_outside_the_classes_raise_or_read_nan():
+    """A wrong target never trains toward another class (-1 is not the last one, vocab + 3 is not
+    clamped to it): concrete unmasked targets outside [0, vocab) raise naming them; under jit their
+    loss and their logits' gradient are NaN and every other row is the log_softmax reference's,
+    value and gradient. Masked targets (the -100 ignore convention) count for nothing, whatever
+    their value, eagerly and under jit."""
+    V = Axis("vocab", 7)
+    logits = data(B, T, V)
+    ids = named(jnp.array([[1, -1, 3, 0, 6], [10, 4, 5, -100, 2]]), (B, T))
+    with pytest.raises(
+        na.AxisIndexError,
+        match=r"cross_entropy: target id\(s\) -100, -1, 10 outside the classes: 'vocab' has 7 "
+        r"entries, so ids must be in \[0, 7\) \(first at batch=0, position=1\)\. Negative ids "
+        r"do not count from the end here\. Leave padding or ignore targets out of the loss with "
+        r"where=, e.g\. where=targets != -100",
+    ):
+        na.nn.cross_entropy(logits, "vocab", ids)
+    not_3 = named(jnp.arange(5) != 3, T)  # a mask over fewer axes than the targets
+    with pytest.raises(na.AxisIndexError, match=r"target id\(s\) -1, 10 outside .* position=1\)"):
+        na.nn.cross_entropy(logits, "vocab", ids, where=not_3)
+    col = named(jnp.array([1, 2, 9, 3, 4]), T)  # targets over fewer axes than the mask
+    row0 = named(jnp.array([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]], bool), (B, T))
+    with pytest.raises(na.AxisIndexError, match=r"target id\(s\) 9 .* batch=1, position=2\)"):
+        na.nn.cross_entropy(logits, "vocab", col, where=row0)
+
+    logp = jax.nn.log_softmax(logits.array, -1)
+    keep = ids != -100
+    bad = np.array([[0, 1, 0, 0, 0], [1, 0, 0, 0, 0]], bool)
+    good = ~bad & np.asarray(keep.array)
+
+    def reference(x, ids):  # the good entries' sum over the unmasked count, from log_softmax
+        picked = jnp.take_along_axis(jax.nn.log_softmax(x, -1), jnp.clip(ids, 0, 6)[..., None], -1)
+        return -jnp.where(good, picked[..., 0], 0.0).sum() / 9.0
+
+    @jax.jit
+    def run(x, ids, keep):
+        def mean(x):
+            return na.nn.cross_entropy(named(x, logits.axis_names), "vocab", ids, where=keep).array
+
+        per = na.nn.cross_entropy(logits, "vocab", ids, where=keep, reduction=None).array
+        return per, jax.value_and_grad(mean)(x)
+
+    per, (loss, grad) = run(logits.array, ids, keep)
+    assert np.isnan(per[bad]).all() and np.isnan(loss) and np.isnan(grad[bad]).all()
+    nll = -np.take_along_axis(np.asarray(logp), np.clip(ids.array, 0, 6)[..., None], -1)[..., 0]
+    close(per[good], nll[good])
+    assert per[1, 3] == 0.0 and (grad[1, 3] == 0.0).all()  # the masked -100
+    close(grad[good], jax.grad(reference)(logits.array, ids.array)[good])
+    fixed = named(jnp.where(bad, 2, ids.array), (B, T))  # no unmasked target out of range
+    nll[bad] = -np.asarray(logp)[bad][:, 2]
+    good = np.asarray(keep.array)
+    per, (loss, grad) = run(logits.array, fixed, keep)
+    close(per, np.where(good, nll, 0.0))
+    close(loss, nll[good].mean())
+    close(grad, jax.grad(reference)(logits.array, fixed.array))
+    close(na.nn.cross_entropy(logits, "vocab", fixed, where=keep).scalar(), loss)
+    mean = na.nn.cross_entropy(logits, "vocab", fixed, where=not_3).scalar()
+    close(mean, nll[:, not_3.array].mean())
 
 
 def test_cross_entropy_errors():

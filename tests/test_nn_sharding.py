@@ -80,19 +80,28 @@ def test_embedding_norms_dropout_and_loss(mesh_2x4):
 def test_vocab_split_lookup_of_ids_outside_the_vocabulary_reads_nan(mesh_2x4):
     """With `vocab` split over `model`, each device holds a slice of the table: an id outside the
     vocabulary (past its end, or negative) still reads NaN, not another row, and the other rows
-    are the table's, exactly."""
+    are the table's, exactly. So does cross_entropy's loss over the split vocabulary for such a
+    target; the other positions' losses are the plain log_softmax's."""
     emb = na.nn.Embedding(V, E, key=KEY)
     ids = named(jnp.array([[1, 12, 3, 11, 0, -1]] * 4), (B, T))
+    clean = named(jnp.array([[1, 2, 3, 11, 0, 5]] * 4), (B, T))
     mapping = {"batch": "data", "vocab": "model"}
+
+    def run(emb, ids, clean):
+        loss = na.nn.cross_entropy(emb.unembed(emb(clean)), "vocab", ids, reduction=None)
+        return emb(ids), loss
+
     with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
-        emb_s, ids_s = na.shard((emb, ids), mapping)
-        h = eqx.filter_jit(lambda emb, ids: emb(ids))(emb_s, ids_s)
+        emb_s, ids_s, clean_s = na.shard((emb, ids, clean), mapping)
+        h, loss = eqx.filter_jit(run)(emb_s, ids_s, clean_s)
     assert spec_of(emb_s.weight) == P("model")
-    h = np.asarray(h.array)
+    h, loss, table = np.asarray(h.array), np.asarray(loss.array), np.asarray(emb.weight.array)
     assert np.isnan(h[:, [1, 5]]).all() and not np.isnan(h[:, [0, 2, 3, 4]]).any()
-    np.testing.assert_array_equal(
-        h[:, [0, 2, 3, 4]], np.asarray(emb.weight.array)[[1, 3, 11, 0]][None].repeat(4, 0)
-    )
+    np.testing.assert_array_equal(h[:, [0, 2, 3, 4]], table[[1, 3, 11, 0]][None].repeat(4, 0))
+    logp = jax.nn.log_softmax(table[clean.array] @ table.T, -1)
+    want = -np.take_along_axis(np.asarray(logp), np.asarray(clean.array)[..., None], -1)[..., 0]
+    assert np.isnan(loss[:, [1, 5]]).all()
+    close(loss[:, [0, 2, 3, 4]], want[:, [0, 2, 3, 4]])
 
 
 def test_attention_with_qk_norm(mesh_2x4):

@@ -46,7 +46,7 @@ from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
 from .._partitioning._specs import round_axis_for_partitioning
-from ..nn._embedding import check_ids
+from ..nn._common import check_ids
 from ..nn._kv_cache import as_traced_index
 from ..random import categorical
 from ._transformer import Transformer

@@ -8,11 +8,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec, index_of, to_axes
 from .._errors import (
+    AxisIndexError,
     AxisNotFoundError,
     AxisSizeError,
     DuplicateAxisError,
@@ -23,12 +25,14 @@ from .._errors import (
 from .._logical._context import current_rules
 from .._logical._resolve import resolve
 from .._mesh import context_mesh
+from .._ops._align import align_to, result_axes
 from .._partitioning._shard import auto_sharded
 from ._precision import current_precision, float_dtype, param_dtype
 from ._quantized import QuantizedArray
 
 __all__ = [
     "as_axes",
+    "check_ids",
     "compute",
     "expect_axes",
     "expect_free",
@@ -81,6 +85,54 @@ def expect_free(x: NamedArray, names: Iterable[str], layer: str, why: str) -> No
             f"{layer}: the input NamedArray({format_axes(x.axes)}) already has axis "
             f"{format_names(taken)}, which {why}. Rename that axis of the input first."
         )
+
+
+_SHOWN = 5  # out-of-range ids named in the error
+_TOKEN_FIX = (
+    "Use the tokenizer that matches the model, and replace padding or ignore ids (e.g. -100) by a "
+    "real id such as the pad token."
+)
+
+
+def check_ids(
+    ids: NamedArray,
+    Vocab: Axis,
+    caller: str,
+    *,
+    where: NamedArray | None = None,
+    what: str = "token id(s)",
+    outside: str = "the vocabulary",
+    fix: str = _TOKEN_FIX,
+) -> None:
+    """Raise ``AxisIndexError`` when concrete ``ids`` hold an id outside ``[0, Vocab.size)``.
+
+    Only ids where the boolean ``where`` (over some of the same or other axes) is true count; the
+    error names the bad ids, ``Vocab``'s size, the first position (over the ids' and the mask's
+    axes) and ``fix``. Traced ids or masks (inside ``jit``) are not known here: callers make those
+    ids' results NaN instead. Ids spread over processes are left to that NaN as well (this process
+    cannot see them all).
+    """
+    arrays = (ids.array,) if where is None else (ids.array, where.array)
+    for array in arrays:
+        if isinstance(array, jax.core.Tracer) or not getattr(array, "is_fully_addressable", True):
+            return
+    axes = ids.axes if where is None else result_axes((ids.axes, where.axes))
+    host = np.asarray(align_to(ids, axes))
+    bad = (host < 0) | (host >= Vocab.size)
+    if where is not None:
+        bad = bad & np.asarray(align_to(where, axes))
+    if not bad.any():
+        return
+    values = np.unique(np.broadcast_to(host, bad.shape)[bad])
+    shown = ", ".join(str(int(v)) for v in values[:_SHOWN])
+    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
+    first = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    at = ", ".join(f"{a.name}={int(i)}" for a, i in zip(axes, first))
+    raise AxisIndexError(
+        f"{caller}: {what} {shown}{more} outside {outside}: {Vocab.name!r} has {Vocab.size} "
+        f"entries, so ids must be in [0, {Vocab.size}) (first at {at}). Negative ids do not "
+        f"count from the end here. {fix}"
+    )
 
 
 def fan_in(axes: Sequence[Axis]) -> int:

@@ -7,15 +7,15 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import AxisIndexError, NamedTypeError, format_axes
+from .._errors import NamedTypeError, format_axes
 from ..random import normal
 from ._common import (
     as_axes,
     check_dtype_float,
+    check_ids,
     compute,
     expect_axes,
     expect_free,
@@ -26,34 +26,6 @@ from ._common import (
 from ._fp8 import matmul
 
 __all__ = ["Embedding"]
-
-_SHOWN = 5  # out-of-range ids named in the error
-
-
-def check_ids(ids: NamedArray, Vocab: Axis, caller: str) -> None:
-    """Raise when concrete ``ids`` hold an id outside ``[0, Vocab.size)``.
-
-    Traced ids (inside ``jit``) are not known here: the lookup then reads NaN for them instead.
-    Ids spread over processes are left to that NaN as well (this process cannot see them all).
-    """
-    array = ids.array
-    if isinstance(array, jax.core.Tracer) or not getattr(array, "is_fully_addressable", True):
-        return
-    host = np.asarray(array)
-    bad = (host < 0) | (host >= Vocab.size)
-    if not bad.any():
-        return
-    values = np.unique(host[bad])
-    shown = ", ".join(str(int(v)) for v in values[:_SHOWN])
-    more = f" and {values.size - _SHOWN} more" if values.size > _SHOWN else ""
-    first = np.unravel_index(int(np.flatnonzero(bad)[0]), host.shape)
-    where = ", ".join(f"{a.name}={int(i)}" for a, i in zip(ids.axes, first))
-    raise AxisIndexError(
-        f"{caller}: token id(s) {shown}{more} outside the vocabulary: {Vocab.name!r} has "
-        f"{Vocab.size} entries, so ids must be in [0, {Vocab.size}) (first at {where}). "
-        "Negative ids do not count from the end here. Use the tokenizer that matches the model, "
-        "and replace padding or ignore ids (e.g. -100) by a real id such as the pad token."
-    )
 
 
 def _one_axis(spec: Any, what: str) -> Axis:

@@ -11,16 +11,20 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
 from .._errors import AxisNotFoundError, NamedTypeError, format_axes, format_names
 from .._ops.creation import arange
-from .._ops.elementwise import clip, maximum
+from .._ops.elementwise import maximum
 from .._ops.reductions import log_softmax
 from .._ops.reductions import sum as named_sum
 from .._ops.sets import where
-from ._common import expect_axes, expect_free
+from ._common import check_ids, expect_axes, expect_free
 from ._precision import upcast
 
 __all__ = ["cross_entropy", "one_hot"]
 
 _REDUCTIONS = ("mean", "sum", None)
+_TARGET_FIX = (
+    "Leave padding or ignore targets out of the loss with where=, e.g. where=targets != -100 for "
+    "the -100 that torch and transformers ignore, or fix the labels."
+)
 
 
 def one_hot(indices: NamedArray, axis: Axis, *, dtype: Any = jnp.float32) -> NamedArray:
@@ -57,21 +61,29 @@ def one_hot(indices: NamedArray, axis: Axis, *, dtype: Any = jnp.float32) -> Nam
     return NamedArray(jax.nn.one_hot(indices.array, axis.size, dtype=dtype), indices.axes + (axis,))
 
 
-def _target_entry(logp: NamedArray, cls: Axis, targets: NamedArray) -> NamedArray:
-    """``take(logp, cls, targets)``, as a masked sum over ``cls``.
+def _target_entry(
+    logp: NamedArray, cls: Axis, targets: NamedArray, mask: NamedArray | None
+) -> NamedArray:
+    """``take(logp, cls, targets)`` for ids in ``[0, cls.size)``, as a masked sum over ``cls``; NaN
+    for an id outside that range where ``mask`` (if given) is true.
 
-    The ids are read as ``take`` reads them (negative ones count from the end, the rest are
-    clamped), so values are the gather's, and so are gradients for ids inside the axis (a clamped
-    id gets its clamped entry's gradient, which JAX's gather drops). A sum reduces a class axis split
-    over a mesh axis where it lies, like the logsumexp beside it: one all-reduce of the
-    targets-shaped result, on Auto and Explicit meshes alike, and its gradient is the mask itself,
-    where the gather's is a scatter into a zero array of the logits' size.
+    A sum reduces a class axis split over a mesh axis where it lies, like the logsumexp beside it:
+    one all-reduce of the targets-shaped result, on Auto and Explicit meshes alike, and its gradient
+    is the mask itself, where the gather's is a scatter into a zero array of the logits' size.
+    An id outside the axis (negative ones included: no counting from the end, no clamping) matches
+    no class; its entry is the sum of its whole row times NaN rather than selected away, so the
+    gradient of every logit of that row is NaN too (a NaN loss never comes with a finite update
+    that trains toward some class, or as if the row were masked). Masked-out entries are
+    multiplied by 1: the mask drops them later, and NaN * 0 would not.
     """
     ids = targets if targets.dtype.itemsize >= 4 else targets.astype(jnp.int32)
+    ok = ids < cls.size
     if jnp.issubdtype(ids.dtype, jnp.signedinteger):
-        ids = where(ids < 0, ids + cls.size, ids)
-    ids = clip(ids, 0, cls.size - 1)
-    return named_sum(logp, cls.name, where=arange(cls, dtype=ids.dtype) == ids)
+        ok = ok & (ids >= 0)
+    if mask is not None:
+        ok = ok | ~mask
+    entry = named_sum(logp, cls.name, where=(arange(cls, dtype=ids.dtype) == ids) | ~ok)
+    return entry * where(ok, 1.0, jnp.nan)
 
 
 def cross_entropy(
@@ -85,12 +97,22 @@ def cross_entropy(
     """Cross-entropy between ``logits`` over the class ``axis`` and integer or soft targets.
 
     With integer ``targets`` (class ids, over some of the logits' other axes), the per-element
-    loss is ``-take(log_softmax(logits, axis), axis, targets)``; with float ``targets`` that have
+    loss is ``-log_softmax(logits, axis)`` at the target's class; with float ``targets`` that have
     ``axis`` (probabilities, e.g. ``one_hot``), it is ``-sum(targets * log_softmax(logits), axis)``.
     The loss is computed in float32 at least (bfloat16 logits are upcast first).
     ``where`` (a boolean NamedArray over some of the remaining axes, ``True`` where the loss counts)
     drops padding: it sets the loss to 0 there and, for ``"mean"``, counts only the ``True``
     elements (an all-``False`` mask gives 0, not NaN).
+
+    An integer target must be in ``[0, axis size)`` wherever ``where`` counts it: a wrong target
+    never trains toward another class. Unlike ``take``, a negative id does not count from the end
+    and an id past the end is not clamped to the last class. Concrete targets (outside ``jit``)
+    out of range raise ``AxisIndexError`` naming them (the check ``nn.Embedding`` makes of its
+    ids); under ``jit`` the loss of such an element is NaN and so is the gradient of its logits,
+    which makes a ``"mean"`` or ``"sum"`` NaN too: the mistake shows in the loss curve (and
+    ``optax.apply_if_finite`` skips the step) instead of training silently. Masked-out targets may
+    hold anything, e.g. the ``-100`` that PyTorch's losses ignore: pass
+    ``where=targets != -100`` (there is no separate ``ignore_index``: the mask is the one way).
 
     Args:
         logits: Float NamedArray with ``axis``.
@@ -106,15 +128,26 @@ def cross_entropy(
     Raises:
         AxisNotFoundError: if ``axis`` is missing, or the targets or the mask have an axis the
             per-element loss lacks.
+        AxisIndexError: if concrete integer targets hold an id outside ``[0, axis size)`` where
+            ``where`` counts them (traced ones give NaN instead).
         NamedTypeError: if an argument has the wrong kind, or ``reduction`` is unknown.
 
     Example:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> import namedaxes as na
         >>> logits = na.named(jnp.log(jnp.array([[0.5, 0.5], [0.25, 0.75]])), ("batch", "vocab"))
         >>> targets = na.named(jnp.array([0, 1]), "batch")
         >>> round(cross_entropy(logits, "vocab", targets).item(), 4)   # -(log .5 + log .75) / 2
         0.4904
+        >>> labels = na.named(jnp.array([0, -100]), "batch")  # -100: leave this row out
+        >>> round(cross_entropy(logits, "vocab", labels, where=labels != -100).item(), 4)
+        0.6931
+        >>> cross_entropy(logits, "vocab", labels)
+        Traceback (most recent call last):
+        ...
+        namedaxes._errors.AxisIndexError: cross_entropy: target id(s) -100 outside the classes: ...
+        >>> jax.jit(lambda t: cross_entropy(logits, "vocab", t, reduction=None))(labels).array
+        Array([0.6931472,       nan], dtype=float32)
     """
     name = axis_name(axis)
     if reduction not in _REDUCTIONS:
@@ -128,23 +161,31 @@ def cross_entropy(
             f"cross_entropy needs NamedArray targets, got {type(targets).__name__}. Name them, "
             "e.g. named(ids, ('batch', 'position'))."
         )
+    per_element = tuple(a for a in logits.axes if a.name != name)
+    if where is not None:
+        if not isinstance(where, NamedArray) or where.dtype != jnp.bool_:
+            raise NamedTypeError(
+                f"cross_entropy where= must be a boolean NamedArray, got {where!r}."
+            )
+        _subset(where, per_element, "where", "the per-element loss")
     logp = log_softmax(upcast(logits), name)
     if jnp.issubdtype(targets.dtype, jnp.integer):
         why = "is the class axis (integer targets are class ids)"
         expect_free(targets, (name,), "cross_entropy", why)
-        _subset(targets, logits, "targets", "the logits")
-        nll = -_target_entry(logp, cls, targets)
+        _subset(targets, logits.axes, "targets", "the logits")
+        check_ids(
+            targets, cls, "cross_entropy", where=where, what="target id(s)",
+            outside="the classes", fix=_TARGET_FIX,
+        )  # fmt: skip
+        nll = -_target_entry(logp, cls, targets, where)
     else:
         expect_axes(targets, (cls,), "cross_entropy", "targets")
-        _subset(targets, logits, "targets", "the logits")
+        _subset(targets, logits.axes, "targets", "the logits")
         nll = -named_sum(logp * targets.astype(logp.dtype), name)
     if where is None:
         if reduction == "mean":
             return nll.mean()
         return nll.sum() if reduction == "sum" else nll
-    if not isinstance(where, NamedArray) or where.dtype != jnp.bool_:
-        raise NamedTypeError(f"cross_entropy where= must be a boolean NamedArray, got {where!r}.")
-    _subset(where, nll, "where", "the per-element loss")
     if reduction is None:
         return nll * where.astype(nll.dtype)
     total = named_sum(nll, where=where)
@@ -155,11 +196,12 @@ def cross_entropy(
     return total / maximum(count, 1.0)
 
 
-def _subset(x: NamedArray, of: NamedArray, what: str, of_what: str) -> None:
-    extra = [a.name for a in x.axes if not of.has_axis(a.name)]
+def _subset(x: NamedArray, of: tuple[Axis, ...], what: str, of_what: str) -> None:
+    names = {a.name for a in of}
+    extra = [a.name for a in x.axes if a.name not in names]
     if extra:
         raise AxisNotFoundError(
             f"cross_entropy: {what} NamedArray({format_axes(x.axes)}) has axis "
-            f"{format_names(extra)} that {of_what} NamedArray({format_axes(of.axes)}) lack. Use "
+            f"{format_names(extra)} that {of_what} NamedArray({format_axes(of)}) lack. Use "
             f"only axes of {of_what}."
         )
