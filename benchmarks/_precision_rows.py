@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import _twin as tw
@@ -53,7 +54,7 @@ def gemms(hlo: str) -> tuple[int, int]:
 
 def precision_row(
     name: str, size: tw.Size, fp8: str, peak: float, budget: Budget, rounds: int,
-    per_round: int, loss_steps: int,
+    per_round: int, loss_steps: int, save_hlo: str | None = None,
 ) -> list[str]:  # fmt: skip
     """The table's row for ``size``: bfloat16 against the ``fp8`` policy (``fp8``, ``fp8-row``)."""
     opt = tw.optimizer(size)
@@ -78,6 +79,9 @@ def precision_row(
         s = states[fp8]
         hlo = steps[fp8].lower(s["model"], s["opt_state"], batches[0]).compile().as_text()
     fp8_gemms, all_gemms = gemms(hlo)
+    if save_hlo:
+        Path(save_hlo).mkdir(parents=True, exist_ok=True)
+        Path(save_hlo, f"{name}-{fp8}.hlo.txt").write_text(hlo)
     first_call = {"bf16": 0.0, fp8: time.perf_counter() - t0}  # fp8's compiled here
     losses: dict[str, list[float]] = {k: [] for k in kinds}
     for k in kinds:

@@ -471,6 +471,17 @@ def main() -> int:
     parser.add_argument("--wide-layers", type=int, default=None, help="layers of 8b-wide (12)")
     parser.add_argument("--peak", type=float, help="bfloat16 peak TFLOP/s (default: measured)")
     parser.add_argument(
+        "--fp8-form",
+        choices=("output", "operands"),
+        default=None,
+        help="--precision fp8: how tensor scaling is written (nn._fp8.TENSOR_FORM)",
+    )
+    parser.add_argument(
+        "--save-hlo",
+        default=None,
+        help="--precision: write each float8 step's compiled HLO to this folder",
+    )
+    parser.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -503,6 +514,8 @@ def main() -> int:
     if args.wide_layers:
         sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
     if args.precision != "bf16":
+        if args.fp8_form:
+            na.nn._fp8.TENSOR_FORM = args.fp8_form
         loss_steps = args.loss_steps or (100 if accel else 10)
         out = Stream(f"training step (AdamW), float8 matmuls ({args.precision}: "
                      f"{PRECISION_POLICIES[args.precision]}) vs bfloat16, namedaxes",
@@ -515,7 +528,7 @@ def main() -> int:
                 continue
             try:
                 out.row(precision_row(name, size, args.precision, peak, Budget(min(240.0, left)),
-                                      rounds, per_round, loss_steps))  # fmt: skip
+                                      rounds, per_round, loss_steps, args.save_hlo))  # fmt: skip
             except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
                 why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
                 out.row([name, why])

@@ -60,7 +60,8 @@ part generate "generate" "${GEN_T:-90}" "$PY" benchmarks/generate.py --budget "$
 # FP8_SIZES picks rows (default 100m/1b/8b-wide on an accelerator); FP8_P=fp8-row for row scaling.
 part fp8 "accelerator --precision fp8" "${FP8_T:-240}" "$PY" benchmarks/accelerator.py \
   --precision "${FP8_P:-fp8}" --rounds 5 --budget "${FP8_B:-210}" ${FP8_SIZES:+--sizes "$FP8_SIZES"} \
-  ${FP8_LOSS:+--loss-steps "$FP8_LOSS"} $peak
+  ${FP8_LOSS:+--loss-steps "$FP8_LOSS"} ${FP8_FORM:+--fp8-form "$FP8_FORM"} \
+  ${FP8_HLO:+--save-hlo "$FP8_HLO"} $peak
 part qgen "generate --weights" "${QGEN_T:-90}" "$PY" benchmarks/generate.py --dtype bfloat16 \
   --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5 \
   --model "${QGEN_M:-8b-wide}" --new-tokens "${QGEN_N:-128}"

@@ -208,10 +208,12 @@ def product_bound(a, b, axis, fa, fb):
 
 
 def float8_operands(jaxpr):
+    """The float8 formats the matmuls read: a dot's float8 operands, or float8 values converted
+    up for a dot (nn._fp8.TENSOR_FORM="operands", where XLA takes the conversion into the GEMM)."""
     return {
         str(v.aval.dtype)
         for e in equations(jaxpr)
-        if e.primitive.name == "dot_general"
+        if e.primitive.name in ("dot_general", "convert_element_type")
         for v in e.invars
         if "float8" in str(v.aval.dtype)
     }

@@ -10,6 +10,12 @@ scale per row of the matmul (an activation per token, a weight per output channe
 gradients per row of their own matmuls), the scales multiplying the float32 result. A
 ``custom_vjp`` runs the backward matmuls the same way with the gradient in e5m2; the inputs are
 kept in the compute dtype for it, so parameters and their gradients never see float8.
+
+``TENSOR_FORM`` says how tensor scaling is written: ``"output"`` as above, or ``"operands"``: each
+float8 operand converted to the compute dtype and multiplied by its scalar scale before a plain
+``dot`` (the dequantize-then-matmul form XLA's GEMM rewriter also matches, taking the scales as the
+GEMM's operand scales and writing the compute dtype directly). ``benchmarks/accelerator.py
+--fp8-form`` times both.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ __all__ = ["E4M3", "E5M2", "fp8_dot", "matmul"]
 
 E4M3, E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
 F32 = jnp.dtype(jnp.float32)
+#: How a tensor-scaled float8 matmul is written for XLA: "output" or "operands" (module docstring).
+TENSOR_FORM = "output"
 
 
 def _scaled_dot(
@@ -39,6 +47,9 @@ def _scaled_dot(
     """``a . b`` over ``axis`` from float8 copies of both, scaled back, in ``out_dtype``."""
     qa, sa = quantize(a, [n for n in a.axis_names if n not in axis] if row else (), dtypes[0])
     qb, sb = quantize(b, [n for n in b.axis_names if n not in axis] if row else (), dtypes[1])
+    if not row and TENSOR_FORM == "operands":
+        da, db = (q.astype(out_dtype) * s.astype(out_dtype) for q, s in ((qa, sa), (qb, sb)))
+        return dot(da, db, axis=axis, out_axes=out_axes)
     y = dot(qa, qb, axis=axis, preferred_element_type=F32, out_axes=out_axes)
     return (y * (sa * sb)).astype(out_dtype)
 
