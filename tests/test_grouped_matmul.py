@@ -140,7 +140,9 @@ def test_errors():
 
 def test_mosaic_fails_closed_off_hopper_gpus():
     lhs, rhs, _ = operands(jnp.bfloat16)
-    with pytest.raises(na.KernelError, match=r"'mosaic' runs on Hopper GPUs only .*implementation='pallas'"):
+    with pytest.raises(
+        na.KernelError, match=r"'mosaic' runs on Hopper GPUs only .*implementation='pallas'"
+    ):
         grouped_matmul(lhs, rhs, jnp.zeros(G, jnp.int32), implementation="mosaic")
 
 
