@@ -52,6 +52,10 @@ peak=${PEAK:+--peak $PEAK}
 # ragged_dot and a plain matmul of the same FLOPs, with its error: sets the GPU defaults.
 part kernels "grouped_matmul kernels" "${KER_T:-120}" "$PY" benchmarks/grouped_matmul.py \
   --budget "${KER_B:-95}" $peak ${KER_E:+--experts "$KER_E"} $([ "$backend" = cpu ] && echo --quick)
+# The kernel table's fastest Mosaic configuration (at the expert count where each ran slowest)
+# runs the MoE benchmarks' grouped rows (MOSAIC=rows,contraction,columns,depth,sweep overrides).
+MOSAIC=${MOSAIC:-$(grep -o "best mosaic: [0-9,]*" "$OUT/all.log" 2>/dev/null | tail -1 | cut -d' ' -f3)}
+mosaic=${MOSAIC:+--mosaic $MOSAIC}
 part check "accelerator --check" "${CHECK_T:-45}" "$PY" benchmarks/accelerator.py --check
 # ACC_SIZES picks rows (default: the script's own, example/100m/1b on an accelerator).
 part accelerator "accelerator" "${ACC_T:-170}" "$PY" benchmarks/accelerator.py --rounds 5 \
@@ -69,7 +73,7 @@ moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours o
 # Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
 # grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.
 part moe "moe dispatch" "${MOE_T:-200}" "$PY" benchmarks/moe_dispatch.py --steps 5 \
-  --budget "${MOE_B:-170}" $moe_quick $peak ${MOE_E:+--experts "$MOE_E"} ${MOE_K:+--top-k "$MOE_K"}
+  --budget "${MOE_B:-170}" $moe_quick $peak $mosaic ${MOE_E:+--experts "$MOE_E"} ${MOE_K:+--top-k "$MOE_K"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
 part example "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"

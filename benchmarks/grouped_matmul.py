@@ -83,7 +83,10 @@ def products(sizes: jax.Array, quick: bool) -> dict[str, Any]:
     return out
 
 
-def rows_for(experts: int, args: argparse.Namespace, peak: float, budget: Budget) -> None:
+def rows_for(
+    experts: int, args: argparse.Namespace, peak: float, budget: Budget
+) -> dict[str, float]:
+    """Prints the rows for ``experts``; returns each product's forward+backward ms."""
     rows, embed, width = args.tokens * args.top_k, args.embed, args.width
     keys = jax.random.split(jax.random.key(2), 3)
     lhs = jax.random.normal(keys[0], (rows, embed), jnp.bfloat16)
@@ -104,6 +107,7 @@ def rows_for(experts: int, args: argparse.Namespace, peak: float, budget: Budget
     with jax.default_matmul_precision("highest"):
         ref = both(lambda a, b: jax.lax.ragged_dot(a, b, sizes))(*f32)
     plain = {"matmul (same FLOPs, no groups)": lambda a, b: a @ b[0]}
+    times: dict[str, float] = {}
     for name, product in {**plain, **products(sizes, args.quick)}.items():
         if budget.left() <= 0:
             print(f"| {experts} | {name} | skipped (budget) |")
@@ -119,12 +123,19 @@ def rows_for(experts: int, args: argparse.Namespace, peak: float, budget: Budget
         except Exception as e:  # noqa: BLE001 - one kernel failing must not end the table
             print(f"| {experts} | {name} | failed: {first_line(e)} |", flush=True)
             continue
+        times[name] = t_all
         tflops = 3 * flops_fwd / t_all / 1e9
         print(
             f"| {experts} | {name} | {t_fwd:.3f} | {t_all:.3f} | {tflops:.0f} "
             f"| {100 * tflops * 1e12 / peak:.0f} | {err} |",
             flush=True,
         )
+    return times
+
+
+def mosaic_option(config: tuple[tuple[int, int, int], tuple[int, int]]) -> str:
+    """A Mosaic configuration as ``--mosaic`` takes it: ``rows,contraction,columns,depth,sweep``."""
+    return ",".join(str(v) for v in (*config[0], *config[1]))
 
 
 def _ints(text: str) -> list[int]:
@@ -159,8 +170,14 @@ def main() -> None:
         f"| error out / d lhs / d rhs |\n|{'---|' * 7}"
     )
     budget = Budget(args.budget)
+    slowest: dict[str, float] = {}  # each product's time at the expert count it ran slowest
     for n in experts:
-        rows_for(n, args, peak, budget)
+        for name, t in rows_for(n, args, peak, budget).items():
+            slowest[name] = max(slowest.get(name, 0.0), t)
+    mosaic = {c: slowest[f"mosaic {c[0]} {c[1]}"] for c in MOSAIC_CONFIGS
+              if f"mosaic {c[0]} {c[1]}" in slowest}  # fmt: skip
+    if mosaic:  # the session script passes this on to the MoE benchmarks (--mosaic)
+        print(f"\nbest mosaic: {mosaic_option(min(mosaic, key=mosaic.__getitem__))}")
 
 
 if __name__ == "__main__":

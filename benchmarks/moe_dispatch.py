@@ -42,6 +42,7 @@ from _timing import Budget, clock  # noqa: E402
 from accelerator import out_of_memory, peak_bf16  # noqa: E402
 
 import namedaxes as na  # noqa: E402
+from namedaxes.kernels import _grouped_matmul as gm  # noqa: E402
 
 DISPATCHES = ("dense", "ragged", "grouped", "capacity")
 
@@ -62,6 +63,14 @@ def compiled_to(hlo: str) -> str:
     dots = len(re.findall(r"\bdot\(", hlo))
     ragged = len(re.findall(r"\bragged-dot\(", hlo))
     return f"custom calls {calls or '-'}, {ragged} ragged-dot, {dots} dot"
+
+
+def set_mosaic(option: str | None) -> None:
+    """Sets the Mosaic GPU kernel's blocks from a ``--mosaic`` value (the benchmarks' override of
+    ``MOSAIC_TILING`` and ``MOSAIC_PIPELINE``); ``None`` keeps the defaults."""
+    if option:
+        values = tuple(int(v) for v in option.split(","))
+        gm.MOSAIC_TILING, gm.MOSAIC_PIPELINE = values[:3], values[3:5]
 
 
 def first_line(e: Exception) -> str:
@@ -138,16 +147,20 @@ def main() -> None:
     parser.add_argument("--capacity-factor", type=float, default=1.25)
     parser.add_argument("--peak", type=float, help="bfloat16 peak TFLOP/s (default: measured)")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds for all rows")
+    parser.add_argument("--mosaic", help="Mosaic GPU blocks: rows,contraction,columns,depth,sweep")
     args = parser.parse_args()
     args.tokens, args.embed, args.width = (256, 64, 64) if args.quick else (8192, 1024, 2048)
     args.experts = args.experts or ([8] if args.quick else [8, 32, 64, 128])
     args.top_k = args.top_k or [2, 8]
     peak = 1e12 * args.peak if args.peak else peak_bf16(Budget(20.0))
     print(
+        f"grouped: Mosaic GPU blocks {gm.MOSAIC_TILING if args.mosaic is None else args.mosaic}, "
+        f"pipeline {gm.MOSAIC_PIPELINE}; "
         f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), {args.tokens} tokens, "
         f"embed {args.embed}, expert width {args.width}, bfloat16 peak {peak / 1e12:.1f} TFLOP/s "
         f"({'given' if args.peak else 'measured'}), capacity factor {args.capacity_factor}"
     )
+    set_mosaic(args.mosaic)
     budget = Budget(args.budget)
     moe_rows(args, peak, budget)
 
