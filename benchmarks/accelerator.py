@@ -120,6 +120,19 @@ def out_of_memory(e: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
 
 
+def failure(e: Exception) -> str:
+    """A failed row's cell: "out of memory", else the error's type and its first line."""
+    if out_of_memory(e):
+        return "out of memory"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:100] if lines else ''}"
+
+
+def one_device_mesh() -> jax.sharding.Mesh:
+    """The example's (data, model) mesh on the first device: its mappings name both axes."""
+    return na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+
+
 class Stream:
     """A table printed row by row (a run cut short keeps what it printed), fixed column widths."""
 
@@ -273,7 +286,7 @@ def model_row(
 ) -> list[str]:  # noqa: E501
     opt, named_step, plain_step = steps(size, size.remat)
     cfg = tw.model_config(size, size.vocab)
-    mesh = na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+    mesh = one_device_mesh()
     with jax.set_mesh(mesh):
         state = tw.train_lm.init_state(cfg, size, opt, seed=0)
     model = state["model"]
@@ -516,8 +529,7 @@ def main() -> int:
                 out.row(precision_row(name, size, args.precision, peak, Budget(min(240.0, left)),
                                       rounds, per_round, loss_steps))  # fmt: skip
             except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-                why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
-                out.row([name, why])
+                out.row([name, failure(e)])
             gc.collect()
             jax.clear_caches()
         return 0
@@ -546,8 +558,7 @@ def main() -> int:
         try:
             out.row(model_row(name, size, peak, Budget(min(180.0, left)), rounds, per_round))
         except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-            why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
-            out.row([name, why])
+            out.row([name, failure(e)])
         gc.collect()
         jax.clear_caches()
     return 0

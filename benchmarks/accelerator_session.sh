@@ -7,6 +7,7 @@
 # A device call may run 10 minutes at most and a session has 15 minutes of device time, so on a
 # lent machine run the parts an issue needs, a call each on the same warm machine (PARTS selects):
 #   PARTS="device moe context" bash benchmarks/accelerator_session.sh    # experts, long context: ~5 min
+#   PARTS="device moemodel" bash benchmarks/accelerator_session.sh        # MoE model steps: ~3 min
 #   PARTS="fp8 qgen" bash benchmarks/accelerator_session.sh              # low precision: ~5.5 min
 #   PARTS="check accelerator generate example" bash benchmarks/accelerator_session.sh  # baselines: ~6 min
 #
@@ -15,7 +16,8 @@
 # the example/100m/1b training rows), float8 training against bfloat16 (accelerator.py --precision
 # fp8: 100m/1b/8b-wide), the generation benchmark, decoding with int8/float8 weights against
 # bfloat16 (generate.py --weights), the MoE dispatches (ms, active TFLOP/s, grouped_matmul
-# tilings), one context-parallel shard's attention per strategy (ring in order / zig-zag
+# tilings), the Mixtral- and Qwen3-MoE-shaped model steps per dispatch against their dense twins
+# (moe_model.py), one context-parallel shard's attention per strategy (ring in order / zig-zag
 # balanced, Ulysses, all-gather: context_shards.py), and the main example for 150
 # steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
@@ -27,7 +29,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device check accelerator fp8 generate qgen moe context example}
+PARTS=${PARTS:-device check accelerator fp8 generate qgen moe moemodel context example}
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
   shift 3
@@ -52,6 +54,11 @@ moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours o
 # grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.
 part moe "moe dispatch" "${MOE_T:-200}" "$PY" benchmarks/moe_dispatch.py --steps 5 \
   --budget "${MOE_B:-170}" $moe_quick
+# Mixtral- and Qwen3-MoE-shaped training steps, one row per dispatch, against the dense model with
+# the same active parameters: tokens/s, MFU on active parameters. MOEM_MODELS (mixtral-ish,
+# qwen3-moe-ish) and MOEM_DISPATCHES (dense,ragged,grouped,capacity) pick rows; MOEM_B bounds them.
+part moemodel "moe model" "${MOEM_T:-150}" "$PY" benchmarks/moe_model.py --budget "${MOEM_B:-120}" \
+  $moe_quick ${MOEM_MODELS:+--models "$MOEM_MODELS"} ${MOEM_DISPATCHES:+--dispatches "$MOEM_DISPATCHES"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
 part example "example, 150 steps" "${EX_T:-60}" "$PY" examples/train_lm.py --steps 150
 echo "== done: $OUT/all.log" | tee -a "$OUT/all.log"
