@@ -48,7 +48,6 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,7 @@ from _precision_rows import HEADER as PRECISION_HEADER  # noqa: E402
 from _precision_rows import POLICIES as PRECISION_POLICIES  # noqa: E402
 from _precision_rows import WIDTHS as PRECISION_WIDTHS  # noqa: E402
 from _precision_rows import precision_row  # noqa: E402
-from _timing import Budget, clock  # noqa: E402
+from _timing import Budget, clock, interleaved  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
@@ -128,11 +127,6 @@ def failure(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:100] if lines else ''}"
 
 
-def one_device_mesh() -> jax.sharding.Mesh:
-    """The example's (data, model) mesh on the first device: its mappings name both axes."""
-    return na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
-
-
 class Stream:
     """A table printed row by row (a run cut short keeps what it printed), fixed column widths."""
 
@@ -157,21 +151,6 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
     for r in rows:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
     sys.stdout.flush()
-
-
-def interleaved(
-    slots: dict[str, Callable[[], Any]], budget: Budget, rounds: int
-) -> dict[str, list[float]]:  # noqa: E501
-    """Time each slot once per round, the order rotating between rounds, until rounds or budget."""
-    names = list(slots)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        if r >= 2 and budget.left() <= 0:
-            break
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            times[n].append(clock(slots[n]))
-    return times
 
 
 # -- peak -----------------------------------------------------------------------------------------
@@ -286,7 +265,7 @@ def model_row(
 ) -> list[str]:  # noqa: E501
     opt, named_step, plain_step = steps(size, size.remat)
     cfg = tw.model_config(size, size.vocab)
-    mesh = one_device_mesh()
+    mesh = tw.one_device_mesh()
     with jax.set_mesh(mesh):
         state = tw.train_lm.init_state(cfg, size, opt, seed=0)
     model = state["model"]

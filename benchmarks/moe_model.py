@@ -63,15 +63,8 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402  (the example's model, step and optimizer)
-from _timing import Budget  # noqa: E402
-from accelerator import (  # noqa: E402
-    POLICY,
-    failure,
-    interleaved,
-    on_accelerator,
-    one_device_mesh,
-    peak_bf16,
-)
+from _timing import Budget, interleaved  # noqa: E402
+from accelerator import POLICY, failure, on_accelerator, peak_bf16  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes import models  # noqa: E402
@@ -207,7 +200,7 @@ def model_rows(
     name: str, model: Model, args: argparse.Namespace, peak: float, budget: Budget
 ) -> list[str]:  # noqa: E501
     """The table's rows for ``model``: its dense twin, then each dispatch."""
-    size, mesh = model.size, one_device_mesh()
+    size, mesh = model.size, tw.one_device_mesh()
     batches = [tw.named_batch(t) for t in tw.batches(size, args.steps)]
     twin = Slot("dense twin", size, mesh)
     twin.start(lambda: init(model.dense(), size, mesh), batches[0])
