@@ -7,6 +7,7 @@ Run on a GPU (or TPU) machine from the repository root:
     python benchmarks/accelerator.py --sizes 100m --rounds 5
     python benchmarks/accelerator.py --check      # cuDNN attention numerics against XLA, then exit
     python benchmarks/accelerator.py --precision fp8   # float8 matmuls vs bfloat16: 100m/1b/8b-wide
+    python benchmarks/accelerator.py --sizes 1b-32k,1b-64k --remat carry,dots   # long context
 
 On a CPU it runs tiny sizes (the same code) in well under a minute; only ratios mean anything there.
 
@@ -29,6 +30,13 @@ it measured):
   counted), MFU, the interleaved median step-time ratio namedaxes / plain and plain / plain (A/A:
   the plain step timed in a second slot of every round), and both first losses.
 
+``--remat`` takes several ``gradient_checkpointing`` policies (a row each; default ``dots``).
+The long-context sizes ``1b-32k`` and ``1b-64k`` (one sequence of 32k or 64k tokens; on a CPU
+``example-long`` and ``example-longer``, 512 and 1024) run only when ``--sizes`` names them, in a
+table of their own (``_long_context.py``): the named step alone, per policy (default the size's
+own: ``dots`` at 32k, ``carry`` at 64k), with the device's peak memory and the attention kernel
+the step lowered to; the attention section runs only for the other sizes.
+
 ``--precision fp8`` (or ``fp8-row``: row scaling) replaces the attention section and the training
 table with one of the named step under float8 matmuls against the same step in bfloat16
 (``_precision_rows.py``): loss agreement over ``--loss-steps`` steps from the same parameters,
@@ -48,6 +56,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +67,9 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402  (the example's model and its plain twin)
+from _long_context import HEADER as LONG_HEADER  # noqa: E402
+from _long_context import WIDTHS as LONG_WIDTHS  # noqa: E402
+from _long_context import device_limit, long_context_row  # noqa: E402
 from _precision_rows import HEADER as PRECISION_HEADER  # noqa: E402
 from _precision_rows import POLICIES as PRECISION_POLICIES  # noqa: E402
 from _precision_rows import WIDTHS as PRECISION_WIDTHS  # noqa: E402
@@ -66,6 +78,7 @@ from _timing import Budget, clock, interleaved  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
+from namedaxes.nn._stacked import REMAT_POLICIES  # noqa: E402
 
 POLICY = tw.train_lm.MIXED  # the example's on accelerators: float32 parameters, bfloat16 compute
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -99,6 +112,19 @@ CPU_SIZES = {
     "example": _at("small", seq=64, batch=8),
     "wide": _at("small", hidden=256, heads=8, kv_heads=4, mlp=768, seq=128, batch=4),
 }
+# One long sequence on one device (issue 30): named step only, peak memory per remat policy
+# (_long_context.py). Not run unless --sizes names them. The 1b's policy is "dots"; at 64k the
+# matmul outputs it keeps are ~49 GB (16 layers x 47 KB a token), which with the optimizer state
+# and the output head's float32 log-probabilities does not fit 80 GB: 64k keeps each layer's input.
+LONG_GPU_SIZES = {
+    "1b-32k": _at("1b", seq=32768, batch=1),
+    "1b-64k": _at("1b", seq=65536, batch=1, remat="carry"),
+}
+LONG_CPU_SIZES = {  # the same code at CPU sizes
+    "example-long": _at("small", seq=512, batch=1, remat="dots"),
+    "example-longer": _at("small", seq=1024, batch=1, remat="carry"),
+}
+LONG = {**LONG_GPU_SIZES, **LONG_CPU_SIZES}
 
 
 def platform() -> str:
@@ -444,16 +470,52 @@ def check() -> int:
 # -- main -----------------------------------------------------------------------------------------
 
 
+def table_rows(
+    out: Stream, runs: list[tuple[str, tw.Size]], row: Callable[[str, tw.Size, Budget], list[str]],
+    total: Budget, cap: float,
+) -> None:  # fmt: skip
+    """``out.row(row(label, size, budget))`` per run, each row's budget what is left of ``total``,
+    at most ``cap`` seconds; a row that fails prints why, and the table goes on."""
+    for label, size in runs:
+        left = total.left()
+        if left <= 0:
+            out.row([label, "skipped (budget)"])
+            continue
+        try:
+            out.row(row(label, size, Budget(min(cap, left))))
+        except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
+            out.row([label, failure(e)])
+        gc.collect()
+        jax.clear_caches()
+
+
+def with_remat(
+    names: list[str], sizes: dict[str, tw.Size], remats: list[str] | None, labelled: bool
+) -> list[tuple[str, tw.Size]]:  # noqa: E501
+    """``(label, size)`` per size and remat policy (``None``: each size's own); with ``labelled``
+    and several policies the label names the policy."""
+    runs = []
+    for name in names:
+        for r in remats or [sizes[name].remat]:
+            label = f"{name} {r}" if labelled and remats and len(remats) > 1 else name
+            runs.append((label, dataclasses.replace(sizes[name], remat=r)))
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify cuDNN numerics and exit")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no 1b, no 16k")
-    parser.add_argument("--sizes", default=None, help="comma-separated: " + ", ".join(GPU_SIZES))
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated: " + ", ".join([*GPU_SIZES, *LONG_GPU_SIZES]))  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per section")
     parser.add_argument("--steps", type=int, default=None, help="steps per round")
     parser.add_argument(
-        "--remat", default="dots", choices=("none", "dots", "carry"), help="Stacked remat policy"
-    )
+        "--remat", default=None, type=lambda s: s.split(","),
+        help="gradient_checkpointing policies, comma-separated, a row each: "
+        f"{', '.join(REMAT_POLICIES)} (the plain twin: none, dots, carry). Default: dots; the "
+        "long-context sizes their own",
+    )  # fmt: skip
     parser.add_argument(
         "--precision", default="bf16", choices=("bf16", "fp8", "fp8-row"),
         help="fp8/fp8-row: float8 matmuls (tensor/row scaling) against bfloat16",
@@ -461,12 +523,8 @@ def main() -> int:
     parser.add_argument("--loss-steps", type=int, default=None,
                         help="--precision: steps compared (default 100; 10 on CPU)")  # fmt: skip
     parser.add_argument("--wide-layers", type=int, default=None, help="layers of 8b-wide (12)")
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        help="total seconds (default 480 on an accelerator, 50 on CPU)",
-    )  # noqa: E501
+    parser.add_argument("--budget", type=float, default=None,
+                        help="total seconds (default 480 on an accelerator, 50 on CPU)")  # fmt: skip
     args = parser.parse_args()
     if args.check:
         return check()
@@ -481,65 +539,66 @@ def main() -> int:
         gpu_default = ["100m", "1b"] if args.quick else ["100m", "1b", "8b-wide"]
     default = gpu_default if accel else list(CPU_SIZES)
     chosen = args.sizes.split(",") if args.sizes else default
-    unknown = [s for s in chosen if s not in GPU_SIZES and s not in CPU_SIZES]
+    sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
+    sizes.update(LONG)
+    if args.wide_layers:
+        sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
+    unknown = [s for s in chosen if s not in sizes]
     if unknown:
-        parser.error(f"unknown sizes {unknown}; choose from {list(GPU_SIZES) + list(CPU_SIZES)}")
+        parser.error(f"unknown sizes {unknown}; choose from {list(sizes)}")
+    long, short = [n for n in chosen if n in LONG], [n for n in chosen if n not in LONG]
+    bad = [r for r in args.remat or [] if r not in REMAT_POLICIES]
+    if short and args.precision == "bf16":  # the plain twin's policies
+        bad += [r for r in args.remat or [] if r not in ("none", *tw.REMAT)]
+    if bad:
+        parser.error(f"--remat {sorted(set(bad))}: choose from {list(REMAT_POLICIES)} "
+                     "(none, dots or carry for the rows with the plain twin)")  # fmt: skip
+    if long and args.precision != "bf16":
+        parser.error(f"the long-context sizes {long} run in bfloat16 only")
     device = jax.devices()[0]
+    remat = ",".join(args.remat or ["dots"]) + (
+        " (long-context sizes: their own)" if long and not args.remat else ""
+    )
     print(f"device: {device.device_kind} ({platform()}), jax {jax.__version__}, namedaxes "
-          f"{na.__version__}; precision {POLICY}, remat {args.remat!r}")  # fmt: skip
+          f"{na.__version__}; precision {POLICY}, remat {remat}")  # fmt: skip
 
     peak = peak_bf16(Budget(min(30.0, total.left())))
     print(f"measured bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
-    sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
-    if args.wide_layers:
-        sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
+    runs = with_remat(short, sizes, args.remat or ["dots"], labelled=True)
     if args.precision != "bf16":
         loss_steps = args.loss_steps or (100 if accel else 10)
         out = Stream(f"training step (AdamW), float8 matmuls ({args.precision}: "
                      f"{PRECISION_POLICIES[args.precision]}) vs bfloat16, namedaxes",
                      PRECISION_HEADER, PRECISION_WIDTHS)  # fmt: skip
-        for name in chosen:
-            size = dataclasses.replace(sizes[name], remat=args.remat)
-            left = total.left()
-            if left <= 0:
-                out.row([name, "skipped (budget)"])
-                continue
-            try:
-                out.row(precision_row(name, size, args.precision, peak, Budget(min(240.0, left)),
-                                      rounds, per_round, loss_steps))  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-                out.row([name, failure(e)])
-            gc.collect()
-            jax.clear_caches()
+        table_rows(out, runs, lambda name, size, budget: precision_row(
+            name, size, args.precision, peak, budget, rounds, per_round, loss_steps), total, 240.0)  # fmt: skip
         return 0
 
-    tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
-    rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
-    table(
-        "attention forward+backward, causal, bfloat16, batch 1"
-        + (", 16 heads x 64" if accel else ", 4 heads x 32 (CPU)"),
-        ["tokens", "named ms", "direct ms", "named/direct", "A/A", "TFLOP/s named / direct"],
-        rows,
-    )
-
-    header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
-              "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
-              "first call s", "rounds"]  # fmt: skip
-    vocab = (GPU_SIZES if accel else CPU_SIZES)["example"].vocab
-    title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
-    out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
-    for name in chosen:
-        size = dataclasses.replace(sizes[name], remat=args.remat)
-        left = total.left()
-        if left <= 0:
-            out.row([name, "skipped (budget)"])
-            continue
-        try:
-            out.row(model_row(name, size, peak, Budget(min(180.0, left)), rounds, per_round))
-        except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-            out.row([name, failure(e)])
-        gc.collect()
-        jax.clear_caches()
+    if short:
+        tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
+        rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
+        table(
+            "attention forward+backward, causal, bfloat16, batch 1"
+            + (", 16 heads x 64" if accel else ", 4 heads x 32 (CPU)"),
+            ["tokens", "named ms", "direct ms", "named/direct", "A/A", "TFLOP/s named / direct"],
+            rows,
+        )
+        header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
+                  "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
+                  "first call s", "rounds"]  # fmt: skip
+        vocab = (GPU_SIZES if accel else CPU_SIZES)["example"].vocab
+        title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
+        out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
+        table_rows(out, runs, lambda name, size, budget: model_row(
+            name, size, peak, budget, rounds, per_round), total, 180.0)  # fmt: skip
+    if long:
+        # A step is seconds here: fewer rounds and steps unless asked.
+        r, n = args.rounds or 3, args.steps or 1
+        out = Stream(f"long context: one sequence, training step (AdamW), namedaxes{device_limit()}",
+                     LONG_HEADER, LONG_WIDTHS)  # fmt: skip
+        table_rows(out, with_remat(long, sizes, args.remat, labelled=False),
+                   lambda name, size, budget: long_context_row(name, size, peak, budget, r, n),
+                   total, 300.0)  # fmt: skip
     return 0
 
 
