@@ -59,7 +59,7 @@ def precision_row(
     """The table's row for ``size``: bfloat16 against the ``fp8`` policy (``fp8``, ``fp8-row``)."""
     opt = tw.optimizer(size)
     cfg = tw.model_config(size, size.vocab)
-    mesh = na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+    mesh = tw.one_device_mesh()
     kinds = ("bf16", fp8)
     steps = {k: tw.train_lm.make_steps(opt, POLICIES[k])[0] for k in kinds}
     with jax.set_mesh(mesh):

@@ -1,4 +1,5 @@
-"""Timing helpers the benchmarks share: one timed call, back-to-back calls, a time budget."""
+"""Timing helpers the benchmarks share: one timed call, back-to-back calls, a time budget, rounds
+of several calls interleaved."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ class Budget:
 
     def left(self) -> float:
         return self.end - time.perf_counter()
+
+
+def interleaved(
+    slots: dict[str, Callable[[], Any]], budget: Budget, rounds: int
+) -> dict[str, list[float]]:
+    """Time each slot once per round, the order rotating between rounds, until rounds or budget."""
+    names = list(slots)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        if r >= 2 and budget.left() <= 0:
+            break
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            times[n].append(clock(slots[n]))
+    return times

@@ -53,6 +53,11 @@ TINY = Size(hidden=16, layers=2, heads=4, kv_heads=2, head_dim=4, mlp=32, vocab=
             batch=4, steps=20, lr=3e-3, eval_every=10)  # fmt: skip
 
 
+def one_device_mesh() -> jax.sharding.Mesh:
+    """The example's (data, model) mesh on the first device: its mappings name both axes."""
+    return na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+
+
 def optimizer(size: Size, counter: Counter | None = None, key: str = "") -> Any:
     """The example's optimizer; ``counter[key]`` counts the traces of a step that uses it."""
     opt = train_lm.make_optimizer(size)

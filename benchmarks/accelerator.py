@@ -7,6 +7,7 @@ Run on a GPU (or TPU) machine from the repository root:
     python benchmarks/accelerator.py --sizes 100m --rounds 5
     python benchmarks/accelerator.py --check      # cuDNN attention numerics against XLA, then exit
     python benchmarks/accelerator.py --precision fp8   # float8 matmuls vs bfloat16: 100m/1b/8b-wide
+    python benchmarks/accelerator.py --sizes 1b-32k,1b-64k --remat carry,dots   # long context
 
 On a CPU it runs tiny sizes (the same code) in well under a minute; only ratios mean anything there.
 
@@ -28,6 +29,13 @@ it measured):
   ``flops_per_token``: 6 x the matmuls' parameters plus causal attention; remat recomputation not
   counted), MFU, the interleaved median step-time ratio namedaxes / plain and plain / plain (A/A:
   the plain step timed in a second slot of every round), and both first losses.
+
+``--remat`` takes several ``gradient_checkpointing`` policies (a row each; default ``dots``).
+The long-context sizes ``1b-32k`` and ``1b-64k`` (one sequence of 32k or 64k tokens; on a CPU
+``example-long`` and ``example-longer``, 512 and 1024) run only when ``--sizes`` names them, in a
+table of their own (``_long_context.py``): the named step alone, per policy (default the size's
+own: ``dots`` at 32k, ``carry`` at 64k), with the device's peak memory and the attention kernel
+the step lowered to; the attention section runs only for the other sizes.
 
 ``--precision fp8`` (or ``fp8-row``: row scaling) replaces the attention section and the training
 table with one of the named step under float8 matmuls against the same step in bfloat16
@@ -59,14 +67,18 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _twin as tw  # noqa: E402  (the example's model and its plain twin)
+from _long_context import HEADER as LONG_HEADER  # noqa: E402
+from _long_context import WIDTHS as LONG_WIDTHS  # noqa: E402
+from _long_context import device_limit, long_context_row  # noqa: E402
 from _precision_rows import HEADER as PRECISION_HEADER  # noqa: E402
 from _precision_rows import POLICIES as PRECISION_POLICIES  # noqa: E402
 from _precision_rows import WIDTHS as PRECISION_WIDTHS  # noqa: E402
 from _precision_rows import precision_row  # noqa: E402
-from _timing import Budget, clock  # noqa: E402
+from _timing import Budget, clock, interleaved  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.nn import _attention_kernels as kernels  # noqa: E402
+from namedaxes.nn._stacked import REMAT_POLICIES  # noqa: E402
 
 POLICY = tw.train_lm.MIXED  # the example's on accelerators: float32 parameters, bfloat16 compute
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -100,6 +112,19 @@ CPU_SIZES = {
     "example": _at("small", seq=64, batch=8),
     "wide": _at("small", hidden=256, heads=8, kv_heads=4, mlp=768, seq=128, batch=4),
 }
+# One long sequence on one device (issue 30): named step only, peak memory per remat policy
+# (_long_context.py). Not run unless --sizes names them. The 1b's policy is "dots"; at 64k the
+# matmul outputs it keeps are ~49 GB (16 layers x 47 KB a token), which with the optimizer state
+# and the output head's float32 log-probabilities does not fit 80 GB: 64k keeps each layer's input.
+LONG_GPU_SIZES = {
+    "1b-32k": _at("1b", seq=32768, batch=1),
+    "1b-64k": _at("1b", seq=65536, batch=1, remat="carry"),
+}
+LONG_CPU_SIZES = {  # the same code at CPU sizes
+    "example-long": _at("small", seq=512, batch=1, remat="dots"),
+    "example-longer": _at("small", seq=1024, batch=1, remat="carry"),
+}
+LONG = {**LONG_GPU_SIZES, **LONG_CPU_SIZES}
 
 
 def platform() -> str:
@@ -118,6 +143,14 @@ def attention_kernel() -> str | None:
 def out_of_memory(e: Exception) -> bool:
     text = str(e)
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def failure(e: Exception) -> str:
+    """A failed row's cell: "out of memory", else the error's type and its first line."""
+    if out_of_memory(e):
+        return "out of memory"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:100] if lines else ''}"
 
 
 class Stream:
@@ -144,21 +177,6 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
     for r in rows:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
     sys.stdout.flush()
-
-
-def interleaved(
-    slots: dict[str, Callable[[], Any]], budget: Budget, rounds: int
-) -> dict[str, list[float]]:  # noqa: E501
-    """Time each slot once per round, the order rotating between rounds, until rounds or budget."""
-    names = list(slots)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        if r >= 2 and budget.left() <= 0:
-            break
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            times[n].append(clock(slots[n]))
-    return times
 
 
 # -- peak -----------------------------------------------------------------------------------------
@@ -273,7 +291,7 @@ def model_row(
 ) -> list[str]:  # noqa: E501
     opt, named_step, plain_step = steps(size, size.remat)
     cfg = tw.model_config(size, size.vocab)
-    mesh = na.mesh.parse_mesh_from_string("data:1,model:1", ("data", "model"), num_devices=1)
+    mesh = tw.one_device_mesh()
     with jax.set_mesh(mesh):
         state = tw.train_lm.init_state(cfg, size, opt, seed=0)
     model = state["model"]
@@ -452,16 +470,52 @@ def check() -> int:
 # -- main -----------------------------------------------------------------------------------------
 
 
+def table_rows(
+    out: Stream, runs: list[tuple[str, tw.Size]], row: Callable[[str, tw.Size, Budget], list[str]],
+    total: Budget, cap: float,
+) -> None:  # fmt: skip
+    """``out.row(row(label, size, budget))`` per run, each row's budget what is left of ``total``,
+    at most ``cap`` seconds; a row that fails prints why, and the table goes on."""
+    for label, size in runs:
+        left = total.left()
+        if left <= 0:
+            out.row([label, "skipped (budget)"])
+            continue
+        try:
+            out.row(row(label, size, Budget(min(cap, left))))
+        except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
+            out.row([label, failure(e)])
+        gc.collect()
+        jax.clear_caches()
+
+
+def with_remat(
+    names: list[str], sizes: dict[str, tw.Size], remats: list[str] | None, labelled: bool
+) -> list[tuple[str, tw.Size]]:  # noqa: E501
+    """``(label, size)`` per size and remat policy (``None``: each size's own); with ``labelled``
+    and several policies the label names the policy."""
+    runs = []
+    for name in names:
+        for r in remats or [sizes[name].remat]:
+            label = f"{name} {r}" if labelled and remats and len(remats) > 1 else name
+            runs.append((label, dataclasses.replace(sizes[name], remat=r)))
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify cuDNN numerics and exit")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no 1b, no 16k")
-    parser.add_argument("--sizes", default=None, help="comma-separated: " + ", ".join(GPU_SIZES))
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated: " + ", ".join([*GPU_SIZES, *LONG_GPU_SIZES]))  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds per section")
     parser.add_argument("--steps", type=int, default=None, help="steps per round")
     parser.add_argument(
-        "--remat", default="dots", choices=("none", "dots", "carry"), help="Stacked remat policy"
-    )
+        "--remat", default=None, type=lambda s: s.split(","),
+        help="gradient_checkpointing policies, comma-separated, a row each: "
+        f"{', '.join(REMAT_POLICIES)} (the plain twin: none, dots, carry). Default: dots; the "
+        "long-context sizes their own",
+    )  # fmt: skip
     parser.add_argument(
         "--precision", default="bf16", choices=("bf16", "fp8", "fp8-row"),
         help="fp8/fp8-row: float8 matmuls (tensor/row scaling) against bfloat16",
@@ -481,12 +535,8 @@ def main() -> int:
         default=None,
         help="--precision: write each float8 step's compiled HLO to this folder",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        help="total seconds (default 480 on an accelerator, 50 on CPU)",
-    )  # noqa: E501
+    parser.add_argument("--budget", type=float, default=None,
+                        help="total seconds (default 480 on an accelerator, 50 on CPU)")  # fmt: skip
     args = parser.parse_args()
     if args.check:
         return check()
@@ -501,18 +551,32 @@ def main() -> int:
         gpu_default = ["100m", "1b"] if args.quick else ["100m", "1b", "8b-wide"]
     default = gpu_default if accel else list(CPU_SIZES)
     chosen = args.sizes.split(",") if args.sizes else default
-    unknown = [s for s in chosen if s not in GPU_SIZES and s not in CPU_SIZES]
+    sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
+    sizes.update(LONG)
+    if args.wide_layers:
+        sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
+    unknown = [s for s in chosen if s not in sizes]
     if unknown:
-        parser.error(f"unknown sizes {unknown}; choose from {list(GPU_SIZES) + list(CPU_SIZES)}")
+        parser.error(f"unknown sizes {unknown}; choose from {list(sizes)}")
+    long, short = [n for n in chosen if n in LONG], [n for n in chosen if n not in LONG]
+    bad = [r for r in args.remat or [] if r not in REMAT_POLICIES]
+    if short and args.precision == "bf16":  # the plain twin's policies
+        bad += [r for r in args.remat or [] if r not in ("none", *tw.REMAT)]
+    if bad:
+        parser.error(f"--remat {sorted(set(bad))}: choose from {list(REMAT_POLICIES)} "
+                     "(none, dots or carry for the rows with the plain twin)")  # fmt: skip
+    if long and args.precision != "bf16":
+        parser.error(f"the long-context sizes {long} run in bfloat16 only")
     device = jax.devices()[0]
+    remat = ",".join(args.remat or ["dots"]) + (
+        " (long-context sizes: their own)" if long and not args.remat else ""
+    )
     print(f"device: {device.device_kind} ({platform()}), jax {jax.__version__}, namedaxes "
-          f"{na.__version__}; precision {POLICY}, remat {args.remat!r}")  # fmt: skip
+          f"{na.__version__}; precision {POLICY}, remat {remat}")  # fmt: skip
 
     peak = 1e12 * args.peak if args.peak else peak_bf16(Budget(min(30.0, total.left())))
     print(f"{'given' if args.peak else 'measured'} bfloat16 matmul peak: {peak / 1e12:.1f} TFLOP/s")
-    sizes = {**CPU_SIZES, **GPU_SIZES} if accel else {**GPU_SIZES, **CPU_SIZES}
-    if args.wide_layers:
-        sizes["8b-wide"] = dataclasses.replace(sizes["8b-wide"], layers=args.wide_layers)
+    runs = with_remat(short, sizes, args.remat or ["dots"], labelled=True)
     if args.precision != "bf16":
         if args.fp8_form:
             na.nn._fp8.TENSOR_FORM = args.fp8_form
@@ -520,50 +584,36 @@ def main() -> int:
         out = Stream(f"training step (AdamW), float8 matmuls ({args.precision}: "
                      f"{PRECISION_POLICIES[args.precision]}) vs bfloat16, namedaxes",
                      PRECISION_HEADER, PRECISION_WIDTHS)  # fmt: skip
-        for name in chosen:
-            size = dataclasses.replace(sizes[name], remat=args.remat)
-            left = total.left()
-            if left <= 0:
-                out.row([name, "skipped (budget)"])
-                continue
-            try:
-                out.row(precision_row(name, size, args.precision, peak, Budget(min(240.0, left)),
-                                      rounds, per_round, loss_steps, args.save_hlo))  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-                why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
-                out.row([name, why])
-            gc.collect()
-            jax.clear_caches()
+        table_rows(out, runs, lambda name, size, budget: precision_row(
+            name, size, args.precision, peak, budget, rounds, per_round, loss_steps,
+            args.save_hlo), total, 240.0)  # fmt: skip
         return 0
 
-    tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
-    rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
-    table(
-        "attention forward+backward, causal, bfloat16, batch 1"
-        + (", 16 heads x 64" if accel else ", 4 heads x 32 (CPU)"),
-        ["tokens", "named ms", "direct ms", "named/direct", "A/A", "TFLOP/s named / direct"],
-        rows,
-    )
-
-    header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
-              "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
-              "first call s", "rounds"]  # fmt: skip
-    vocab = (GPU_SIZES if accel else CPU_SIZES)["example"].vocab
-    title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
-    out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
-    for name in chosen:
-        size = dataclasses.replace(sizes[name], remat=args.remat)
-        left = total.left()
-        if left <= 0:
-            out.row([name, "skipped (budget)"])
-            continue
-        try:
-            out.row(model_row(name, size, peak, Budget(min(180.0, left)), rounds, per_round))
-        except Exception as e:  # noqa: BLE001 - one size failing must not lose the others
-            why = "out of memory" if out_of_memory(e) else f"{type(e).__name__}: {str(e)[:80]}"
-            out.row([name, why])
-        gc.collect()
-        jax.clear_caches()
+    if short:
+        tokens = ([4096] if args.quick else [4096, 16384]) if accel else [256, 512]
+        rows = attention_fwd_bwd(Budget(min(90.0, total.left())), tokens, rounds=max(rounds, 5))
+        table(
+            "attention forward+backward, causal, bfloat16, batch 1"
+            + (", 16 heads x 64" if accel else ", 4 heads x 32 (CPU)"),
+            ["tokens", "named ms", "direct ms", "named/direct", "A/A", "TFLOP/s named / direct"],
+            rows,
+        )
+        header = ["size", "params", "batch", "step ms named / plain", "tokens/s", "TFLOP/s",
+                  "MFU % named / plain", "named/plain", "A/A", "first loss named / plain",
+                  "first call s", "rounds"]  # fmt: skip
+        vocab = (GPU_SIZES if accel else CPU_SIZES)["example"].vocab
+        title = f"training step (AdamW), namedaxes vs plain JAX (example: vocabulary {vocab})"
+        out = Stream(title, header, [7, 7, 9, 21, 10, 7, 19, 11, 5, 24, 12, 6])
+        table_rows(out, runs, lambda name, size, budget: model_row(
+            name, size, peak, budget, rounds, per_round), total, 180.0)  # fmt: skip
+    if long:
+        # A step is seconds here: fewer rounds and steps unless asked.
+        r, n = args.rounds or 3, args.steps or 1
+        out = Stream(f"long context: one sequence, training step (AdamW), namedaxes{device_limit()}",
+                     LONG_HEADER, LONG_WIDTHS)  # fmt: skip
+        table_rows(out, with_remat(long, sizes, args.remat, labelled=False),
+                   lambda name, size, budget: long_context_row(name, size, peak, budget, r, n),
+                   total, 300.0)  # fmt: skip
     return 0
 
 

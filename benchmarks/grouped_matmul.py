@@ -32,8 +32,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import Budget, per_call  # noqa: E402
-from accelerator import peak_bf16  # noqa: E402
-from moe_dispatch import first_line  # noqa: E402
+from accelerator import failure, peak_bf16  # noqa: E402
 
 from namedaxes.kernels import _grouped_matmul as gm  # noqa: E402
 from namedaxes.kernels import grouped_matmul  # noqa: E402
@@ -121,7 +120,7 @@ def rows_for(
             t_fwd = timed(lambda: fwd(lhs, rhs), args)
             t_all = timed(lambda: grads(lhs, rhs), args)
         except Exception as e:  # noqa: BLE001 - one kernel failing must not end the table
-            print(f"| {experts} | {name} | failed: {first_line(e)} |", flush=True)
+            print(f"| {experts} | {name} | failed: {failure(e)} |", flush=True)
             continue
         times[name] = t_all
         tflops = 3 * flops_fwd / t_all / 1e9

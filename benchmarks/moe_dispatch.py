@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import Budget, clock  # noqa: E402
-from accelerator import out_of_memory, peak_bf16  # noqa: E402
+from accelerator import failure, peak_bf16  # noqa: E402
 
 import namedaxes as na  # noqa: E402
 from namedaxes.kernels import _grouped_matmul as gm  # noqa: E402
@@ -71,11 +71,6 @@ def set_mosaic(option: str | None) -> None:
     if option:
         values = tuple(int(v) for v in option.split(","))
         gm.MOSAIC_TILING, gm.MOSAIC_PIPELINE = values[:3], values[3:5]
-
-
-def first_line(e: Exception) -> str:
-    text = (str(e).strip().splitlines() or [""])[0][:160]
-    return f"{type(e).__name__}: {text}"
 
 
 def active_flops(tokens: int, top_k: int, embed: int, width: int) -> float:
@@ -120,8 +115,7 @@ def moe_rows(args: argparse.Namespace, peak: float, budget: Budget) -> None:
                     if dispatch in ("ragged", "grouped"):  # a second compile: only where it tells
                         how = compiled_to(step.lower(moe, x).lowered.compile().as_text())
                 except Exception as e:  # noqa: BLE001 - one row failing must not end the table
-                    why = "out of memory" if out_of_memory(e) else f"failed: {first_line(e)}"
-                    print(f"| {n} | {k} | {dispatch} | {why} |", flush=True)
+                    print(f"| {n} | {k} | {dispatch} | {failure(e)} |", flush=True)
                     continue
                 t = statistics.median(times)
                 (y, g), (y_ref, g_ref) = out, refs[capacity]

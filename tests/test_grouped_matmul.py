@@ -152,17 +152,21 @@ class FakeMosaic:
     leaves rows past the groups unwritten (NaN here)."""
 
     @staticmethod
-    def ragged_dot(lhs, rhs, *, group_sizes, transpose_rhs, block_m, block_n, block_k, **_):
+    def ragged_dot(
+        lhs, rhs, *, group_sizes, transpose_rhs, block_m, block_n, block_k, grid_block_n, **_
+    ):
         k = lhs.shape[1]
         n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
         assert k % block_k == 0 and n % block_n == 0 and lhs.shape[0] % block_m == 0
+        assert (n // block_n) % grid_block_n == 0
         out = jax.lax.ragged_dot(lhs, rhs.swapaxes(1, 2) if transpose_rhs else rhs, group_sizes)
         past = (jnp.arange(lhs.shape[0]) >= jnp.sum(group_sizes))[:, None]
         return jnp.where(past, jnp.nan, out).astype(lhs.dtype)
 
     @staticmethod
-    def transposed_ragged_dot(lhs, rhs, *, group_sizes, block_m, block_n, **_):
+    def transposed_ragged_dot(lhs, rhs, *, group_sizes, block_m, block_n, grid_block_n, **_):
         assert lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
+        assert (rhs.shape[1] // block_n) % grid_block_n == 0
         dims = jax.lax.RaggedDotDimensionNumbers((((0,), (0,)), ((), ())), [0], [])
         return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, dims).astype(lhs.dtype)
 
@@ -191,3 +195,12 @@ def test_mosaic_wrapper_pads_blocks_and_zeroes_the_rows_it_leaves_unwritten(monk
                        implementation="mosaic")  # fmt: skip
     with pytest.raises(na.KernelError, match=r"tiles that are multiples of 64, got \(64, 32, 64\)"):
         grouped_matmul(lhs, rhs, sizes, implementation="mosaic", tiling=(64, 32, 64))
+
+
+def test_mosaic_column_sweep_divides_the_column_blocks():
+    """The sweep (grid_block_n) is the largest up to MOSAIC_PIPELINE's that divides the column
+    blocks, so a width of 384 (3 blocks of 128) is not padded to a sweep of 8 blocks."""
+    from namedaxes.kernels import _grouped_matmul as gm
+
+    sweeps = {n: gm._mosaic_blocks((128, 64, 128), n)["grid_block_n"] for n in (40, 384, 2048)}
+    assert sweeps == {40: 1, 384: 3, 2048: min(8, gm.MOSAIC_PIPELINE[1])}

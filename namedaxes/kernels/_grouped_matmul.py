@@ -427,8 +427,13 @@ def _mosaic() -> tuple[Any, Any]:
         ) from e
 
 
-def _mosaic_blocks(tiling: tuple[int, int, int]) -> dict[str, int]:
+def _mosaic_blocks(tiling: tuple[int, int, int], columns: int) -> dict[str, int]:
+    """Mosaic GPU's keywords for ``tiling``, ``MOSAIC_PIPELINE`` and an output of ``columns``:
+    the column sweep is the largest up to ``MOSAIC_PIPELINE[1]`` that divides the column blocks
+    (so that an odd width like 384 is not padded to a whole sweep)."""
     depth, sweep = MOSAIC_PIPELINE
+    blocks = pl.cdiv(columns, tiling[2])
+    sweep = max(d for d in range(1, sweep + 1) if blocks % d == 0)
     return dict(
         block_m=tiling[0], block_k=tiling[1], block_n=tiling[2], max_concurrent_steps=depth,
         grid_block_n=sweep,
@@ -444,11 +449,10 @@ def _mosaic_gmm(
     leaves unwritten."""
     m = lhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    blocks = _mosaic_blocks(tiling)
-    columns = blocks["block_n"] * blocks["grid_block_n"]
+    blocks = _mosaic_blocks(tiling, n)
     lhs = _pad_to(_pad_to(lhs, 0, blocks["block_m"]), 1, blocks["block_k"])
     rhs = _pad_to(rhs, 2 if transpose_rhs else 1, blocks["block_k"])
-    rhs = _pad_to(rhs, 1 if transpose_rhs else 2, columns)
+    rhs = _pad_to(rhs, 1 if transpose_rhs else 2, blocks["block_n"])
     out = _mosaic()[0].ragged_dot(
         lhs, rhs, group_sizes=sizes, transpose_rhs=transpose_rhs, **blocks
     )
@@ -462,7 +466,7 @@ def _mosaic_tgmm(
     """Each group's ``lhs[rows].T @ grad[rows]`` by Mosaic GPU's ``transposed_ragged_dot``
     (the rows are its contraction): whole blocks of the rows, ``K`` and ``N``."""
     k, n = lhs.shape[1], grad.shape[1]
-    blocks = _mosaic_blocks(tiling)
+    blocks = _mosaic_blocks(tiling, n)
     # Its blocks: the output rows (our K) by block_m, the rows (contracted) by block_k.
     lhs = _pad_to(_pad_to(lhs, 0, blocks["block_k"]), 1, blocks["block_m"])
     grad = _pad_to(_pad_to(grad, 0, blocks["block_k"]), 1, blocks["block_n"])
