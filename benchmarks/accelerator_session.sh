@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 21 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 25 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
 #
-# A device call may run 10 minutes at most and a session has 15 minutes of device time, so on a
-# lent machine run the parts an issue needs, a call each on the same warm machine (PARTS selects):
-#   PARTS="device moe context" bash benchmarks/accelerator_session.sh    # experts, long context: ~5 min
-#   PARTS="device moemodel" bash benchmarks/accelerator_session.sh        # MoE model steps: ~3 min
-#   PARTS="fp8 qgen" bash benchmarks/accelerator_session.sh              # low precision: ~5.5 min
-#   PARTS="check accelerator generate example" bash benchmarks/accelerator_session.sh  # baselines: ~6 min
-#   PARTS="device longctx" bash benchmarks/accelerator_session.sh         # 1b at 32k/64k tokens: ~3 min
+# A device call may run 10 minutes at most and a session has 15 minutes of device time (a call's
+# start and transfers took ~30 s on an H100), so on a lent machine run the parts an issue needs
+# (PARTS selects; each part's *_B budget and *_T limit bound it; PEAK=718.4 skips measuring the
+# peak again). Measured on an H100 (2026-11-28), one call of 315 s:
+#   PARTS="device peak kernels fp8 qgen moe" KER_B=95 FP8_SIZES=1b FP8_B=110 QGEN_B=55 \
+#     MOE_E=8,64 MOE_K=2 MOE_B=45 bash benchmarks/accelerator_session.sh
+# The rest of issues 29-31 in one call of ~8 minutes (prepared, not yet run on a device):
+#   PEAK=718.4 PARTS="device kernels fp8 qgen moe moemodel longctx" KER_E=64 KER_B=45 KER_T=60 \
+#     FP8_SIZES=1b FP8_LOSS=30 FP8_FORM=operands FP8_HLO=$OUT/hlo FP8_B=55 FP8_T=75 QGEN_B=50 \
+#     QGEN_T=75 MOE_E=8,32,64,128 MOE_K=2,8 MOE_B=95 MOE_T=110 MOEM_DISPATCHES=grouped MOEM_B=75 \
+#     MOEM_T=90 LONG_SIZES=1b-32k LONG_B=40 LONG_T=65 bash benchmarks/accelerator_session.sh
+# Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "context"
+# (context_shards.py, ~1 min); "ringblock" (the ring's attention block kernels, ~1.5 min).
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
 # the example/100m/1b training rows), float8 training against bfloat16 (accelerator.py --precision
 # fp8: 100m/1b/8b-wide), the generation benchmark, decoding with int8/float8 weights against
-# bfloat16 (generate.py --weights), the MoE dispatches (ms, active TFLOP/s, grouped_matmul
-# tilings), the Mixtral- and Qwen3-MoE-shaped model steps per dispatch against their dense twins
-# (moe_model.py), one context-parallel shard's attention per strategy (ring in order / zig-zag
+# bfloat16 (generate.py --weights, an 8B-wide model), grouped_matmul alone per implementation and
+# block configuration (grouped_matmul.py), the MoE dispatches (ms, active TFLOP/s), the Mixtral-
+# and Qwen3-MoE-shaped model steps per dispatch against their dense twins (moe_model.py), one context-parallel shard's attention per strategy (ring in order / zig-zag
 # balanced, Ulysses, all-gather: context_shards.py), the 1b model on one sequence of 32k and 64k
 # tokens (peak memory, tokens/s per remat policy: accelerator.py), and the main example for 150
 # steps. Installs nothing; uses $PY (default python3) from the repository
