@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every accelerator figure the closing notes report, from one device session, in one log.
 #
-#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 21 minutes
+#   bash benchmarks/accelerator_session.sh            # on a GPU (or TPU) machine: about 23 minutes
 #   OUT=/tmp/figures bash benchmarks/accelerator_session.sh
 #
 # A device call may run 10 minutes at most and a session has 15 minutes of device time, so on a
@@ -11,6 +11,7 @@
 #   PARTS="fp8 qgen" bash benchmarks/accelerator_session.sh              # low precision: ~5.5 min
 #   PARTS="check accelerator generate example" bash benchmarks/accelerator_session.sh  # baselines: ~6 min
 #   PARTS="device longctx" bash benchmarks/accelerator_session.sh         # 1b at 32k/64k tokens: ~3 min
+#   PARTS="device ringblock" bash benchmarks/accelerator_session.sh       # ring block kernels: ~2 min
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
@@ -19,7 +20,9 @@
 # bfloat16 (generate.py --weights), the MoE dispatches (ms, active TFLOP/s, grouped_matmul
 # tilings), the Mixtral- and Qwen3-MoE-shaped model steps per dispatch against their dense twins
 # (moe_model.py), one context-parallel shard's attention per strategy (ring in order / zig-zag
-# balanced, Ulysses, all-gather: context_shards.py), the 1b model on one sequence of 32k and 64k
+# balanced, Ulysses, all-gather: context_shards.py), one ring block's forward+backward with its
+# log-sum-exp by the Pallas flash-attention kernel against cuDNN and the XLA block (ring_block.py),
+# the 1b model on one sequence of 32k and 64k
 # tokens (peak memory, tokens/s per remat policy: accelerator.py), and the main example for 150
 # steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
@@ -34,7 +37,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe moemodel context longctx example}
+PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe moemodel context ringblock longctx example}
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
@@ -85,6 +88,11 @@ part moemodel "moe model" "${MOEM_T:-150}" "$PY" benchmarks/moe_model.py --budge
   $moe_quick $peak $mosaic ${MOEM_MODELS:+--models "$MOEM_MODELS"} \
   ${MOEM_DISPATCHES:+--dispatches "$MOEM_DISPATCHES"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
+# One ring block (2k/4k/8k tokens, causal diagonal and full), bfloat16, 16 heads x 64: the Pallas
+# kernel (implementation="pallas"), cuDNN and the XLA block, forward+backward; pallas/cudnn is the
+# issue's bar (<= 1.3). RB_TOKENS picks block lengths; on a CPU tiny sizes in interpret mode.
+part ringblock "ring block kernels" "${RB_T:-90}" "$PY" benchmarks/ring_block.py \
+  --budget "${RB_B:-70}" ${RB_TOKENS:+--tokens "$RB_TOKENS"} $([ "$backend" = cpu ] && echo --quick)
 # The 1b model on one sequence of 32k and 64k tokens: peak device memory, tokens/s and MFU, a row
 # per remat policy (LONG_REMAT, e.g. full,offload,carry,dots: least memory first; default each
 # size's own, dots at 32k and carry at 64k). On a CPU the same code at 512 and 1024 tokens.
