@@ -16,7 +16,7 @@
 #     QGEN_T=75 MOE_E=8,32,64,128 MOE_K=2,8 MOE_B=95 MOE_T=110 MOEM_DISPATCHES=grouped MOEM_B=75 \
 #     MOEM_T=90 LONG_SIZES=1b-32k LONG_B=40 LONG_T=65 bash benchmarks/accelerator_session.sh
 # Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "context"
-# (context_shards.py, ~1 min); "ringblock" (the ring's attention block kernels, ~1.5 min).
+# (context_shards.py, ~1 min); "device ringblock" (the ring's attention block kernels, ~2 min).
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
@@ -24,8 +24,11 @@
 # fp8: 100m/1b/8b-wide), the generation benchmark, decoding with int8/float8 weights against
 # bfloat16 (generate.py --weights, an 8B-wide model), grouped_matmul alone per implementation and
 # block configuration (grouped_matmul.py), the MoE dispatches (ms, active TFLOP/s), the Mixtral-
-# and Qwen3-MoE-shaped model steps per dispatch against their dense twins (moe_model.py), one context-parallel shard's attention per strategy (ring in order / zig-zag
-# balanced, Ulysses, all-gather: context_shards.py), the 1b model on one sequence of 32k and 64k
+# and Qwen3-MoE-shaped model steps per dispatch against their dense twins (moe_model.py), one
+# context-parallel shard's attention per strategy (ring in order / zig-zag balanced, Ulysses,
+# all-gather: context_shards.py), one ring block's forward+backward with its log-sum-exp by the
+# Pallas flash-attention kernel against cuDNN and the XLA block (ring_block.py), the 1b model on
+# one sequence of 32k and 64k
 # tokens (peak memory, tokens/s per remat policy: accelerator.py), and the main example for 150
 # steps. Installs nothing; uses $PY (default python3) from the repository
 # root. The log is $OUT/all.log (default /tmp/namedaxes-figures). On a CPU it runs the same
@@ -40,7 +43,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe moemodel context longctx example}
+PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe moemodel context ringblock longctx example}
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
@@ -91,6 +94,11 @@ part moemodel "moe model" "${MOEM_T:-150}" "$PY" benchmarks/moe_model.py --budge
   $moe_quick $peak $mosaic ${MOEM_MODELS:+--models "$MOEM_MODELS"} \
   ${MOEM_DISPATCHES:+--dispatches "$MOEM_DISPATCHES"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
+# One ring block (2k/4k/8k tokens, causal diagonal and full), bfloat16, 16 heads x 64: the Pallas
+# kernel (implementation="pallas"), cuDNN and the XLA block, forward+backward; pallas/cudnn is the
+# issue's bar (<= 1.3). RB_TOKENS picks block lengths; on a CPU tiny sizes in interpret mode.
+part ringblock "ring block kernels" "${RB_T:-90}" "$PY" benchmarks/ring_block.py \
+  --budget "${RB_B:-70}" ${RB_TOKENS:+--tokens "$RB_TOKENS"} $([ "$backend" = cpu ] && echo --quick)
 # The 1b model on one sequence of 32k and 64k tokens: peak device memory, tokens/s and MFU, a row
 # per remat policy (LONG_REMAT, e.g. full,offload,carry,dots: least memory first; default each
 # size's own, dots at 32k and carry at 64k). On a CPU the same code at 512 and 1024 tokens.

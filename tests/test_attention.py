@@ -319,3 +319,41 @@ def test_option_errors():
         match=r"key/value heads \(kv_heads=3\) must divide the query heads \(heads=2\)",
     ):
         na.nn.dot_product_attention(q, kv3, kv3)
+
+
+def test_dot_product_attention_runs_the_kernel_by_name():
+    """implementation="pallas" without context parallelism: one call at the query offset (the
+    queries the last of the keys by default), values and gradients as XLA's; padding and mask=
+    are typed errors naming the kernel and the fix."""
+    ks = jax.random.split(jax.random.key(3), 3)
+    q = na.random.normal(ks[0], {"batch": 1, "position": 8, "heads": 4, "head_dim": 16})
+    k, v = (na.random.normal(x, {"batch": 1, "key_position": 24, "kv_heads": 2, "head_dim": 16})
+            for x in ks[1:])  # fmt: skip
+
+    def loss(impl):
+        def f(q, k, v):
+            out = na.nn.dot_product_attention(q, k, v, sliding_window=12, implementation=impl)
+            return jnp.sum(out.array**2)
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
+
+    (value, grads), (want, want_grads) = loss("pallas")(q, k, v), loss("xla")(q, k, v)
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    for a, b in zip(grads, want_grads):
+        np.testing.assert_allclose(a.array, b.array, rtol=1e-5, atol=1e-5)
+    lengths = na.named(jnp.array([20]), "batch")
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"implementation='pallas'\) cannot run here: the Pallas flash-attention kernel takes "
+        r"causal, sliding-window and query offsets, not padding \(key_mask= or key_lengths=\); "
+        r"use implementation='xla' \(or None\)",
+    ):
+        na.nn.dot_product_attention(q, k, v, key_lengths=lengths, implementation="pallas")
+    mask = na.named(jnp.ones((8, 24), bool), ("position", "key_position"))
+    with pytest.raises(na.AttentionKernelError, match=r"kernel takes .* offsets, not mask="):
+        na.nn.dot_product_attention(q, k, v, mask=mask, implementation="pallas")
+    with pytest.raises(na.AttentionKernelError, match=r"takes float32, bfloat16 or float16, got"):
+        with jax.enable_x64():
+            x = na.named(jnp.ones((2, 16), jnp.float64), ("position", "head_dim"))
+            y = na.named(jnp.ones((2, 16), jnp.float64), ("key_position", "head_dim"))
+            na.nn.dot_product_attention(x, y, y, implementation="pallas")

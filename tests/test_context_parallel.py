@@ -200,6 +200,70 @@ def test_balanced_ring_and_ulysses_equal_plain_attention(shards, axis_type):
         assert spec_of(out) == P(None, "context")
 
 
+# (axis type, runs): the balanced causal ring (the default zig-zag); in order, where the blocks sit
+# at offsets before and after the queries, causal and with a sliding window.
+PALLAS_RUNS = {
+    AxisType.Auto: [{"causal": True}],
+    AxisType.Explicit: [
+        {"causal": True, "context_balance": None},
+        {"sliding_window": 5, "context_balance": None},
+    ],
+}
+
+
+@pytest.mark.parametrize("axis_type", list(PALLAS_RUNS), ids=["auto", "explicit"])
+def test_ring_with_the_pallas_kernel_equals_plain_attention(axis_type, monkeypatch):
+    """implementation="pallas": every ring block is the Pallas flash-attention kernel (interpret
+    mode), forward and backward, grouped-query heads, at 2 shards: values and gradients as plain
+    attention; padding is a typed error. One compile per mesh kind."""
+    from namedaxes.kernels import _flash_attention as flash
+
+    mesh = make_mesh((2,), ("context",), axis_type)
+    mapping = {"position": "context", "key_position": "context"}
+    t = 16
+    inputs = qkv(1, t, t, 4, 2, 8)
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    window = causal & (jnp.arange(t)[None, :] > jnp.arange(t)[:, None] - 5)
+    runs = [(kw, window if "sliding_window" in kw else causal) for kw in PALLAS_RUNS[axis_type]]
+    used = []
+    for name in ("forward", "backward"):
+        real = getattr(flash, name)
+        monkeypatch.setattr(flash, name, lambda *a, r=real, n=name: used.append(n) or r(*a))
+
+    def named_loss(q, k, v):
+        outs = [
+            na.nn.dot_product_attention(
+                q, k, v, implementation="pallas", context_strategy="ring", **kw
+            ).array
+            for kw, _ in runs
+        ]
+        return sum(jnp.sum(o**2) for o in outs)
+
+    def plain_loss(q, k, v):
+        return sum(jnp.sum(reference(q, k, v, a[None, None], 8**-0.5) ** 2) for _, a in runs)
+
+    step = na.named_jit(jax.value_and_grad(named_loss, argnums=(0, 1, 2)), mapping, **FAST)
+    with jax.set_mesh(mesh):
+        value, grads = step(*na.shard(inputs, mapping))
+    assert {"forward", "backward"} <= set(used)
+    plain = jax.jit(jax.value_and_grad(plain_loss, argnums=(0, 1, 2)), **FAST)
+    want, want_grads = plain(*(x.array for x in inputs))
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    for got, w in zip(grads, want_grads):
+        np.testing.assert_allclose(got.array, w, rtol=1e-5, atol=1e-5)
+    q, k, v = inputs
+    with pytest.raises(
+        na.AttentionKernelError,
+        match=r"implementation='pallas'\) cannot run here: the Pallas flash-attention kernel "
+        r"takes causal, sliding-window and query offsets, not padding",
+    ):
+        with jax.set_mesh(mesh), na.axis_mapping(mapping):
+            na.nn.dot_product_attention(
+                q, k, v, causal=True, key_lengths=named(jnp.array([12]), "batch"),
+                implementation="pallas", context_strategy="ring",
+            )  # fmt: skip
+
+
 def test_balanced_ring_gives_every_shard_the_same_work():
     """The key x query positions each shard computes (the calls the causal ring does not skip,
     counted by the test that skips them): in order shard i does i + 1 blocks, zig-zag every shard

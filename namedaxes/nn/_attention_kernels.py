@@ -14,6 +14,11 @@ natively, or raises ``Unavailable`` saying why it cannot:
   attended, and rotated back.
 * ``splash``: TPU splash attention from ``jax.experimental.pallas.ops.tpu``, one kernel per batch
   row (``vmap``); padding becomes segment ids.
+* ``pallas``: this library's Pallas flash attention (``namedaxes.kernels.flash_attention``:
+  Triton on GPUs, interpret mode elsewhere), which also returns the log-sum-exp, so the context
+  ring's blocks run it too; causal, sliding window, grouped-query heads and any query offset
+  (traced too), but no padding or ``mask=``. Never the default: opt in until a GPU measurement
+  against cuDNN says otherwise.
 
 Nothing here knows about names or meshes; the caller runs a kernel per shard.
 """
@@ -28,6 +33,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..kernels import flash_attention
+
 __all__ = [
     "IMPLEMENTATIONS",
     "KernelCall",
@@ -35,12 +42,13 @@ __all__ = [
     "Unavailable",
     "padding_from_lengths",
     "padding_from_mask",
+    "pallas_refusal",
     "preferred",
     "run",
     "scores",
 ]
 
-IMPLEMENTATIONS = ("xla", "cudnn", "splash")
+IMPLEMENTATIONS = ("xla", "cudnn", "splash", "pallas")
 
 # Tests set this to exercise the cuDNN and splash mappings on a CPU: "cudnn" then runs JAX's XLA
 # implementation of exactly the call it would give cuDNN (same rotation, lengths, causal and
@@ -104,6 +112,8 @@ def run(impl: str, call: KernelCall) -> jax.Array:
         return _xla(call)
     if impl == "cudnn":
         return _cudnn(call)
+    if impl == "pallas":
+        return _pallas(call)
     return _splash(call)
 
 
@@ -264,6 +274,36 @@ def _cudnn(call: KernelCall) -> jax.Array:
         raise Unavailable(f"JAX's cuDNN attention refused these inputs: {e}") from e
     if shift is not None and call.causal:
         out = _rotate(out, -shift)
+    return out
+
+
+# -- pallas (namedaxes.kernels.flash_attention) --------------------------------------------------
+
+
+def pallas_refusal(dtype: Any, padded: bool, masked: bool) -> str | None:
+    """Why the Pallas flash-attention kernel cannot take a call (``None``: it can)."""
+    if masked or padded:
+        return (
+            "the Pallas flash-attention kernel takes causal, sliding-window and query offsets, not "
+            + ("mask=" if masked else "padding (key_mask= or key_lengths=)")
+            + "; use implementation='xla' (or None) for these inputs"
+        )
+    if jnp.dtype(dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        return (
+            f"the Pallas flash-attention kernel takes float32, bfloat16 or float16, got "
+            f"{jnp.dtype(dtype).name}; cast the query, key and value (or a precision policy)"
+        )
+    return None
+
+
+def _pallas(call: KernelCall) -> jax.Array:
+    why = pallas_refusal(call.q.dtype, call.padding is not None, call.mask is not None)
+    if why:
+        raise Unavailable(why)
+    out, _ = flash_attention(
+        call.q, call.k, call.v, scale=call.scale, causal=call.causal, offset=call.offset,
+        window=call.window,
+    )  # fmt: skip
     return out
 
 

@@ -12,7 +12,8 @@ values by one of three strategies, here on plain arrays in the kernels' layout
   queries at their global positions (``query_offset + shard * block``). Any kernel that takes a
   query offset known only at run time runs it (XLA; cuDNN and splash only without ``causal``).
 * ``ring`` (``_ring``): the blocks travel around the shards one at a time, merged by their
-  log-sum-exp; a causal ring skips the blocks no query of a shard sees. XLA attention per block.
+  log-sum-exp; a causal ring skips the blocks no query of a shard sees. XLA attention per block,
+  or the Pallas flash-attention kernel with ``implementation="pallas"``.
 * ``ulysses``: one all-to-all turns position-split queries, keys and values into head-split ones
   over the whole sequence, the kernel runs unmodified on them (cuDNN and splash too, causal
   included: the queries start at the first key), and one all-to-all turns the output back. The
@@ -190,13 +191,17 @@ def attend(
         if mask is not None and mask.shape[2] != 1:
             mask = exchange(mask, ctx.axis, c, 2)
     if ctx.strategy == "ring":
-        if impl != "xla":
+        if impl not in ("xla", "pallas"):
             raise kernels.Unavailable(
                 f"the ring merges its blocks by their log-sum-exp, which {impl} does not return "
                 "with a gradient; pass context_strategy='ulysses' or 'all_gather', or use "
-                "implementation='xla' for the ring"
+                "implementation='pallas' (or 'xla') for the ring"
             )
-        cfg = Ring(ctx.axis, c, scale, causal, window, ctx.zigzag)
+        padded = key_mask is not None or key_lengths is not None
+        why = impl == "pallas" and kernels.pallas_refusal(q.dtype, padded, mask is not None)
+        if why:
+            raise kernels.Unavailable(why)
+        cfg = Ring(ctx.axis, c, scale, causal, window, ctx.zigzag, impl)
         out = ring(cfg, q, k, v, first, key_mask, key_lengths, mask)
     elif ctx.strategy == "ulysses":
         options = dict(scale=scale, causal=causal, window=window, offset=first)

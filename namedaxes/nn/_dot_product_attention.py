@@ -403,7 +403,9 @@ def dot_product_attention(
     Kernels (``implementation``): ``"xla"`` (``jax.nn.dot_product_attention``'s XLA path; takes
     everything), ``"cudnn"`` (cuDNN flash attention: NVIDIA GPUs, bfloat16/float16, queries at
     offset 0 when causal), ``"splash"`` (TPU splash attention: lengths multiple of 128, a static
-    offset, no ``mask=``). ``None`` picks the platform's fastest (splash on TPU, cuDNN on GPU, XLA
+    offset, no ``mask=``), ``"pallas"`` (``namedaxes.kernels.flash_attention``: Triton on GPUs,
+    interpret mode elsewhere; no padding or ``mask=``; opt-in only, until a GPU measures it
+    against cuDNN; it returns the log-sum-exp, so the ring's blocks run it). ``None`` picks the platform's fastest (splash on TPU, cuDNN on GPU, XLA
     elsewhere) and falls back to XLA with a one-time logged note when that kernel cannot take the
     inputs; a kernel named explicitly that cannot run raises. Under an ``axis_mapping`` (or an
     Explicit mesh) that shards batch or heads axes, the kernel runs once per shard
@@ -424,8 +426,8 @@ def dot_product_attention(
     heads instead of some positions of every head, the kernel runs unmodified on the whole
     sequence, and an all-to-all brings the output back; the query heads must split into the
     shards, and key/value heads that do not are repeated until they do). The ring's blocks run
-    the XLA kernel (merging needs each block's log-sum-exp with its gradient, which cuDNN and
-    splash do not return here); the all-gather runs any kernel that takes a query offset known
+    the XLA kernel, or Pallas's with ``implementation="pallas"`` (merging needs each block's
+    log-sum-exp with its gradient, which cuDNN and splash do not return); the all-gather runs any kernel that takes a query offset known
     only at run time (XLA; cuDNN and splash without ``causal``); Ulysses runs any kernel, causal
     included. ``None`` picks Ulysses where a fused kernel (cuDNN, splash) runs and the query heads
     of a shard split evenly, else the ring once each shard holds 4096 key
@@ -460,7 +462,7 @@ def dot_product_attention(
         key_mask: Boolean NamedArray ``(batch..., key_position)``: real keys (any padding side).
         query_offset: Key position of the first query: an int or an integer scalar (traced is
             fine for ``"xla"``); default ``key_position size - position size``.
-        implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+        implementation: ``None``, ``"xla"``, ``"cudnn"``, ``"splash"`` or ``"pallas"``.
         context_strategy: With split query positions: ``"all_gather"``, ``"ring"``,
             ``"ulysses"``, or ``None`` (by sizes, above).
         context_balance: ``"zigzag"`` or ``None``: the layout of a causal ring (above).

@@ -10,9 +10,10 @@ sees a key of the other (in the future of every query, or outside every sliding 
 zig-zag layout every shard computes the same number of pairs (``work`` counts them with the same
 test). The backward pass is a second ring that carries each block's key/value gradients with it
 and hands them to their owner at the end, so the saved state is the shard's own queries, keys,
-values, output and log-sum-exp. Each call is XLA attention (``_attention_kernels.scores``): the
-merge needs every block's log-sum-exp and its gradient, which neither cuDNN (through
-``jax.nn.dot_product_attention``) nor splash returns.
+values, output and log-sum-exp. Each call is XLA attention (``_attention_kernels.scores``) by default, or
+with ``impl="pallas"`` the Pallas flash-attention kernel (``namedaxes.kernels``, Triton on GPUs),
+which returns the block's log-sum-exp and computes its gradients from the ring's; neither cuDNN
+(through ``jax.nn.dot_product_attention``) nor splash returns the log-sum-exp.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..kernels import _flash_attention as flash
 from . import _attention_kernels as kernels
 from ._context_layout import Piece, pieces
 
 __all__ = ["Ring", "ring", "work"]
+
+F32 = jnp.float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Ring:
     causal: bool
     window: int | None
     zigzag: bool
+    impl: str = "xla"  # each call's kernel: "xla" or "pallas"
 
 
 def _pass_on(cfg: Ring, *xs: Any) -> tuple[Any, ...]:
@@ -114,8 +119,19 @@ def _when(seen: Any, compute: Any, keep: Any) -> Any:
     return compute() if seen is None else jax.lax.cond(seen, compute, keep)
 
 
-def _block_forward(call: kernels.KernelCall) -> tuple[jax.Array, jax.Array]:
+def _flash_options(call: kernels.KernelCall) -> flash.Options:
+    return flash.options(
+        call.q, call.k, call.v, scale=call.scale, causal=call.causal, window=call.window
+    )
+
+
+def _block_forward(call: kernels.KernelCall, impl: str = "xla") -> tuple[jax.Array, jax.Array]:
     """``(out (B, T, K, G, H), lse (B, K, G, T))`` of one call, in float32 (at least)."""
+    if impl == "pallas":
+        b, t, n, h = call.q.shape
+        kv = call.k.shape[2]
+        out, lse = flash.forward(_flash_options(call), call.q, call.k, call.v, call.offset, F32)
+        return out.reshape(b, t, kv, n // kv, h), lse.reshape(b, kv, n // kv, t)
     s = kernels.scores(call)
     top = s.max(axis=-1)
     p = jnp.exp(s - top[..., None])
@@ -124,6 +140,32 @@ def _block_forward(call: kernels.KernelCall) -> tuple[jax.Array, jax.Array]:
         "bkgts,bskh->btkgh", p.astype(call.v.dtype), call.v, preferred_element_type=s.dtype
     )
     return o / _rows(total)[..., None], top + jnp.log(total)
+
+
+def _block_backward(
+    call: kernels.KernelCall, impl: str, do: jax.Array, lse: jax.Array, delta: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(dq (B, T, K, G, H), dk, dv (B, S, K, H))`` of one call in float32 (at least), given
+    the output's gradient ``do`` ``(B, T, K, G, H)`` and the whole ring's log-sum-exp and
+    ``delta = rowsum(do * out)`` (``(B, K, G, T)``): ``p = exp(s - lse)``,
+    ``ds = p * (dp - delta) * scale``."""
+    if impl == "pallas":
+        b, t, kv, g, h = do.shape
+        d = flash.backward(
+            _flash_options(call), call.q, call.k, call.v, call.offset,
+            do.reshape(b, t, kv * g, h), lse.reshape(b, kv * g, t), delta.reshape(b, kv * g, t),
+        )  # fmt: skip
+        return d[0].reshape(do.shape), d[1], d[2]
+    acc = lse.dtype
+    b, t, n, h = call.q.shape
+    kv = call.k.shape[2]
+    p = jnp.exp(kernels.scores(call) - lse[..., None])  # (B, K, G, T, S)
+    dv = jnp.einsum("bkgts,btkgh->bskh", p, do)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do, call.v.astype(acc))
+    ds = p * (dp - delta[..., None]) * jnp.asarray(call.scale, acc)
+    dq = jnp.einsum("bkgts,bskh->btkgh", ds, call.k.astype(acc))
+    qg = call.q.astype(acc).reshape(b, t, kv, n // kv, h)
+    return dq, jnp.einsum("bkgts,btkgh->bskh", ds, qg), dv
 
 
 def _rows(x: jax.Array) -> jax.Array:
@@ -166,7 +208,7 @@ def _ring_forward(
             call = _block_call(cfg, q, kb, vb, first, qp, kp, mb, key_lengths, mask)
 
             def merge(call: Any = call, o: Any = state[a][0], lse: Any = state[a][1]) -> Any:
-                ob, lb = _block_forward(call)
+                ob, lb = _block_forward(call, cfg.impl)
                 new = jnp.logaddexp(lse, lb)
                 w_old, w_new = jnp.exp(lse - new), jnp.exp(lb - new)
                 return o * _rows(w_old)[..., None] + ob * _rows(w_new)[..., None], new
@@ -209,7 +251,6 @@ def _ring_bwd(cfg: Ring, res: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, .
     acc = lse.dtype
     shard = jax.lax.axis_index(cfg.axis)
     do = d_out.astype(acc).reshape(b, t, kv, g, h)
-    qg = q.astype(acc).reshape(b, t, kv, g, h)
     delta = jnp.moveaxis(jnp.sum(do * out.astype(acc).reshape(b, t, kv, g, h), axis=-1), 1, 3)
 
     def grads(r: Any, dq: Any, kb: Any, vb: Any, mb: Any, dk: Any, dv: Any) -> Any:
@@ -220,13 +261,9 @@ def _ring_bwd(cfg: Ring, res: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, .
 
             def add(call: Any = call, qs: Any = qs, ks: Any = ks, dq: Any = dq, dk: Any = dk,
                     dv: Any = dv) -> Any:  # fmt: skip
-                p = jnp.exp(kernels.scores(call) - lse[..., qs, None])  # (B, K, G, Tq, Sk)
-                do_q = do[:, qs]
-                dv_b = jnp.einsum("bkgts,btkgh->bskh", p, do_q)
-                dp = jnp.einsum("btkgh,bskh->bkgts", do_q, call.v.astype(acc))
-                ds = p * (dp - delta[..., qs, None]) * jnp.asarray(cfg.scale, acc)
-                dq_b = jnp.einsum("bkgts,bskh->btkgh", ds, call.k.astype(acc))
-                dk_b = jnp.einsum("bkgts,btkgh->bskh", ds, qg[:, qs])
+                dq_b, dk_b, dv_b = _block_backward(
+                    call, cfg.impl, do[:, qs], lse[..., qs], delta[..., qs]
+                )
                 return (dq.at[:, qs].add(dq_b), dk.at[:, ks].add(dk_b), dv.at[:, ks].add(dv_b))
 
             dq, dk, dv = _when(_visible(call), add, lambda dq=dq, dk=dk, dv=dv: (dq, dk, dv))
@@ -239,7 +276,8 @@ def _ring_bwd(cfg: Ring, res: tuple[Any, ...], d_out: jax.Array) -> tuple[Any, .
         return dq, kb, vb, mb, dk, dv
 
     dk, dv = jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)
-    carry = jax.lax.fori_loop(0, cfg.shards - 1, step, (jnp.zeros_like(qg), k, v, key_mask, dk, dv))
+    dq = jnp.zeros((b, t, kv, g, h), acc)
+    carry = jax.lax.fori_loop(0, cfg.shards - 1, step, (dq, k, v, key_mask, dk, dv))
     dq, dk, dv = grads(cfg.shards - 1, *carry)
     dk, dv = _pass_on(cfg, dk, dv)  # the last block's gradients go home to the next shard
     d_q = dq.reshape(b, t, n, h).astype(q.dtype)
