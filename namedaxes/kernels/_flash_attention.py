@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .._errors import KernelError
+from ._tiles import pad_to, tile_size
 
 __all__ = ["flash_attention", "flash_attention_reference"]
 
@@ -71,8 +72,8 @@ def options(
     bq, bk = blocks or GPU_BLOCKS
     interpret = jax.default_backend() != "gpu" if interpret is None else bool(interpret)
     return Options(
-        float(scale), bool(causal or window is not None), window, t, s, _tile(t, bq),
-        _tile(s, bk), q.shape[2] // k.shape[2], interpret,
+        float(scale), bool(causal or window is not None), window, t, s, tile_size(t, bq),
+        tile_size(s, bk), q.shape[2] // k.shape[2], interpret,
     )  # fmt: skip
 
 
@@ -96,22 +97,9 @@ def _check(q: Any, k: Any, v: Any, window: Any, blocks: Any) -> None:
         raise KernelError(f"flash_attention {problem}; got {shapes}.")
 
 
-def _tile(size: int, tile: int) -> int:
-    return min(tile, max(16, pl.next_power_of_2(size)))
-
-
-def _pad(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-    extra = -x.shape[axis] % multiple
-    if not extra:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(x, widths)
-
-
 def _head(x: jax.Array) -> jax.Array:
     """The head size padded to a power of 2 of at least 16 (zeros change no product)."""
-    return _pad(x, x.ndim - 1, max(16, pl.next_power_of_2(x.shape[-1])))
+    return pad_to(x, x.ndim - 1, max(16, pl.next_power_of_2(x.shape[-1])))
 
 
 def _i32(x: Any) -> jax.Array:
@@ -270,7 +258,7 @@ def _dq_kernel(
 
 def _operands(o: Options, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, ...]:
     """``q``, ``k``, ``v`` padded to whole tiles and a power-of-2 head size."""
-    return _head(_pad(q, 1, o.bq)), _head(_pad(k, 1, o.bk)), _head(_pad(v, 1, o.bk))
+    return _head(pad_to(q, 1, o.bq)), _head(pad_to(k, 1, o.bk)), _head(pad_to(v, 1, o.bk))
 
 
 def _call(kernel: Any, o: Options, grid: tuple[int, ...], out_shape: Any, *args: Any) -> Any:
@@ -307,8 +295,8 @@ def backward(
     b, t, n, h = q.shape
     s, kv = k.shape[1], k.shape[2]
     qp, kp, vp = _operands(o, q, k, v)
-    dop = _head(_pad(d_out.astype(q.dtype), 1, o.bq))
-    lse, delta = (_pad(x.astype(F32), 2, o.bq) for x in (lse, delta))
+    dop = _head(pad_to(d_out.astype(q.dtype), 1, o.bq))
+    lse, delta = (pad_to(x.astype(F32), 2, o.bq) for x in (lse, delta))
     args = (_i32(offset).reshape(1), qp, kp, vp, dop, lse, delta)
     kv_shape = jax.ShapeDtypeStruct(kp.shape, F32)
     dk, dv = _call(_dkdv_kernel, o, (b, kv, kp.shape[1] // o.bk), (kv_shape, kv_shape), *args)

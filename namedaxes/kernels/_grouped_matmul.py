@@ -25,6 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .._errors import KernelError, format_names
+from ._tiles import pad_to, tile_size
 
 __all__ = ["IMPLEMENTATIONS", "grouped_matmul", "grouped_matmul_reference"]
 
@@ -210,21 +211,6 @@ def _check(lhs: Any, rhs: Any, sizes: Any, tiling: Any) -> None:
         )
 
 
-def _tile(size: int, tile: int) -> int:
-    """The tile for a dimension of ``size``: ``tile``, or less for a small dimension (at least
-    16, a power of 2)."""
-    return min(tile, max(16, pl.next_power_of_2(size)))
-
-
-def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-    extra = -x.shape[axis] % multiple
-    if not extra:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(x, widths)
-
-
 def _bounds(sizes: jax.Array, m: int, rows: int) -> tuple[jax.Array, jax.Array]:
     """First and past-last row of each group, then of the rows past the groups (up to ``rows``,
     the padded row count), then of an empty group for the unused work items."""
@@ -290,9 +276,9 @@ def _gmm(
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     if m == 0 or n == 0:
         return jnp.zeros((m, n), lhs.dtype)
-    tm, tk, tn = _tile(m, tiling[0]), _tile(k, tiling[1]), _tile(n, tiling[2])
-    lhs = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
-    rhs = _pad_to(_pad_to(rhs, 1, tn if transpose_rhs else tk), 2, tk if transpose_rhs else tn)
+    tm, tk, tn = tile_size(m, tiling[0]), tile_size(k, tiling[1]), tile_size(n, tiling[2])
+    lhs = pad_to(pad_to(lhs, 0, tm), 1, tk)
+    rhs = pad_to(pad_to(rhs, 1, tn if transpose_rhs else tk), 2, tk if transpose_rhs else tn)
     rows = lhs.shape[0]
     starts, ends = _bounds(sizes, m, rows)
     group, tile = _work(starts, ends, tm, rows // tm)
@@ -344,9 +330,9 @@ def _tgmm(
     n, groups = grad.shape[1], sizes.shape[0]
     if m == 0 or k == 0 or n == 0:
         return jnp.zeros((groups, k, n), lhs.dtype)
-    tm, tk, tn = _tile(m, tiling[0]), _tile(k, tiling[1]), _tile(n, tiling[2])
-    lhs = _pad_to(_pad_to(lhs, 0, tm), 1, tk)
-    grad = _pad_to(_pad_to(grad, 0, tm), 1, tn)
+    tm, tk, tn = tile_size(m, tiling[0]), tile_size(k, tiling[1]), tile_size(n, tiling[2])
+    lhs = pad_to(pad_to(lhs, 0, tm), 1, tk)
+    grad = pad_to(pad_to(grad, 0, tm), 1, tn)
     starts, ends = _bounds(sizes, m, lhs.shape[0])
     kernel = functools.partial(_tgmm_kernel, tm=tm, tk=tk, tn=tn)
     out = pl.pallas_call(
@@ -450,9 +436,9 @@ def _mosaic_gmm(
     m = lhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     blocks = _mosaic_blocks(tiling, n)
-    lhs = _pad_to(_pad_to(lhs, 0, blocks["block_m"]), 1, blocks["block_k"])
-    rhs = _pad_to(rhs, 2 if transpose_rhs else 1, blocks["block_k"])
-    rhs = _pad_to(rhs, 1 if transpose_rhs else 2, blocks["block_n"])
+    lhs = pad_to(pad_to(lhs, 0, blocks["block_m"]), 1, blocks["block_k"])
+    rhs = pad_to(rhs, 2 if transpose_rhs else 1, blocks["block_k"])
+    rhs = pad_to(rhs, 1 if transpose_rhs else 2, blocks["block_n"])
     out = _mosaic()[0].ragged_dot(
         lhs, rhs, group_sizes=sizes, transpose_rhs=transpose_rhs, **blocks
     )
@@ -468,8 +454,8 @@ def _mosaic_tgmm(
     k, n = lhs.shape[1], grad.shape[1]
     blocks = _mosaic_blocks(tiling, n)
     # Its blocks: the output rows (our K) by block_m, the rows (contracted) by block_k.
-    lhs = _pad_to(_pad_to(lhs, 0, blocks["block_k"]), 1, blocks["block_m"])
-    grad = _pad_to(_pad_to(grad, 0, blocks["block_k"]), 1, blocks["block_n"])
+    lhs = pad_to(pad_to(lhs, 0, blocks["block_k"]), 1, blocks["block_m"])
+    grad = pad_to(pad_to(grad, 0, blocks["block_k"]), 1, blocks["block_n"])
     out = _mosaic()[1].transposed_ragged_dot(lhs, grad, group_sizes=sizes, **blocks)
     return out[:, :k, :n]
 
@@ -477,8 +463,8 @@ def _mosaic_tgmm(
 def _megablox_padded(x: jax.Array, tiling: tuple[int, int, int]) -> jax.Array:
     """``x`` padded to megablox's whole tiles: rows to ``tiling[0]``, the other two dimensions
     (contracted in one product, not in another) to the larger of the others."""
-    x = _pad_to(x, x.ndim - 1, max(tiling[1:]))
-    return _pad_to(x, x.ndim - 2, tiling[0] if x.ndim == 2 else max(tiling[1:]))
+    x = pad_to(x, x.ndim - 1, max(tiling[1:]))
+    return pad_to(x, x.ndim - 2, tiling[0] if x.ndim == 2 else max(tiling[1:]))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
