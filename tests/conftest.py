@@ -9,7 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Sharding propagation, the SPMD partitioner and its collectives run before either, so placements
 # and compiled collectives are unchanged and values agree to float32 rounding; the elemental
 # emitters fuse a little differently, which moves XLA:CPU's temporary bytes slightly (0.2% in a
-# pipelined step). Subprocesses (the docs pages, the two-process tests) inherit them.
+# pipelined step). Subprocesses (the docs pages, the two-process tests) inherit them. A jaxlib
+# without one of these flags stops at start-up naming it ("Unknown flag in XLA_FLAGS"): drop it.
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 for flag in FAST_COMPILE.split():
     if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
