@@ -55,7 +55,8 @@ def run_two_processes(worker, *args, timeout):
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # as conftest.py: compiles fast
+    # as conftest.py: compiles fast
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
     procs = [
         subprocess.Popen(
             [sys.executable, str(worker), str(i), str(port), *map(str, args)],

@@ -186,6 +186,30 @@ def test_nested_in_jit_and_lower(mesh_2x4):
     assert "multiply" in lowered.as_text()
 
 
+def test_lower_after_a_call_reuses_its_compiled_program(mesh_2x4):
+    """Called under a mapping, then lowered and compiled (to read its HLO or memory), a program
+    compiles once: the mapping a named_jit traces under leaves JAX's cache key with the trace, so
+    the call's lowering is the one .lower() finds (it compiled twice, the call's lowering keyed by
+    the surrounding mapping)."""
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    f = na.named_jit(lambda x: scale(x, 3.0))
+    with jax.set_mesh(mesh_2x4), axis_mapping(batch="data"):
+        x = na.shard(data())
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            f(x)
+            text = f.lower(x).compile().as_text()
+            f(x)  # and the call again: cached
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(compiles) == 1 and "multiply" in text
+
+
 def test_lower_accepts_shape_structs(mesh_2x4):
     f = na.named_jit(scale, in_axis_resources={"batch": "data"})
     shapes = jax.eval_shape(data)

@@ -2,6 +2,8 @@
 ``stage`` mesh axis, compared with the same stack run unsharded (loss and every gradient, float32);
 the compiled steps are checked for what crosses the stage axis."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,15 @@ def _loss(stack, x):
 
 
 _grad = jax.value_and_grad(_loss, argnums=(0, 1))
+
+
+@functools.cache
+def _unsharded():
+    """The unsharded stack's loss and gradients (computed once: every pipelined case compares
+    with them)."""
+    return _grad(_stack(), _input())
+
+
 # (stages, mesh shape, mesh axes, mapping besides the layer's)
 # (2 stages with data and tensor parallelism; 4 stages alone, the batch whole on every device)
 MESHES = {
@@ -60,7 +71,7 @@ def _close(got, want):
 def test_stacked_pipeline_equals_unsharded(stages, schedule, axis_type):
     """Loss, parameter and input gradients equal the unsharded stack's, with data (and tensor)
     parallelism on the other mesh axes; the parameters stay split over the stages."""
-    want = _grad(_stack(), _input())
+    want = _unsharded()
     shape, names, mapping = MESHES[stages]
     mesh = make_mesh(shape, names, axis_type)
     stack = _stack(schedule=schedule, microbatches=4)
@@ -80,7 +91,7 @@ def test_stacked_pipeline_equals_unsharded(stages, schedule, axis_type):
 )
 def test_remat_policies_inside_the_stages(schedule, remat):
     """Each schedule with a remat policy of the stack: the same loss and gradients."""
-    want = _grad(_stack(), _input())
+    want = _unsharded()
     mesh = make_mesh((2, 4), ("stage", "data"), AxisType.Auto)
     stack = _stack(schedule=schedule, microbatches=2, gradient_checkpointing=remat)
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):

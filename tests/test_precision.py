@@ -110,7 +110,8 @@ def test_mixed_precision_dtypes_in_the_program_and_gradients():
     def loss(model, ids):
         return loss_fn(model, ids)
 
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(model, IDS).jaxpr
+    traced = jax.jit(jax.value_and_grad(loss)).trace(model, IDS)  # checked, then run
+    jaxpr = traced.jaxpr.jaxpr
     # Every matmul, forward and backward, takes bfloat16 operands (the attention backward takes the
     # float32 gradient of its float32 scores with a bfloat16 operand, as JAX's attention does).
     dots = [e for e in equations(jaxpr) if e.primitive.name == "dot_general"]
@@ -118,7 +119,7 @@ def test_mixed_precision_dtypes_in_the_program_and_gradients():
     assert all("bfloat16" in {str(v.aval.dtype) for v in e.invars} for e in dots)
     assert dtypes_of(jaxpr, "rsqrt") == {"float32"}  # norms
     assert dtypes_of(jaxpr, "exp") == {"float32"}  # attention softmax and the loss' log_softmax
-    value, grads = jax.jit(jax.value_and_grad(loss))(model, IDS)
+    value, grads = traced.lower().compile()(model, IDS)
     assert value.dtype == jnp.float32
     leaves = jax.tree.leaves(eqx.filter(grads, eqx.is_inexact_array))
     assert leaves and {g.dtype for g in leaves} == {jnp.dtype(jnp.float32)}
@@ -139,11 +140,11 @@ def test_bfloat16_stream_and_float32_numerics_without_a_policy():
     """A bfloat16 model: the stream stays bfloat16, norms and the loss still run in float32."""
     with na.nn.precision("params=bfloat16"):
         model = LM(KEY)
-    jaxpr = jax.make_jaxpr(loss_fn)(model, IDS).jaxpr
-    assert dtypes_of(jaxpr, "rsqrt") == {"float32"}
-    assert dtypes_of(jaxpr, "exp") == {"float32"}
-    assert model(IDS).dtype == jnp.bfloat16
-    assert loss_fn(model, IDS).dtype == jnp.float32
+    closed = jax.make_jaxpr(loss_fn)(model, IDS)
+    assert dtypes_of(closed.jaxpr, "rsqrt") == {"float32"}
+    assert dtypes_of(closed.jaxpr, "exp") == {"float32"}
+    assert jax.eval_shape(lambda m, i: m(i), model, IDS).dtype == jnp.bfloat16
+    assert [a.dtype for a in closed.out_avals] == [jnp.float32]  # the loss
 
 
 def test_output_dtype_sets_the_stream():

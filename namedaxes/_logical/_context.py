@@ -98,11 +98,19 @@ _SCOPED: dict[int, tuple[_Pushed, ...]] = {}
 _SCOPED_LOCK = threading.Lock()
 # The rules in force, as part of the key jax.jit caches traces by (see "Traces" above).
 _TRACE_KEY = jax.make_user_context(None)
+# The stack that the innermost neutral_trace_key took out of the key, or None.
+_NEUTRAL: contextvars.ContextVar[tuple[_Pushed, ...] | None] = contextvars.ContextVar(
+    "namedaxes_neutral_stack", default=None
+)
 
 
 def _set_stack(stack: tuple[_Pushed, ...]) -> None:
-    """Make ``stack`` this context's mapping stack, and its top's rules JAX's trace key."""
+    """Make ``stack`` this context's mapping stack, and its top's rules JAX's trace key (none
+    while it is the stack a neutral_trace_key took out)."""
     _STACK.set(stack)
+    neutral = _NEUTRAL.get()
+    if neutral is not None and (stack is neutral or stack == neutral):
+        stack = _EMPTY
     # A user context is entered to set its value and left entered: the key follows the stack
     # (whose entries may leave out of order, as with ExitStack), not the order of the blocks.
     _TRACE_KEY(stack[-1].rules if stack else None).__enter__()
@@ -113,11 +121,24 @@ def trace_key_is_neutral() -> bool:
     return _TRACE_KEY.value is None
 
 
-def neutral_trace_key() -> Any:
+class neutral_trace_key:
     """A context that takes the mapping out of JAX's trace key: for a wrapper that keys its
     programs by the mapping itself (``named_jit``, one ``jax.jit`` per entry), so that its inner
-    ``jax.jit`` is not keyed again by whatever mapping surrounds the call."""
-    return _TRACE_KEY(None)
+    ``jax.jit`` is not keyed again by whatever mapping surrounds the call. A mapping entered and
+    left inside (the one named_jit traces its function under) is in the key while it is in force
+    (for the jitted functions traced inside it) and leaves it neutral again, so that the call
+    lowers its program under the same key as ``.lower()`` and finds the same compiled program."""
+
+    __slots__ = ("_key", "_token")
+
+    def __enter__(self) -> None:
+        self._token = _NEUTRAL.set(_STACK.get())
+        self._key = _TRACE_KEY(None)
+        self._key.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._key.__exit__(*exc)
+        _NEUTRAL.reset(self._token)
 
 
 def _visible_entry() -> _Pushed | None:
