@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _triton import verified_triton_modules
 
 import namedaxes as na
 from namedaxes.kernels import _flash_attention as flash
@@ -115,9 +116,10 @@ def test_the_differentiable_kernel_equals_its_reference_through_both_outputs():
     assert not np.asarray(grads[0][:, :6]).any()
 
 
-def test_the_kernels_lower_to_triton_for_gpus():
+def test_the_kernels_lower_to_valid_triton_for_gpus(monkeypatch):
     """Lowered for CUDA (no GPU needed): forward and the two backward kernels are Triton kernels,
-    with a traced offset and a window (loop bounds known at run time) and without a mask."""
+    with a traced offset and a window (loop bounds known at run time) and without a mask, and
+    each module passes MLIR's verifier, as a GPU's compile requires."""
     q, k = jnp.ones((1, 64, 4, 64), jnp.bfloat16), jnp.ones((1, 96, 2, 64), jnp.bfloat16)
 
     def loss(q, k, v, offset, **kw):
@@ -128,6 +130,7 @@ def test_the_kernels_lower_to_triton_for_gpus():
         grad = jax.jit(jax.grad(functools.partial(loss, **kw), argnums=(0, 1, 2)))
         lowered = grad.trace(q, k, k, jnp.int32(3)).lower(lowering_platforms=("cuda",))
         assert lowered.as_text().count("xla.gpu.triton") == 3, kw
+        assert verified_triton_modules(monkeypatch, grad, q, k, k, jnp.int32(3)) == (3, []), kw
 
 
 def test_errors():

@@ -258,8 +258,9 @@ def _gmm_kernel(
         return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
 
     # The tail (rows past the groups) and unused items multiply nothing: they store 0 or nothing.
-    steps = jnp.where(g < groups, k_tiles, 0).astype(jnp.int32)
-    # Both bounds strongly int32: Triton's scf.for needs one type for its bounds.
+    # Integer arithmetic, not a select of Python ints: Pallas's Triton lowering gives a weak
+    # literal in select_n the predicate's type (i1), and scf.for then rejects its i1 bound.
+    steps = (g < groups).astype(jnp.int32) * k_tiles
     acc = jax.lax.fori_loop(jnp.int32(0), steps, step, jnp.zeros((tm, tn), F32))
     row = t * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
     mask = (row >= start_ref[g]) & (row < end_ref[g])
