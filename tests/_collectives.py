@@ -73,3 +73,26 @@ def collectives_over(hlo, mesh):
                         spanned.add(name)
         found.append((m["op"], arrays, spanned))
     return found
+
+
+def partitioned_hlo(lowered):
+    """The HLO of ``lowered`` just after XLA's SPMD partitioner: its collectives in the element
+    types the program asks for, before a backend's own passes (XLA:CPU widens float8 and bfloat16
+    collectives to wider floats; a GPU does not)."""
+    import glob
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        options = {"xla_dump_to": folder, "xla_dump_hlo_pass_re": "spmd-partitioning"}
+        lowered.compile(compiler_options=options)
+        [path] = [p for p in glob.glob(f"{folder}/*") if "after_spmd-partitioning" in p]
+        with open(path) as f:
+            return f.read()
+
+
+def gathered(hlo):
+    """``{(element type, element count)}`` of the all-gathers in ``hlo``."""
+    found = set()
+    for m in re.finditer(r"=\s*(\w+)\[([\d,]*)\][^=\n]*?\sall-gather(?:-start)?\(", hlo):
+        found.add((m[1], int(np.prod([int(d) for d in m[2].split(",") if d]))))
+    return found

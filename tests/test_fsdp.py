@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _collectives import gathered, partitioned_hlo
 from _helpers import spec_of
 from _meshes import make_mesh
 from jax.sharding import PartitionSpec as P
@@ -49,6 +50,31 @@ def test_fsdp_weight_and_gradient_stay_sharded(axis_type):
     np.testing.assert_allclose(np.asarray(grad.array), np.asarray(ref_grad), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(new_w.array), w0 - 0.1 * np.asarray(ref_grad), rtol=1e-5)
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+
+
+def test_fsdp_gathers_parameters_in_the_compute_dtype(axis_type):
+    """A layer casts its float32 weight to bfloat16 before the compute mapping gathers it, so the
+    FSDP all-gather moves bfloat16, on both mesh kinds (on Auto meshes XLA used to carry the
+    gather's placement back into the cast and gather float32). The step's loss and gradient are
+    those of the same step on one device, within bfloat16's rounding (XLA:CPU skips some bfloat16
+    roundings, differently in the two programs)."""
+    mesh = make_mesh((8,), ("data",), axis_type)
+    lin = na.nn.Linear(na.Axis("embed", 16), {"mlp": 64}, key=jax.random.key(0), use_bias=False)
+    x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": 16})
+
+    @na.nn.precision("params=float32,compute=bfloat16")
+    def loss(lin, x):
+        return lin(x).astype(jnp.float32).sum().scalar()
+
+    step = na.fsdp(jax.value_and_grad(loss), parameter_mapping=PARAMS, compute_mapping=COMPUTE)
+    want, want_grad = jax.jit(jax.value_and_grad(loss))(lin, x)
+    with jax.set_mesh(mesh):
+        moved = gathered(partitioned_hlo(step.lower(lin, x)))
+        got, grad = step(lin, x)
+    assert moved == {("bf16", 16 * 64)}
+    assert spec_of(grad.weight) == P("data") and grad.weight.dtype == jnp.float32
+    np.testing.assert_allclose(float(got), float(want), rtol=2e-2)
+    np.testing.assert_allclose(grad.weight.array, want_grad.weight.array, rtol=1e-2, atol=1e-2)
 
 
 def test_fsdp_forms_and_errors():

@@ -16,6 +16,7 @@ gives them, and plain-array inputs keep their own.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from .._logical._context import (
 )
 from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
+from ._held import parameters_held_by
 from ._jit_args import (
     check_donation,
     donation_flags,
@@ -303,11 +305,14 @@ class NamedJitWrapped(Generic[P, R]):
 
         def flat(*dyn: Any) -> list[Any]:
             args, kwargs = treedef.unflatten(layout.merge(dyn, statics))
-            if value is not None:
-                with axis_mapping(value):
+            # fsdp: layers pin their narrow copies of parameters to where these are held
+            held = parameters_held_by(self._in_rules) if self._fsdp else contextlib.nullcontext()
+            with held:
+                if value is not None:
+                    with axis_mapping(value):
+                        out = fn(*args, **kwargs)
+                else:
                     out = fn(*args, **kwargs)
-            else:
-                out = fn(*args, **kwargs)
             if self._strict:  # once per trace: never on the cached path
                 if self._in_rules_rest is not None:  # fsdp: parameters, then everything computed
                     check_strict(args, kwargs, out, (self._in_rules_rest,), self._in_rules)

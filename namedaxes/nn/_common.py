@@ -26,6 +26,7 @@ from .._logical._context import current_rules
 from .._logical._resolve import resolve
 from .._mesh import context_mesh
 from .._ops._align import align_to, result_axes
+from .._partitioning._held import held_placed
 from .._partitioning._shard import auto_sharded
 from ._precision import current_precision, float_dtype, param_dtype
 from ._quantized import QuantizedArray
@@ -152,14 +153,16 @@ def place(x: Any) -> Any:
 def param(w: Any) -> Any:
     """A parameter where a layer uses it: in the policy's compute dtype, placed by the mapping.
 
-    Every layer reads its parameters through here. The cast comes first, so an FSDP gather moves
-    the compute dtype, and the gradient flows back through it in the parameter's own dtype. A
+    Every layer reads its parameters through here. The cast comes first, where the parameter is
+    held (``held_placed``), so an FSDP gather moves the compute dtype, and the gradient flows back
+    through it in the parameter's own dtype. A
     :class:`QuantizedArray` is dequantized here (its narrow values gathered, then scaled), so
     every layer takes quantized weights as they are.
     """
     if isinstance(w, QuantizedArray):
         return w.dequantize(current_precision().compute)
-    return auto_sharded(current_precision().cast_to_compute(w))
+    cast = current_precision().cast_to_compute(w)
+    return auto_sharded(cast if cast is w else held_placed(cast))
 
 
 def compute(x: Any) -> Any:
