@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _collectives import gathered, partitioned_hlo
+from _helpers import spec_of
 
 import namedaxes as na
 from namedaxes import Axis
@@ -375,3 +377,34 @@ def test_float8_training_tracks_bfloat16():
     base = losses("params=float32,compute=bfloat16")
     assert base[-1] < 0.75 * base[0]
     np.testing.assert_allclose(losses(FP8), base, rtol=0.02)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_float8_fsdp_gathers_move_float8_bytes(axis_type, scaling):
+    """Under fsdp with the weights split over 'data', a float8 layer's weight is quantized where
+    it is held and gathered as float8 (1 byte an element, torchao's float8 all-gather), for the
+    forward and, by the row recipe's other scales, for the backward; no gather moves it in the
+    parameter or compute dtype. Loss and gradients equal the same step on one device."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    policy = na.nn.Precision("float32", "bfloat16", matmul="float8", scaling=scaling)
+    lin = na.nn.Linear(Embed, {"mlp": 64}, key=KEY, use_bias=False)
+    x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": Embed.size})
+
+    def loss(lin, x):
+        with na.nn.precision(policy):
+            return lin(x).astype(jnp.float32).sum().scalar()
+
+    step = na.fsdp(
+        jax.value_and_grad(loss), parameter_mapping={"embed": "data"},
+        compute_mapping={"batch": "data"},
+    )  # fmt: skip
+    want, want_grad = jax.jit(jax.value_and_grad(loss))(lin, x)
+    with jax.set_mesh(mesh):
+        moved = gathered(partitioned_hlo(step.lower(lin, x)))
+        got, grad = step(lin, x)
+    weight = Embed.size * 64
+    assert ("f8e4m3fn", weight) in moved, moved
+    assert not {(t, n) for t, n in moved if n == weight and t in ("bf16", "f32")}, moved
+    assert spec_of(grad.weight) == jax.P("data")
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    np.testing.assert_allclose(grad.weight.array, want_grad.weight.array, rtol=1e-6, atol=1e-7)

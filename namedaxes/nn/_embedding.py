@@ -151,4 +151,4 @@ class Embedding(eqx.Module):
         """
         x = expect_axes(x, (self.Embed,), "Embedding.unembed")
         expect_free(x, (self.Vocab.name,), "Embedding.unembed", "is the output axis")
-        return output(matmul(compute(x), param(self.weight), (self.Embed.name,)))
+        return output(matmul(compute(x), self.weight, (self.Embed.name,)))

@@ -26,9 +26,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType
 
 from .._array import NamedArray
 from .._ops.contract import dot
+from .._partitioning._held import held_placed
+from .._partitioning._shard import auto_sharded
+from ._common import param
 from ._precision import current_precision
 from ._quantized import quantize
 
@@ -40,55 +44,105 @@ F32 = jnp.dtype(jnp.float32)
 TENSOR_FORM = "output"
 
 
-def _scaled_dot(
-    a: NamedArray, b: NamedArray, axis: tuple[str, ...], dtypes: tuple[Any, Any], row: bool,
+def _scaled(
+    qa: NamedArray, sa: NamedArray, qb: NamedArray, sb: NamedArray, axis: tuple[str, ...],
     out_dtype: Any, out_axes: Sequence[str],
 ) -> NamedArray:  # fmt: skip
-    """``a . b`` over ``axis`` from float8 copies of both, scaled back, in ``out_dtype``."""
-    qa, sa = quantize(a, [n for n in a.axis_names if n not in axis] if row else (), dtypes[0])
-    qb, sb = quantize(b, [n for n in b.axis_names if n not in axis] if row else (), dtypes[1])
-    if not row and TENSOR_FORM == "operands":
+    """``a . b`` over ``axis`` from their float8 values and scales, scaled back, in ``out_dtype``."""
+    if sa.ndim == 0 and sb.ndim == 0 and TENSOR_FORM == "operands":
         da, db = (q.astype(out_dtype) * s.astype(out_dtype) for q, s in ((qa, sa), (qb, sb)))
         return dot(da, db, axis=axis, out_axes=out_axes)
     y = dot(qa, qb, axis=axis, preferred_element_type=F32, out_axes=out_axes)
     return (y * (sa * sb)).astype(out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def fp8_dot(x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool) -> NamedArray:
+def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any) -> Any:
+    """``a`` in ``fmt`` and its scales: one, or with ``row`` one per slice along the axes of ``a``
+    outside ``axis`` (the matmul's contraction)."""
+    return quantize(a, [n for n in a.axis_names if n not in axis] if row else (), fmt)
+
+
+def _gathered(w: NamedArray, axis: tuple[str, ...], row: bool) -> Any:
+    """The weight quantized to e4m3 where the parameter mapping holds it, then placed by the
+    compute mapping: an FSDP gather moves float8 (torchao's float8 all-gather), not the compute
+    or parameter dtype. Quantized from the parameter itself, not from a compute-dtype copy."""
+    qw, sw = _quantized(w, axis, row, E4M3)
+    return auto_sharded(held_placed(qw)), auto_sharded(held_placed(sw))
+
+
+def _explicit_sharding(w: NamedArray) -> Any:
+    """The weight's sharding on an Explicit mesh (where its gradient must match it), else None."""
+    sharding = jax.typeof(w.array).sharding
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not any(t == AxisType.Explicit for t in mesh.axis_types):
+        return None
+    return sharding
+
+
+def fp8_dot(
+    x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool, compute: Any = None
+) -> NamedArray:
     """``dot(x, w, axis=axis)`` in float8 (e4m3 forward, e5m2 gradient), ``row`` or tensor
-    scaling; the result in ``x``'s and ``w``'s promoted dtype, with ``x``'s other axes first."""
-    return _forward(x, w, axis, row)
+    scaling, the weight read as a layer reads a parameter: quantized where it is held, then
+    placed by the mapping in force. The result is in ``x``'s dtype promoted with ``compute`` (the
+    dtype the weight is computed in; default its own), with ``x``'s other axes first; the
+    weight's gradient comes back in its own dtype and, on an Explicit mesh, its own sharding."""
+    held = (jnp.dtype(w.dtype), _explicit_sharding(w))
+    return _fp8_dot(x, w, axis, row, jnp.dtype(compute or w.dtype), held)
 
 
-def _forward(x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool) -> NamedArray:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _fp8_dot(
+    x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool, compute: Any, held: Any
+) -> NamedArray:
+    return _forward(x, w, axis, row, compute)[0]
+
+
+def _forward(x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool, compute: Any) -> Any:
     out_axes = [n for n in x.axis_names if n not in axis] + [
         n for n in w.axis_names if n not in axis
     ]
-    dtype = jnp.promote_types(x.dtype, w.dtype)
-    return _scaled_dot(x, w, axis, (E4M3, E4M3), row, dtype, out_axes)
+    qw, sw = _gathered(w, axis, row)
+    qx, sx = _quantized(x, axis, row, E4M3)
+    y = _scaled(qx, sx, qw, sw, axis, jnp.promote_types(x.dtype, compute), out_axes)
+    return y, qw, sw
 
 
-def _fwd(x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool) -> Any:
-    return _forward(x, w, axis, row), (x, w)
+def _fwd(x: NamedArray, w: NamedArray, axis: Any, row: bool, compute: Any, held: Any) -> Any:
+    y, qw, sw = _forward(x, w, axis, row, compute)
+    # Tensor scaling multiplies the backward's dx by the same float8 weight; row scaling needs
+    # other scales (one per row of dx's matmul), quantized again from the weight.
+    return y, (x, w if row else None, qw, sw)
 
 
-def _bwd(axis: tuple[str, ...], row: bool, res: Any, g: NamedArray) -> Any:
-    x, w = res
-    out = tuple(n for n in w.axis_names if n not in axis)  # the layer's output axes
+def _bwd(axis: Any, row: bool, compute: Any, held: Any, res: Any, g: NamedArray) -> Any:
+    x, w, qw, sw = res
+    out = tuple(n for n in qw.axis_names if n not in axis)  # the layer's output axes
     tokens = tuple(n for n in x.axis_names if n not in axis)
-    dx = _scaled_dot(g, w, out, (E5M2, E4M3), row, x.dtype, x.axis_names)
-    dw = _scaled_dot(x, g, tokens, (E4M3, E5M2), row, w.dtype, w.axis_names)
-    return dx, dw
+    if row:
+        qw, sw = _gathered(w, out, row)
+    dx = _scaled(*_quantized(g, out, row, E5M2), qw, sw, out, x.dtype, x.axis_names)
+    dw = _scaled(
+        *_quantized(x, tokens, row, E4M3), *_quantized(g, tokens, row, E5M2), tokens,
+        compute, qw.axis_names,
+    )  # fmt: skip
+    # Back where the weight is held, as a parameter's gradient comes back through param's
+    # placement, then in its own dtype: the reduction over the batch moves the compute dtype.
+    dtype, sharding = held
+    dw = auto_sharded(dw)
+    if sharding is not None:
+        dw = NamedArray(jax.sharding.reshard(dw.array, sharding), dw.axes)
+    return dx, dw.astype(dtype)
 
 
-fp8_dot.defvjp(_fwd, _bwd)
+_fp8_dot.defvjp(_fwd, _bwd)
 
 
-def matmul(x: NamedArray, w: NamedArray, axis: tuple[str, ...]) -> NamedArray:
-    """A layer's product of its input and a weight over ``axis``: in float8 when the policy in
-    force picks the layer by the names of the weight's axes, else a plain ``dot``."""
+def matmul(x: NamedArray, w: Any, axis: tuple[str, ...]) -> NamedArray:
+    """A layer's product of its input and a weight over ``axis``, the weight read here: in float8
+    when the policy in force picks the layer by the names of the weight's axes (quantized before
+    an FSDP gather), else :func:`param`'s weight (compute dtype, placed) and a plain ``dot``."""
     policy = current_precision()
-    if policy.float8(w.axis_names):
-        return fp8_dot(x, w, tuple(axis), policy.scaling == "row")
-    return dot(x, w, axis=axis)
+    if isinstance(w, NamedArray) and policy.float8(w.axis_names):
+        return fp8_dot(x, w, tuple(axis), policy.scaling == "row", policy.compute)
+    return dot(x, param(w), axis=axis)

@@ -100,7 +100,7 @@ class Linear(eqx.Module):
         """
         x = expect_axes(x, self.In, "Linear")
         expect_free(x, (a.name for a in self.Out), "Linear", "is an output axis of the layer")
-        y = matmul(compute(x), param(self.weight), tuple(a.name for a in self.In))
+        y = matmul(compute(x), self.weight, tuple(a.name for a in self.In))
         if self.bias is not None:
             y = y + param(self.bias)
         return output(y)
