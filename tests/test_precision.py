@@ -222,11 +222,15 @@ def float8_operands(jaxpr):
     }
 
 
-@pytest.mark.parametrize("scaling", ["tensor", "row"])
-def test_float8_matmul_within_the_formats_error(scaling):
+@pytest.mark.parametrize(
+    "scaling,form", [("tensor", "output"), ("tensor", "operands"), ("row", "output")]
+)
+def test_float8_matmul_within_the_formats_error(scaling, form, monkeypatch):
     """A Linear under matmul=float8 (compute float32 here, so that float8 is the only rounding):
     the output and both gradients are within the rounding bound of their formats (e4m3 input and
-    weight, e5m2 gradient) of the float32 products, elementwise; the program multiplies float8."""
+    weight, e5m2 gradient) of the float32 products, elementwise; the program multiplies float8.
+    Tensor scaling in both of the forms XLA recognizes (nn._fp8.TENSOR_FORM)."""
+    monkeypatch.setattr(na.nn._fp8, "TENSOR_FORM", form)
     lin = na.nn.Linear(Embed, {"mlp": 48}, key=KEY, use_bias=False)
     x = na.random.normal(jax.random.key(1), {"batch": 4, "position": 8, "embed": Embed.size})
     g = na.random.normal(jax.random.key(2), {"batch": 4, "position": 8, "mlp": 48})
@@ -261,6 +265,23 @@ def test_float8_matmul_within_the_formats_error(scaling):
         "float8_e4m3fn",
         "float8_e5m2",
     }
+
+
+def test_operands_form_scales_are_values_of_the_compute_dtype(monkeypatch):
+    """The "operands" form multiplies each float8 operand by its scale in the compute dtype
+    (bfloat16 here), which XLA's GEMM rewriter takes as the float8 GEMM's operand scale: the scale
+    is a bfloat16 value, so the GEMM scales by exactly the scale the operand was quantized with (a
+    float32 scale rounded to bfloat16 would scale the whole product by up to 2^-9). Emulated (on a
+    CPU) the dequantized operand is that product rounded to bfloat16. The largest value still
+    fits e4m3."""
+    monkeypatch.setattr(na.nn._fp8, "TENSOR_FORM", "operands")
+    x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": 16}).astype(jnp.bfloat16)
+    q, scale = (a.array for a in na.nn._fp8._quantized(x, ("embed",), False, E4M3, jnp.bfloat16))
+    assert scale.dtype == jnp.float32 and float(scale) == float(scale.astype(jnp.bfloat16))
+    in_compute = q.astype(jnp.bfloat16) * scale.astype(jnp.bfloat16)
+    exact = q.astype(jnp.float32) * scale
+    np.testing.assert_allclose(in_compute.astype(jnp.float32), exact, rtol=2**-8, atol=0)
+    assert float(abs(q.astype(jnp.float32)).max()) <= 448.0
 
 
 def test_row_scaling_scales_each_token_and_channel():

@@ -12,8 +12,9 @@ gradients per row of their own matmuls), the scales multiplying the float32 resu
 kept in the compute dtype for it, so parameters and their gradients never see float8.
 
 ``TENSOR_FORM`` says how tensor scaling is written: ``"output"`` as above, or ``"operands"``: each
-float8 operand converted to the compute dtype and multiplied by its scalar scale before a plain
-``dot`` (the dequantize-then-matmul form XLA's GEMM rewriter also matches, taking the scales as the
+float8 operand converted to the compute dtype and multiplied by its scalar scale (a value of the
+compute dtype, so that the GEMM scales by exactly what the operand was quantized with) before a
+plain ``dot`` (the dequantize-then-matmul form XLA's GEMM rewriter also matches, taking the scales as the
 GEMM's operand scales and writing the compute dtype directly). ``benchmarks/accelerator.py
 --fp8-form`` times both.
 """
@@ -56,17 +57,19 @@ def _scaled(
     return (y * (sa * sb)).astype(out_dtype)
 
 
-def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any) -> Any:
+def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any, dtype: Any) -> Any:
     """``a`` in ``fmt`` and its scales: one, or with ``row`` one per slice along the axes of ``a``
-    outside ``axis`` (the matmul's contraction)."""
-    return quantize(a, [n for n in a.axis_names if n not in axis] if row else (), fmt)
+    outside ``axis`` (the matmul's contraction). The "operands" form dequantizes in ``dtype`` (the
+    product's): its scale is a ``dtype`` value, so that dequantizing undoes quantizing exactly."""
+    keep = [n for n in a.axis_names if n not in axis] if row else ()
+    return quantize(a, keep, fmt, dtype if not row and TENSOR_FORM == "operands" else None)
 
 
-def _gathered(w: NamedArray, axis: tuple[str, ...], row: bool) -> Any:
+def _gathered(w: NamedArray, axis: tuple[str, ...], row: bool, dtype: Any) -> Any:
     """The weight quantized to e4m3 where the parameter mapping holds it, then placed by the
     compute mapping: an FSDP gather moves float8 (torchao's float8 all-gather), not the compute
     or parameter dtype. Quantized from the parameter itself, not from a compute-dtype copy."""
-    qw, sw = _quantized(w, axis, row, E4M3)
+    qw, sw = _quantized(w, axis, row, E4M3, dtype)
     return auto_sharded(held_placed(qw)), auto_sharded(held_placed(sw))
 
 
@@ -102,9 +105,10 @@ def _forward(x: NamedArray, w: NamedArray, axis: tuple[str, ...], row: bool, com
     out_axes = [n for n in x.axis_names if n not in axis] + [
         n for n in w.axis_names if n not in axis
     ]
-    qw, sw = _gathered(w, axis, row)
-    qx, sx = _quantized(x, axis, row, E4M3)
-    y = _scaled(qx, sx, qw, sw, axis, jnp.promote_types(x.dtype, compute), out_axes)
+    dtype = jnp.promote_types(x.dtype, compute)
+    qw, sw = _gathered(w, axis, row, dtype)
+    qx, sx = _quantized(x, axis, row, E4M3, dtype)
+    y = _scaled(qx, sx, qw, sw, axis, dtype, out_axes)
     return y, qw, sw
 
 
@@ -120,11 +124,11 @@ def _bwd(axis: Any, row: bool, compute: Any, held: Any, res: Any, g: NamedArray)
     out = tuple(n for n in qw.axis_names if n not in axis)  # the layer's output axes
     tokens = tuple(n for n in x.axis_names if n not in axis)
     if row:
-        qw, sw = _gathered(w, out, row)
-    dx = _scaled(*_quantized(g, out, row, E5M2), qw, sw, out, x.dtype, x.axis_names)
+        qw, sw = _gathered(w, out, row, x.dtype)
+    dx = _scaled(*_quantized(g, out, row, E5M2, x.dtype), qw, sw, out, x.dtype, x.axis_names)
     dw = _scaled(
-        *_quantized(x, tokens, row, E4M3), *_quantized(g, tokens, row, E5M2), tokens,
-        compute, qw.axis_names,
+        *_quantized(x, tokens, row, E4M3, compute), *_quantized(g, tokens, row, E5M2, compute),
+        tokens, compute, qw.axis_names,
     )  # fmt: skip
     # Back where the weight is held, as a parameter's gradient comes back through param's
     # placement, then in its own dtype: the reduction over the batch moves the compute dtype.

@@ -30,10 +30,13 @@ FORMATS = {
 }
 
 
-def quantize(x: NamedArray, keep: Sequence[str], dtype: Any) -> tuple[NamedArray, NamedArray]:
+def quantize(
+    x: NamedArray, keep: Sequence[str], dtype: Any, scale_dtype: Any = None
+) -> tuple[NamedArray, NamedArray]:
     """``(x / scale in dtype, scale)``: the scale (float32) has the axes ``keep`` (none: one for
     the tensor) and maps each slice's absolute maximum to the format's largest value (127 for
-    int8, rounded to the nearest integer; 448 for float8 e4m3)."""
+    int8, rounded to the nearest integer; 448 for float8 e4m3). With ``scale_dtype`` the scale is
+    a value of that dtype (rounded to it first), so a product dequantized in it is exact."""
     integer = jnp.issubdtype(dtype, jnp.integer)
     top = float(jnp.iinfo(dtype).max if integer else jnp.finfo(dtype).max)
     reduce = tuple(n for n in x.axis_names if n not in keep)
@@ -41,6 +44,8 @@ def quantize(x: NamedArray, keep: Sequence[str], dtype: Any) -> tuple[NamedArray
     # A normal float32 however small amax is (an all-zero slice: any scale works, a subnormal one
     # may be flushed to zero).
     scale = maximum(amax / top, float(jnp.finfo(F32).tiny))
+    if scale_dtype is not None:  # the largest value may land a rounding past `top`: clipped
+        scale = scale.astype(scale_dtype).astype(F32)
     scaled = x.astype(F32) / scale
     # Rounding in the division can step past `top`, which e4m3fn would turn into NaN.
     scaled = clip(named_round(scaled) if integer else scaled, -top, top)
