@@ -528,7 +528,7 @@ def main() -> int:
         "--fp8-form",
         choices=("output", "operands"),
         default=None,
-        help="--precision fp8: how tensor scaling is written (nn._fp8.TENSOR_FORM)",
+        help="--precision fp8: how tensor scaling is written (nn._fp8.TENSOR_FORM; operands)",
     )
     parser.add_argument(
         "--save-hlo",

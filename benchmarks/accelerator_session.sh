@@ -12,7 +12,7 @@
 #     MOE_E=8,64 MOE_K=2 MOE_B=45 bash benchmarks/accelerator_session.sh
 # The rest of issues 29-31 in one call of ~8 minutes (prepared, not yet run on a device):
 #   PEAK=718.4 PARTS="device kernels fp8 qgen moe moemodel longctx" KER_E=64 KER_B=45 KER_T=60 \
-#     FP8_SIZES=1b FP8_LOSS=30 FP8_FORM=operands FP8_HLO=$OUT/hlo FP8_B=55 FP8_T=75 QGEN_B=50 \
+#     FP8_SIZES=1b FP8_LOSS=30 FP8_HLO=$OUT/hlo FP8_B=55 FP8_T=75 QGEN_B=50 \
 #     QGEN_T=75 MOE_E=8,32,64,128 MOE_K=2,8 MOE_B=95 MOE_T=110 MOEM_DISPATCHES=grouped MOEM_B=75 \
 #     MOEM_T=90 LONG_SIZES=1b-32k LONG_B=40 LONG_T=65 bash benchmarks/accelerator_session.sh
 # Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "context"

@@ -407,7 +407,8 @@ def test_float8_fsdp_gathers_move_float8_bytes(axis_type, scaling):
     forward and, by the row recipe's other scales, for the backward; no gather moves it in the
     parameter or compute dtype. Loss and gradients equal the same step on one device."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
-    policy = na.nn.Precision("float32", "bfloat16", matmul="float8", scaling=scaling)
+    # float32 compute: the sharded step matches to float32 rounding (sums in another order)
+    policy = na.nn.Precision("float32", "float32", matmul="float8", scaling=scaling)
     lin = na.nn.Linear(Embed, {"mlp": 64}, key=KEY, use_bias=False)
     x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": Embed.size})
 
@@ -427,5 +428,5 @@ def test_float8_fsdp_gathers_move_float8_bytes(axis_type, scaling):
     assert ("f8e4m3fn", weight) in moved, moved
     assert not {(t, n) for t, n in moved if n == weight and t in ("bf16", "f32")}, moved
     assert spec_of(grad.weight) == jax.P("data")
-    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
-    np.testing.assert_allclose(grad.weight.array, want_grad.weight.array, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    np.testing.assert_allclose(grad.weight.array, want_grad.weight.array, rtol=1e-5, atol=1e-6)

@@ -1,22 +1,24 @@
 """float8 matmuls for training: ``fp8_dot`` and ``matmul``, the one place layers multiply by a weight.
 
-Each operand is scaled from its absolute maximum into the float8 range, cast (e4m3 for inputs and
-weights, e5m2 for the gradient coming back), multiplied with a float32 result
-(``preferred_element_type``) and scaled back. This is the form XLA turns into cuBLASLt float8
-GEMMs on Hopper GPUs (a ``dot`` of float8 operands whose float32 result is multiplied by the
-product of the scalar scales, which it folds into the GEMM); on other backends XLA computes the
-same program by upcasting, which is how CPUs emulate it. With ``row`` scaling each operand has one
-scale per row of the matmul (an activation per token, a weight per output channel; for the
-gradients per row of their own matmuls), the scales multiplying the float32 result. A
-``custom_vjp`` runs the backward matmuls the same way with the gradient in e5m2; the inputs are
-kept in the compute dtype for it, so parameters and their gradients never see float8.
+Each operand is scaled from its absolute maximum into the float8 range and cast (e4m3 for inputs
+and weights, e5m2 for the gradient coming back); the product is written in one of the two forms
+XLA's GEMM rewriter turns into cuBLASLt float8 GEMMs on Hopper GPUs (``TENSOR_FORM``):
 
-``TENSOR_FORM`` says how tensor scaling is written: ``"output"`` as above, or ``"operands"``: each
-float8 operand converted to the compute dtype and multiplied by its scalar scale (a value of the
-compute dtype, so that the GEMM scales by exactly what the operand was quantized with) before a
-plain ``dot`` (the dequantize-then-matmul form XLA's GEMM rewriter also matches, taking the scales as the
-GEMM's operand scales and writing the compute dtype directly). ``benchmarks/accelerator.py
---fp8-form`` times both.
+- ``"operands"`` (the default, tensor scaling): each float8 operand converted to the compute
+  dtype and multiplied by its scale, a value of the compute dtype, before a plain ``dot``. The
+  rewriter takes the scales as the GEMM's operand scales and the GEMM writes the compute dtype.
+  This is the form flax's float8 ops write.
+- ``"output"``: a ``dot`` of the float8 operands with a float32 result
+  (``preferred_element_type``), multiplied by the product of the scales. The rewriter folds the
+  scales in too, but the GEMM writes float32, which a second pass reads to cast: for the 1b model
+  about 6 G elements a step, ~50 GB of extra memory traffic, which is the size of the float8 step's
+  measured loss against bfloat16 (0.92x on an H100, this form). ``row`` scaling always uses it:
+  one scale per row of the matmul (an activation per token, a weight per output channel; for the
+  gradients per row of their own matmuls) multiplies the float32 result.
+
+``benchmarks/accelerator.py --fp8-form`` times either. On other backends XLA computes the same
+program by upcasting, which is how CPUs emulate it. A ``custom_vjp`` runs the backward matmuls the
+same way with the gradient in e5m2, so parameters and their gradients never see float8.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ __all__ = ["E4M3", "E5M2", "fp8_dot", "matmul"]
 
 E4M3, E5M2 = jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2)
 F32 = jnp.dtype(jnp.float32)
-#: How a tensor-scaled float8 matmul is written for XLA: "output" or "operands" (module docstring).
-TENSOR_FORM = "output"
+#: How a tensor-scaled float8 matmul is written for XLA: "operands" or "output" (module docstring).
+TENSOR_FORM = "operands"
 
 
 def _scaled(
