@@ -30,6 +30,17 @@ def same(named_array, expected, axes):
     np.testing.assert_array_equal(np.asarray(named_array.array), np.asarray(expected))
 
 
+def equations(jaxpr):
+    """Every equation of a jaxpr, nested ones (scan bodies, remat, custom rules) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from equations(inner)
+
+
 def sds(*shape, dtype="float32"):
     """An abstract array (``jax.ShapeDtypeStruct``) of ``shape``."""
     return jax.ShapeDtypeStruct(shape, dtype)

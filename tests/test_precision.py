@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _collectives import gathered, partitioned_hlo
-from _helpers import spec_of
+from _helpers import equations, spec_of
 
 import namedaxes as na
 from namedaxes import Axis
@@ -55,17 +55,6 @@ def loss_fn(model, ids):
 
 
 IDS = na.random.randint(jax.random.key(1), {"batch": 2, "position": 6}, 0, Vocab.size)
-
-
-def equations(jaxpr):
-    """Every equation of a jaxpr, nested ones (scan bodies, remat, custom rules) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            for sub in p if isinstance(p, (tuple, list)) else (p,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from equations(inner)
 
 
 def dtypes_of(jaxpr, primitive):

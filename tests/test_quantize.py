@@ -5,11 +5,12 @@ by the model's mapping on Auto and Explicit meshes; what a quantized model refus
 import functools
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import spec_of
+from _helpers import equations, spec_of
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -88,6 +89,29 @@ def test_weights_scales_and_which_layers():
     assert head.values.dtype == jnp.float8_e4m3fn and head.scale.axis_names == ("vocab",)
     none = models.quantize(model, "fp8", rules=[("*", False)])
     assert not models._quantize.is_quantized(none)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "float8"])
+def test_a_quantized_linear_reads_the_narrow_values_and_scales_its_result(fmt):
+    """The matmul's weight operand is the narrow values, only converted (the operand a GEMM with
+    mixed dtypes fuses; decoding reads a byte per weight), and the per-channel scales multiply the
+    result, not the weight: no operation the size of the weight but the conversion. The result
+    equals dequantizing first, up to float32 rounding."""
+    lin = na.nn.Linear(na.Axis("embed", 16), {"mlp": 32}, key=jax.random.key(0), use_bias=False)
+    small = eqx.tree_at(
+        lambda m: m.weight, lin, na.nn.QuantizedArray.of(lin.weight, fmt, contracted=("embed",))
+    )
+    x = na.random.normal(jax.random.key(1), {"batch": 4, "embed": 16})
+    jaxpr = jax.make_jaxpr(lambda m, x: m(x))(small, x).jaxpr
+    [dot] = [e for e in equations(jaxpr) if e.primitive.name == "dot_general"]
+    [convert] = [e for e in equations(jaxpr) if dot.invars[1] in e.outvars]
+    assert convert.primitive.name == "convert_element_type"
+    assert convert.invars[0].aval.dtype == small.weight.values.dtype
+    weight_sized = [e for e in equations(jaxpr) if e is not convert and e.outvars
+                    and e.outvars[0].aval.shape == small.weight.values.shape]  # fmt: skip
+    assert weight_sized == []
+    want = na.dot(x, small.weight.dequantize(), axis="embed")
+    np.testing.assert_allclose(small(x).array, want.array, rtol=1e-6, atol=1e-6)
 
 
 def test_quantized_weights_are_placed_by_the_models_mapping(mesh_2x4):

@@ -37,7 +37,7 @@ from .._partitioning._held import held_placed
 from .._partitioning._shard import auto_sharded
 from ._common import param
 from ._precision import current_precision
-from ._quantized import quantize
+from ._quantized import QuantizedArray, quantize
 
 __all__ = ["E4M3", "E5M2", "fp8_dot", "matmul"]
 
@@ -147,8 +147,16 @@ _fp8_dot.defvjp(_fwd, _bwd)
 def matmul(x: NamedArray, w: Any, axis: tuple[str, ...]) -> NamedArray:
     """A layer's product of its input and a weight over ``axis``, the weight read here: in float8
     when the policy in force picks the layer by the names of the weight's axes (quantized before
-    an FSDP gather), else :func:`param`'s weight (compute dtype, placed) and a plain ``dot``."""
+    an FSDP gather); a :class:`QuantizedArray` as its narrow values, scaled after the ``dot``;
+    else :func:`param`'s weight (compute dtype, placed) and a plain ``dot``."""
     policy = current_precision()
     if isinstance(w, NamedArray) and policy.float8(w.axis_names):
         return fp8_dot(x, w, tuple(axis), policy.scaling == "row", policy.compute)
+    if isinstance(w, QuantizedArray) and not set(w.scale.axis_names) & set(axis):
+        # Narrow weights (inference): the dot reads the narrow values, only converted (the operand
+        # a mixed-dtype GEMM fuses), and the per-channel scales, on output axes, multiply its
+        # result instead of the whole weight.
+        dtype = policy.compute or w.dtype
+        values, scale = auto_sharded(w.values), auto_sharded(w.scale)
+        return dot(x, values.astype(dtype), axis=axis) * scale.astype(dtype)
     return dot(x, param(w), axis=axis)
