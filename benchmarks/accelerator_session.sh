@@ -16,7 +16,8 @@
 #     QGEN_T=75 MOE_E=8,32,64,128 MOE_K=2,8 MOE_B=95 MOE_T=110 MOEM_DISPATCHES=grouped MOEM_B=75 \
 #     MOEM_T=90 LONG_SIZES=1b-32k LONG_B=40 LONG_T=65 bash benchmarks/accelerator_session.sh
 # Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "context"
-# (context_shards.py, ~1 min); "device ringblock" (the ring's attention block kernels, ~2 min).
+# (context_shards.py, ~1 min); "device ringblock" (the ring's attention block kernels and four
+# Pallas configurations, ~2.5 min).
 #
 # Runs, each under its own time limit so that one slow part cannot eat the others' time:
 # cuDNN numerics (accelerator.py --check), the accelerator benchmark (peak matmul, attention,
@@ -96,9 +97,12 @@ part moemodel "moe model" "${MOEM_T:-150}" "$PY" benchmarks/moe_model.py --budge
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
 # One ring block (2k/4k/8k tokens, causal diagonal and full), bfloat16, 16 heads x 64: the Pallas
 # kernel (implementation="pallas"), cuDNN and the XLA block, forward+backward; pallas/cudnn is the
-# issue's bar (<= 1.3). RB_TOKENS picks block lengths; on a CPU tiny sizes in interpret mode.
-part ringblock "ring block kernels" "${RB_T:-90}" "$PY" benchmarks/ring_block.py \
-  --budget "${RB_B:-70}" ${RB_TOKENS:+--tokens "$RB_TOKENS"} $([ "$backend" = cpu ] && echo --quick)
+# issue's bar (<= 1.3). Each Pallas configuration of RB_PALLAS ('bq,bk,warps,stages;...', default
+# four) is a column, and the log names the fastest: set it as the kernel's default.
+# RB_TOKENS picks block lengths; on a CPU tiny sizes in interpret mode.
+part ringblock "ring block kernels" "${RB_T:-150}" "$PY" benchmarks/ring_block.py \
+  --budget "${RB_B:-120}" ${RB_TOKENS:+--tokens "$RB_TOKENS"} ${RB_PALLAS:+--pallas "$RB_PALLAS"} \
+  $([ "$backend" = cpu ] && echo --quick)
 # The 1b model on one sequence of 32k and 64k tokens: peak device memory, tokens/s and MFU, a row
 # per remat policy (LONG_REMAT, e.g. full,offload,carry,dots: least memory first; default each
 # size's own, dots at 32k and carry at 64k). On a CPU the same code at 512 and 1024 tokens.
