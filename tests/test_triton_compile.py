@@ -1,0 +1,71 @@
+"""The Pallas Triton kernels (grouped_matmul, flash_attention) compiled for an H100 (sm_90) by the
+``triton`` package on this CPU: each module compiles with the kernel's own warps and stages, fits
+the H100's shared memory and multiplies with Hopper's tensor-core instructions (wgmma).
+
+A GPU is lent to few sessions, and an H100 once refused a kernel that lowered and passed every CPU
+test (a loop bound typed i1); this compiles what the GPU would, without one. Needs ``triton``
+(about 1 GB installed, Linux only), so it skips without it; CI runs it in its own environment
+(``.ci/run``).
+"""
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from _triton import triton_modules
+
+from namedaxes.kernels import _flash_attention as flash
+from namedaxes.kernels import _grouped_matmul as gmm
+from namedaxes.kernels import flash_attention, grouped_matmul
+
+# Triton 3.9 warns until this is set; 1 keeps its current default (floating-point fusion on).
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+triton = pytest.importorskip("triton", reason="needs the triton package (pip install triton)")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+H100 = GPUTarget("cuda", 90, 32)
+H100_SHARED = 227 * 1024  # the largest shared memory one block may use on an H100
+
+
+def compiled(module, params, tmp_path, name):
+    path = tmp_path / f"{name}.ttir"
+    path.write_text(module.operation.get_asm(enable_debug_info=False))
+    options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
+    return triton.compile(str(path), target=H100, options=options)
+
+
+def check(kernels):
+    for k in kernels:
+        assert k.metadata.shared <= H100_SHARED, k.metadata.shared
+        assert re.search(r"wgmma\.mma_async", k.asm["ptx"]), "no Hopper tensor-core MMA"
+
+
+def test_grouped_matmul_kernels_compile_for_an_h100(monkeypatch, tmp_path):
+    """The forward product and both backward products, bfloat16, at the default tiling."""
+    lhs, rhs = jnp.ones((512, 1024), jnp.bfloat16), jnp.ones((8, 1024, 2048), jnp.bfloat16)
+    sizes = jnp.array([100, 0, 56, 60, 100, 60, 70, 66], jnp.int32)
+
+    def loss(a, b):
+        out = grouped_matmul(a, b, sizes, interpret=False, implementation="pallas")
+        return jnp.sum(out.astype(jnp.float32))
+
+    modules = triton_modules(monkeypatch, jax.grad(loss, (0, 1)), lhs, rhs)
+    assert len(modules) == 3
+    check([compiled(m, gmm._TRITON, tmp_path, f"gmm{i}") for i, m in enumerate(modules)])
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True, window=256), dict(causal=False)])
+def test_flash_attention_kernels_compile_for_an_h100(monkeypatch, tmp_path, kw):
+    """The forward, dk/dv and dq kernels, bfloat16, GQA 16/4 of 64, a traced query offset."""
+
+    q, k = jnp.ones((1, 1024, 16, 64), jnp.bfloat16), jnp.ones((1, 1024, 4, 64), jnp.bfloat16)
+
+    def loss(q, k, v, offset):
+        out, lse = flash_attention(q, k, v, offset=offset, interpret=False, **kw)
+        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(lse)
+
+    modules = triton_modules(monkeypatch, jax.grad(loss, (0, 1, 2)), q, k, k, jnp.int32(0))
+    assert len(modules) == 3
+    check([compiled(m, flash._TRITON, tmp_path, f"flash{i}") for i, m in enumerate(modules)])
