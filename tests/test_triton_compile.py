@@ -1,6 +1,7 @@
-"""The Pallas Triton kernels (grouped_matmul, flash_attention) compiled for an H100 (sm_90) by the
-``triton`` package on this CPU: each module compiles with the kernel's own warps and stages, fits
-the H100's shared memory and multiplies with Hopper's tensor-core instructions (wgmma).
+"""The Pallas Triton kernels (grouped_matmul, flash_attention) compiled for an H100 (sm_90) and an
+A100 (sm_80) by the ``triton`` package on this CPU: each module compiles with the kernel's own
+warps and stages, fits the GPU's shared memory and multiplies with its tensor-core instructions
+(wgmma on Hopper, mma.sync on Ampere).
 
 A GPU is lent to few sessions, and an H100 once refused a kernel that lowered and passed every CPU
 test (a loop bound typed i1); this compiles what the GPU would, without one. Needs ``triton``
@@ -25,24 +26,29 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 triton = pytest.importorskip("triton", reason="needs the triton package (pip install triton)")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-H100 = GPUTarget("cuda", 90, 32)
-H100_SHARED = 227 * 1024  # the largest shared memory one block may use on an H100
+# (target, the most shared memory one block may use, the tensor-core instruction in its PTX)
+GPUS = {
+    "h100": (GPUTarget("cuda", 90, 32), 227 * 1024, r"wgmma\.mma_async"),
+    "a100": (GPUTarget("cuda", 80, 32), 163 * 1024, r"mma\.sync"),
+}
 
 
-def compiled(module, params, tmp_path, name):
+def compiled(module, params, tmp_path, name, gpu):
     path = tmp_path / f"{name}.ttir"
     path.write_text(module.operation.get_asm(enable_debug_info=False))
     options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
-    return triton.compile(str(path), target=H100, options=options)
+    return triton.compile(str(path), target=GPUS[gpu][0], options=options)
 
 
-def check(kernels):
+def check(kernels, gpu):
+    _, shared, mma = GPUS[gpu]
     for k in kernels:
-        assert k.metadata.shared <= H100_SHARED, k.metadata.shared
-        assert re.search(r"wgmma\.mma_async", k.asm["ptx"]), "no Hopper tensor-core MMA"
+        assert k.metadata.shared <= shared, k.metadata.shared
+        assert re.search(mma, k.asm["ptx"]), f"no tensor-core MMA ({mma})"
 
 
-def test_grouped_matmul_kernels_compile_for_an_h100(monkeypatch, tmp_path):
+@pytest.mark.parametrize("gpu", list(GPUS))
+def test_grouped_matmul_kernels_compile(monkeypatch, tmp_path, gpu):
     """The forward product and both backward products, bfloat16, at the default tiling."""
     lhs, rhs = jnp.ones((512, 1024), jnp.bfloat16), jnp.ones((8, 1024, 2048), jnp.bfloat16)
     sizes = jnp.array([100, 0, 56, 60, 100, 60, 70, 66], jnp.int32)
@@ -53,11 +59,12 @@ def test_grouped_matmul_kernels_compile_for_an_h100(monkeypatch, tmp_path):
 
     modules = triton_modules(monkeypatch, jax.grad(loss, (0, 1)), lhs, rhs)
     assert len(modules) == 3
-    check([compiled(m, gmm._TRITON, tmp_path, f"gmm{i}") for i, m in enumerate(modules)])
+    check([compiled(m, gmm._TRITON, tmp_path, f"gmm{i}", gpu) for i, m in enumerate(modules)], gpu)
 
 
+@pytest.mark.parametrize("gpu", list(GPUS))
 @pytest.mark.parametrize("kw", [dict(causal=True, window=256), dict(causal=False)])
-def test_flash_attention_kernels_compile_for_an_h100(monkeypatch, tmp_path, kw):
+def test_flash_attention_kernels_compile(monkeypatch, tmp_path, kw, gpu):
     """The forward, dk/dv and dq kernels, bfloat16, GQA 16/4 of 64, a traced query offset."""
 
     q, k = jnp.ones((1, 1024, 16, 64), jnp.bfloat16), jnp.ones((1, 1024, 4, 64), jnp.bfloat16)
@@ -68,4 +75,7 @@ def test_flash_attention_kernels_compile_for_an_h100(monkeypatch, tmp_path, kw):
 
     modules = triton_modules(monkeypatch, jax.grad(loss, (0, 1, 2)), q, k, k, jnp.int32(0))
     assert len(modules) == 3
-    check([compiled(m, flash._TRITON, tmp_path, f"flash{i}") for i, m in enumerate(modules)])
+    kernels = [
+        compiled(m, flash._TRITON, tmp_path, f"flash{i}", gpu) for i, m in enumerate(modules)
+    ]
+    check(kernels, gpu)
