@@ -146,6 +146,32 @@ def test_output_dtype_sets_the_stream():
     assert h.dtype == logits.dtype == jnp.bfloat16
 
 
+def test_a_stack_carries_the_dtype_its_layers_return():
+    """A float32 input into a stack of MLPs under compute=bfloat16 (no residual: each layer returns
+    bfloat16): the stack runs as the layers applied one after another, which pass bfloat16 on;
+    JAX's scan used to refuse the loop (its carry changed dtype). Values equal that loop's."""
+    stack = na.nn.Stacked(Axis("layer", 3), lambda k: na.nn.MLP(Embed, {"mlp": 32}, key=k), key=KEY)
+    x = na.random.normal(jax.random.key(1), {"batch": 2, "embed": Embed.size})
+
+    @jax.jit
+    @na.nn.precision("params=float32,compute=bfloat16")
+    def both(stack, x):
+        h = x
+        for i in range(3):
+            layer = jax.tree.map(
+                lambda a: a["layer", i] if isinstance(a, na.NamedArray) else a,
+                stack.stacked, is_leaf=lambda a: isinstance(a, na.NamedArray),
+            )  # fmt: skip
+            h = layer(h)
+        return stack(x), h
+
+    got, want = both(stack, x)
+    assert got.dtype == want.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(got.array, np.float32), np.asarray(want.array, np.float32)
+    )
+
+
 def test_jax_jit_traces_again_under_another_policy():
     """A plain ``jax.jit`` (or ``eqx.filter_jit``) function whose layers read the policy is traced
     once per policy, and each call computes in its own policy's dtype."""

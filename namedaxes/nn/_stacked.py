@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from .._array import NamedArray, is_named_array
@@ -17,6 +18,7 @@ from .._ops.hof import check_remat, fold, scan, vmap
 from .._ops.shape import rearrange
 from ._pipeline import check_options, pipeline_for
 from ._pipeline import run as run_pipeline
+from ._precision import current_precision
 
 __all__ = ["REMAT_POLICIES", "Stacked", "check_gradient_checkpointing"]
 
@@ -252,6 +254,7 @@ class Stacked(eqx.Module, Generic[M]):
         """``loop`` (``fold`` or ``scan``) of ``body`` over the layers, with a key per layer and
         the stack's remat policy; pipelined when the mapping places ``layer`` on mesh axes."""
         keys = None if key is None else jax.random.split(key, self.Layer.size)
+        x = self._settled(loop, body, x, keys, args, kwargs)
         pipe = pipeline_for(
             self.Layer, self.stacked, self.microbatches, self.schedule, self.repeats,
             self.batch_axis,
@@ -268,6 +271,38 @@ class Stacked(eqx.Module, Generic[M]):
             return out if with_ys else (out, None)
 
         return run_pipeline(pipe, self.Layer, stage, self.stacked, keys, x, args, kwargs, with_ys)
+
+    def _settled(
+        self, loop: Any, body: Any, x: Any, keys: Any, args: tuple[Any, ...], kwargs: Any
+    ) -> Any:
+        """``x`` in the dtypes a layer returns for it, as the carry of a loop must keep one type.
+
+        Under a precision policy a layer may return another floating dtype than it was given (a
+        float32 input, bfloat16 compute): layers applied one after another pass that dtype on,
+        so the stack starts the carry in it. Found by evaluating the first layer's shapes, only
+        while a policy sets a compute or output dtype."""
+        policy = current_precision()
+        if policy.compute is None and policy.output is None:
+            return x
+        first = jax.tree.map(
+            lambda a: a[self.Layer.name, 0] if isinstance(a, NamedArray) else a,
+            self.stacked,
+            is_leaf=is_named_array,
+        )
+        step = (first, None if keys is None else keys[0])
+        out = jax.eval_shape(lambda h: body(h, step, *args, **kwargs), x)
+        carry = out[0] if loop is scan else out
+
+        def cast(h: Any, o: Any) -> Any:
+            floating = jnp.issubdtype(h.dtype, jnp.floating) and jnp.issubdtype(
+                o.dtype, jnp.floating
+            )
+            return h.astype(o.dtype) if floating and h.dtype != o.dtype else h
+
+        try:
+            return jax.tree.map(cast, x, carry, is_leaf=is_named_array)
+        except ValueError:  # another structure: the loop itself says what differs
+            return x
 
     def _layers(
         self, loop: Any, body: Any, stacked: Any, Layer: Axis, keys: Any, x: Any,
