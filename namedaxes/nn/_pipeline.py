@@ -369,7 +369,17 @@ def run(
     in_specs = tuple(p_specs + k_specs + [PartitionSpec()] * (n_x + len(e_arrays)))
     traced: list[Any] = []  # (how to rebuild the outputs, how many are the carry's)
 
+    operands = (*p_arrays, *k_arrays, *x_arrays, *e_arrays)
+    dtypes = [a.dtype for a in operands]
+    # XLA:CPU aborts on a bfloat16 psum in a partly manual shard_map, and the backward pass sums
+    # the gradient of every operand the stages share (``PartitionSpec()``): on CPUs those enter
+    # in float32 and are cast back inside (exact), as ``_psum`` does for the outputs.
+    operands = tuple(
+        _cpu_wide(a) if spec == PartitionSpec() else a for a, spec in zip(operands, in_specs)
+    )
+
     def body(*flat: Any) -> Any:
+        flat = tuple(a.astype(d) if a.dtype != d else a for a, d in zip(flat, dtypes))
         params = p_rebuild(list(flat[:n_p]))
         kb = flat[n_p] if n_k else None
         h_all = x_rebuild(list(flat[n_p + n_k : n_p + n_k + n_x]))
@@ -386,7 +396,6 @@ def run(
             axis_names=frozenset(pipe.mesh_axes), check_vma=False,
         )  # fmt: skip
 
-    operands = (*p_arrays, *k_arrays, *x_arrays, *e_arrays)
     # The carry leaves the stages replicated; ys (layer first) split on the layer axis like the
     # parameters. A first abstract trace counts the carry's leaves.
     probe = jax.eval_shape(mapped(PartitionSpec()), *operands)
@@ -486,7 +495,7 @@ def _loop(
     # sends the outputs to every stage.
     first_out = (v - 1) * m + p - 1
     outs = jax.tree.map(
-        lambda a: jax.lax.psum(
+        lambda a: _psum(
             jnp.where(s == p - 1, a[first_out : first_out + m], 0).astype(a.dtype), pipe.axis
         ),
         hs,
@@ -495,6 +504,23 @@ def _loop(
     if with_ys:
         ys = jax.tree.map(lambda y: _ys_layout(y, s, pipe, Layer.name), ys, is_leaf=is_named_array)
     return outs, ys
+
+
+def _cpu_wide(a: Any) -> Any:
+    """``a`` in float32 if it is bfloat16 and the backend a CPU, else as it is.
+
+    XLA:CPU widens bfloat16 all-reduces itself, and aborts the process on those of a partly manual
+    ``shard_map`` ("Invalid binary instruction opcode copy": their reducer ends in a copy), so a
+    pipeline under compute=bfloat16 could not compile on a CPU. GPUs reduce bfloat16 as it is."""
+    if getattr(a, "dtype", None) == jnp.bfloat16 and jax.default_backend() == "cpu":
+        return a.astype(jnp.float32)
+    return a
+
+
+def _psum(a: jax.Array, axis: str) -> jax.Array:
+    """``psum`` over ``axis``, in float32 for bfloat16 on CPUs (``_cpu_wide``; exact here: one
+    addend is not zero)."""
+    return jax.lax.psum(_cpu_wide(a), axis).astype(a.dtype)
 
 
 def _take(x: Any, index: list[int]) -> Any:
