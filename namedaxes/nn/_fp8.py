@@ -61,8 +61,9 @@ def _scaled(
 
 def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any, dtype: Any) -> Any:
     """``a`` in ``fmt`` and its scales: one, or with ``row`` one per slice along the axes of ``a``
-    outside ``axis`` (the matmul's contraction). The "operands" form dequantizes in ``dtype`` (the
-    product's): its scale is a ``dtype`` value, so that dequantizing undoes quantizing exactly."""
+    outside ``axis`` (the matmul's contraction). The "operands" form scales in ``dtype`` (the
+    product's), and XLA takes that scale as the GEMM's: it is a ``dtype`` value, so that the GEMM
+    scales by exactly what the operand was quantized with."""
     keep = [n for n in a.axis_names if n not in axis] if row else ()
     return quantize(a, keep, fmt, dtype if not row and TENSOR_FORM == "operands" else None)
 
@@ -133,7 +134,8 @@ def _bwd(axis: Any, row: bool, compute: Any, held: Any, res: Any, g: NamedArray)
         tokens, compute, qw.axis_names,
     )  # fmt: skip
     # Back where the weight is held, as a parameter's gradient comes back through param's
-    # placement, then in its own dtype: the reduction over the batch moves the compute dtype.
+    # placement, then in its own dtype (the reduction over the batch moves the product's dtype:
+    # the compute dtype in the "operands" form, float32 in the "output" form).
     dtype, sharding = held
     dw = auto_sharded(dw)
     if sharding is not None:
