@@ -284,12 +284,7 @@ class Stacked(eqx.Module, Generic[M]):
         policy = current_precision()
         if policy.compute is None and policy.output is None:
             return x
-        first = jax.tree.map(
-            lambda a: a[self.Layer.name, 0] if isinstance(a, NamedArray) else a,
-            self.stacked,
-            is_leaf=is_named_array,
-        )
-        step = (first, None if keys is None else keys[0])
+        step = (self._layer(0), None if keys is None else keys[0])
         out = jax.eval_shape(lambda h: body(h, step, *args, **kwargs), x)
         carry = out[0] if loop is scan else out
 
@@ -342,13 +337,13 @@ class Stacked(eqx.Module, Generic[M]):
             >>> [m.weight for m in s.unstacked()]
             [NamedArray(float32, embed=3), NamedArray(float32, embed=3)]
         """
+        return tuple(self._layer(i) for i in range(self.Layer.size))
+
+    def _layer(self, i: int) -> M:
+        """Layer ``i`` as a module without the ``Layer`` axis."""
         name = self.Layer.name
-
-        def pick(i: int) -> M:
-            return jax.tree.map(
-                lambda x: x[name, i] if isinstance(x, NamedArray) and x.has_axis(name) else x,
-                self.stacked,
-                is_leaf=is_named_array,
-            )
-
-        return tuple(pick(i) for i in range(self.Layer.size))
+        return jax.tree.map(
+            lambda x: x[name, i] if isinstance(x, NamedArray) and x.has_axis(name) else x,
+            self.stacked,
+            is_leaf=is_named_array,
+        )
