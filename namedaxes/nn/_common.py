@@ -155,9 +155,8 @@ def param(w: Any) -> Any:
 
     Every layer reads its parameters through here. The cast comes first, where the parameter is
     held (``held_placed``), so an FSDP gather moves the compute dtype, and the gradient flows back
-    through it in the parameter's own dtype. A
-    :class:`QuantizedArray` is dequantized here (its narrow values gathered, then scaled), so
-    every layer takes quantized weights as they are.
+    through it in the parameter's own dtype. A :class:`QuantizedArray` is dequantized here (its
+    narrow values gathered, then scaled), so every layer takes quantized weights as they are.
     """
     if isinstance(w, QuantizedArray):
         return w.dequantize(current_precision().compute)

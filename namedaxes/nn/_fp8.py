@@ -29,9 +29,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType
 
 from .._array import NamedArray
+from .._mesh import explicit_axes
 from .._ops.contract import dot
 from .._partitioning._held import held_placed
 from .._partitioning._shard import auto_sharded
@@ -80,9 +80,7 @@ def _explicit_sharding(w: NamedArray) -> Any:
     """The weight's sharding on an Explicit mesh (where its gradient must match it), else None."""
     sharding = jax.typeof(w.array).sharding
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or not any(t == AxisType.Explicit for t in mesh.axis_types):
-        return None
-    return sharding
+    return sharding if mesh is not None and explicit_axes(mesh) else None
 
 
 def fp8_dot(
@@ -159,6 +157,6 @@ def matmul(x: NamedArray, w: Any, axis: tuple[str, ...]) -> NamedArray:
         # a mixed-dtype GEMM fuses), and the per-channel scales, on output axes, multiply its
         # result instead of the whole weight.
         dtype = policy.compute or w.dtype
-        values, scale = auto_sharded(w.values), auto_sharded(w.scale)
+        values, scale = w.placed()
         return dot(x, values.astype(dtype), axis=axis) * scale.astype(dtype)
     return dot(x, param(w), axis=axis)

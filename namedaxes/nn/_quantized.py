@@ -36,7 +36,7 @@ def quantize(
     """``(x / scale in dtype, scale)``: the scale (float32) has the axes ``keep`` (none: one for
     the tensor) and maps each slice's absolute maximum to the format's largest value (127 for
     int8, rounded to the nearest integer; 448 for float8 e4m3). With ``scale_dtype`` the scale is
-    a value of that dtype (rounded to it first), so a product dequantized in it is exact."""
+    a value of that dtype (rounded to it first), so that scaling in that dtype scales by it."""
     integer = jnp.issubdtype(dtype, jnp.integer)
     top = float(jnp.iinfo(dtype).max if integer else jnp.finfo(dtype).max)
     reduce = tuple(n for n in x.axis_names if n not in keep)
@@ -137,5 +137,10 @@ class QuantizedArray(eqx.Module):
         """The weight, ``values * scale`` in ``dtype`` (default :attr:`dtype`), the two arrays
         placed by the mapping in force first."""
         dtype = self.dtype if dtype is None else dtype
-        values, scale = auto_sharded(self.values), auto_sharded(self.scale)
+        values, scale = self.placed()
         return auto_sharded(values.astype(dtype) * scale.astype(dtype))
+
+    def placed(self) -> tuple[NamedArray, NamedArray]:
+        """``(values, scale)``, each placed by the mapping in force (the narrow values are what an
+        FSDP gather moves)."""
+        return auto_sharded(self.values), auto_sharded(self.scale)
