@@ -14,12 +14,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import NamedTypeError, QuantizationError
-from .._ops.elementwise import abs as named_abs
-from .._ops.elementwise import clip, maximum
-from .._ops.elementwise import round as named_round
 from .._partitioning._shard import auto_sharded
 
-__all__ = ["FORMATS", "QuantizedArray", "quantize"]
+__all__ = ["FORMATS", "QuantizedArray", "quantize", "quantize_array"]
 
 F32 = jnp.dtype(jnp.float32)
 #: The storage formats of :meth:`QuantizedArray.of` by name.
@@ -37,18 +34,33 @@ def quantize(
     the tensor) and maps each slice's absolute maximum to the format's largest value (127 for
     int8, rounded to the nearest integer; 448 for float8 e4m3). With ``scale_dtype`` the scale is
     a value of that dtype (rounded to it first), so that scaling in that dtype scales by it."""
+    reduce = tuple(i for i, n in enumerate(x.axis_names) if n not in keep)
+    values, scale = quantize_array(x.array, reduce, dtype, scale_dtype)
+    kept = tuple(a for i, a in enumerate(x.axes) if i not in reduce)
+    return NamedArray(values, x.axes), NamedArray(jnp.squeeze(scale, reduce), kept)
+
+
+def quantize_array(
+    x: jax.Array, reduce: tuple[int, ...], dtype: Any, scale_dtype: Any = None,
+    across: tuple[str, ...] = (),
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """:func:`quantize` on a plain array: the scale is one per slice along the positions
+    ``reduce`` (kept as size-1 axes, so that it broadcasts against ``x``), its absolute maximum
+    also taken over the mesh axes ``across`` (inside ``shard_map``: the slice is split over
+    them)."""
     integer = jnp.issubdtype(dtype, jnp.integer)
     top = float(jnp.iinfo(dtype).max if integer else jnp.finfo(dtype).max)
-    reduce = tuple(n for n in x.axis_names if n not in keep)
-    amax = named_abs(x).max(reduce if len(reduce) < x.ndim else None).astype(F32)
+    amax = jnp.max(jnp.abs(x), axis=reduce, keepdims=True).astype(F32)
+    if across:
+        amax = jax.lax.pmax(amax, across)
     # A normal float32 however small amax is (an all-zero slice: any scale works, a subnormal one
     # may be flushed to zero).
-    scale = maximum(amax / top, float(jnp.finfo(F32).tiny))
+    scale = jnp.maximum(amax / top, float(jnp.finfo(F32).tiny))
     if scale_dtype is not None:  # the largest value may land a rounding past `top`: clipped
         scale = scale.astype(scale_dtype).astype(F32)
     scaled = x.astype(F32) / scale
     # Rounding in the division can step past `top`, which e4m3fn would turn into NaN.
-    scaled = clip(named_round(scaled) if integer else scaled, -top, top)
+    scaled = jnp.clip(jnp.round(scaled) if integer else scaled, -top, top)
     return scaled.astype(dtype), scale
 
 
