@@ -1,4 +1,5 @@
-"""float8 matmuls for training: ``fp8_dot`` and ``matmul``, the one place layers multiply by a weight.
+"""float8 matmuls for training: ``fp8_dot`` and ``matmul``, where layers multiply by a weight
+(a mixture of experts' routed experts: ``_fp8_experts``).
 
 Each operand is scaled from its absolute maximum into the float8 range and cast (e4m3 for inputs
 and weights, e5m2 for the gradient coming back); the product is written in one of the two forms

@@ -43,6 +43,7 @@ from ._common import (
 from ._linear import Linear
 from ._mlp import MLP, _by_name
 from ._moe_dispatch import Placement, Routing, local_moe
+from ._precision import current_precision
 
 __all__ = ["DISPATCHES", "MoE", "RouterStats"]
 
@@ -166,6 +167,11 @@ class MoE(eqx.Module):
     on Hopper GPUs for 16-bit compute, ``"dense"`` on CPUs (where XLA computes ``ragged_dot`` as
     a masked dense product, ``top_k`` times the dense work), ``"ragged"`` elsewhere. All give the
     same values and drop the same choices.
+
+    Under a precision policy with ``matmul="float8"`` the experts' products run in float8 when
+    the rules pick the names of each expert's ``Linear``s (``Embed`` and ``Hidden``; by default
+    ``expert_mlp`` goes), with float8's numbers but, on GPUs, not yet its speed (see
+    ``docs/nn.md``); the router follows its own ``Linear``'s rule (it stays by default).
 
     Under a mapping, the layer runs per device (``shard_map``): placing ``experts`` on mesh axes
     is expert parallelism (each device holds and computes its block of experts; with
@@ -354,6 +360,9 @@ class MoE(eqx.Module):
             n = group if group is not None else math.prod(a.size for a in tokens)
             capacity = math.ceil(self.capacity_factor * self.top_k * n / experts)
         act = self.experts.activation
+        # The experts' products are named like each expert's Linears: embed and the hidden axes.
+        names = [a.name for a in (*self.Embed, *self.Hidden)]
+        policy = current_precision()
         return Routing(
             experts=experts,
             top_k=self.top_k,
@@ -364,6 +373,7 @@ class MoE(eqx.Module):
             dispatch=dispatch,
             activation=lambda a: act(NamedArray(a, _dims(a))).array,
             gated=self.experts.gate is not None,
+            float8=policy.scaling if policy.float8(names) else None,
         )
 
     def _run(

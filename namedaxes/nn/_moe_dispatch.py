@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from .._spec import entry_of
 from ..kernels import grouped_matmul
+from ._fp8_experts import Float8, float8_product
 
 __all__ = ["Placement", "Routing", "local_moe"]
 
@@ -59,6 +60,7 @@ class Routing:
     dispatch: str  # "ragged" | "grouped" | "dense" | "capacity"
     activation: Callable[[jax.Array], jax.Array]
     gated: bool
+    float8: str | None = None  # the expert products in float8: "tensor" or "row" scaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,30 +122,35 @@ def _ffn_ragged(
 ) -> jax.Array:  # fmt: skip
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
     matmul = grouped_matmul if r.dispatch == "grouped" else jax.lax.ragged_dot
-    product = lambda a, m: matmul(a, m, sizes)  # noqa: E731
-    return _psum(_expert_mlp(rows, w, r, product, product), p.tp)
+    return _psum(_expert_mlp(rows, w, r, p, matmul, matmul, sizes), p.tp)
 
 
 def _expert_mlp(
-    x: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing,
-    into: Callable[[jax.Array, jax.Array], jax.Array],
-    out: Callable[[jax.Array, jax.Array], jax.Array],
+    x: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    into: Callable[..., jax.Array], out: Callable[..., jax.Array], *extra: jax.Array,
 ) -> jax.Array:  # fmt: skip
     """``down(act(gate(x)) * up(x))`` (or ``down(act(up(x)))``), each projection by ``into`` (up,
-    gate) or ``out`` (down): the one expert MLP every dispatch runs, with its own products."""
+    gate) or ``out`` (down), called as ``into(rows, weights, *extra)``: the one expert MLP every
+    dispatch runs, with its own products, in float8 when ``r.float8`` says so."""
+    if r.float8 is not None:
+        every = tuple(dict.fromkeys(p.tokens + p.ep + p.tp))
+        cfg = Float8(r.float8 == "row", every)
+        # up and gate contract the (whole) embedding, down the hidden axis that p.tp splits
+        into = functools.partial(float8_product, into, dataclasses.replace(cfg, split_n=p.tp))
+        out = functools.partial(float8_product, out, dataclasses.replace(cfg, split_k=p.tp))
     gate, up, down = w
-    h = into(x, up)
-    h = r.activation(into(x, gate)) * h if gate is not None else r.activation(h)
-    return out(h, down)
+    h = into(x, up, *extra)
+    h = r.activation(into(x, gate, *extra)) * h if gate is not None else r.activation(h)
+    return out(h, down, *extra)
 
 
 def _ffn_dense(
     x: jax.Array, combine: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array],
-    r: Routing,
+    r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """Every expert of ``w`` on every token, summed with the weights ``combine (T, E)``."""
     into = functools.partial(jnp.einsum, "th,ehi->tei")
-    out = _expert_mlp(x, w, r, into, functools.partial(jnp.einsum, "tei,eih->teh"))
+    out = _expert_mlp(x, w, r, p, into, functools.partial(jnp.einsum, "tei,eih->teh"))
     return jnp.einsum("teh,te->th", out, combine.astype(out.dtype))
 
 
@@ -165,7 +172,7 @@ def _dense(
     if p.ep:
         first = jax.lax.axis_index(entry_of(p.ep)) * local
         combine = jax.lax.dynamic_slice_in_dim(combine, first, local, axis=1)
-    y = _psum(_ffn_dense(x, combine, w, r), p.tp + p.rep)
+    y = _psum(_ffn_dense(x, combine, w, r, p), p.tp + p.rep)
     if p.split:
         y = jax.lax.psum_scatter(y, entry_of(p.split), scatter_dimension=0, tiled=True)
     return y
@@ -308,7 +315,7 @@ def _ffn_batched(
 ) -> jax.Array:
     """The expert MLPs on ``rows (E, R, H)``, expert ``e`` on ``rows[e]``: batched matmuls."""
     into = functools.partial(jnp.einsum, "erh,ehi->eri")
-    out = _expert_mlp(rows, w, r, into, functools.partial(jnp.einsum, "eri,eih->erh"))
+    out = _expert_mlp(rows, w, r, p, into, functools.partial(jnp.einsum, "eri,eih->erh"))
     return _psum(out, p.tp)
 
 

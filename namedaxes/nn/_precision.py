@@ -66,7 +66,8 @@ weights for inference), as ``(axis name, yes/no)`` rules over the names of a lay
 naming one of them decides; a layer no rule names stays in the compute dtype. The output head
 (``vocab``), the mixture-of-experts router (``experts``) and the shared expert's one-wide gate
 stay; the attention projections (``heads``, ``kv_heads``), MLPs (``mlp``, ``shared_mlp``,
-``expert_mlp``) and any other ``embed`` projection go. Norms, embedding lookups and attention
+``expert_mlp``: the routed experts' products are named like each expert's ``Linear``s) and any
+other ``embed`` projection go. Norms, embedding lookups and attention
 scores are not layers' matmuls: they never go."""
 
 
