@@ -90,10 +90,11 @@ part moe "moe dispatch" "${MOE_T:-200}" "$PY" benchmarks/moe_dispatch.py --steps
   --budget "${MOE_B:-170}" $moe_quick $peak $mosaic ${MOE_E:+--experts "$MOE_E"} ${MOE_K:+--top-k "$MOE_K"}
 # Mixtral- and Qwen3-MoE-shaped training steps, one row per dispatch, against the dense model with
 # the same active parameters: tokens/s, MFU on active parameters. MOEM_MODELS (mixtral-ish,
-# qwen3-moe-ish) and MOEM_DISPATCHES (dense,ragged,grouped,capacity) pick rows; MOEM_B bounds them.
+# qwen3-moe-ish) and MOEM_DISPATCHES (dense,ragged,grouped,capacity) pick rows; MOEM_B bounds them;
+# MOEM_P sets every row's policy (e.g. params=float32,compute=bfloat16,matmul=float8).
 part moemodel "moe model" "${MOEM_T:-150}" "$PY" benchmarks/moe_model.py --budget "${MOEM_B:-120}" \
   $moe_quick $peak $mosaic ${MOEM_MODELS:+--models "$MOEM_MODELS"} \
-  ${MOEM_DISPATCHES:+--dispatches "$MOEM_DISPATCHES"}
+  ${MOEM_DISPATCHES:+--dispatches "$MOEM_DISPATCHES"} ${MOEM_P:+--precision "$MOEM_P"}
 part context "context shards" "${CTX_T:-70}" "$PY" benchmarks/context_shards.py --budget "${CTX_B:-55}"
 # One ring block (2k/4k/8k tokens, causal diagonal and full), bfloat16, 16 heads x 64: the Pallas
 # kernel (implementation="pallas"), cuDNN and the XLA block, forward+backward; pallas/cudnn is the

@@ -24,7 +24,7 @@ Qwen3-ish one with 32 experts); ``grouped`` runs there in Pallas interpret mode.
 Each is timed against its *dense twin*: the same model with a dense MLP of width top-k x expert
 width, so the same active parameters but the router's. Every model trains with the example's own
 step (``train_lm.make_steps``: AdamW via optax, float32 parameters, bfloat16 compute, ``na.fsdp`` on
-a one-device mesh) on the same random tokens; the load-balancing loss is left out, as the example's
+a one-device mesh; ``--precision`` sets another policy for every row, e.g. float8 matmuls) on the same random tokens; the load-balancing loss is left out, as the example's
 loss has none (it adds a few reductions). Each MoE model runs once per ``--dispatches`` entry
 (``TransformerConfig.moe_dispatch``; ``capacity`` at ``--capacity-factor``), each from the same
 initial parameters with its own state. The timing rounds are interleaved (every row once per round,
@@ -157,9 +157,9 @@ class Slot:
     """One row: a model's training state (its own: the step donates it), its step, and what
     happened (the first loss and call time, or the error that ended it)."""
 
-    def __init__(self, label: str, size: tw.Size, mesh: Any):
+    def __init__(self, label: str, size: tw.Size, mesh: Any, policy: Any = POLICY):
         self.label, self.mesh = label, mesh
-        self.step = tw.train_lm.make_steps(tw.optimizer(size), POLICY)[0]
+        self.step = tw.train_lm.make_steps(tw.optimizer(size), policy)[0]
         self.state: dict[str, Any] | None = None
         self.first_loss = self.first_call = None
         self.error: str | None = None
@@ -203,9 +203,9 @@ def model_rows(
     """The table's rows for ``model``: its dense twin, then each dispatch."""
     size, mesh = model.size, tw.one_device_mesh()
     batches = [tw.named_batch(t) for t in tw.batches(size, args.steps)]
-    twin = Slot("dense twin", size, mesh)
+    twin = Slot("dense twin", size, mesh, args.precision)
     twin.start(lambda: init(model.dense(), size, mesh), batches[0])
-    slots = [twin] + [Slot(d, size, mesh) for d in args.dispatches]
+    slots = [twin] + [Slot(d, size, mesh, args.precision) for d in args.dispatches]
     shared: dict[str, Any] = {}  # the MoE models' initial state, made for the first that runs
 
     def moe_state(dispatch: str) -> dict[str, Any]:
@@ -259,6 +259,11 @@ def main() -> None:
     )
     parser.add_argument("--capacity-factor", type=float, default=1.25)
     parser.add_argument("--remat", default="none", help="gradient_checkpointing of every model")
+    parser.add_argument(
+        "--precision", type=na.nn.Precision.parse, default=POLICY,
+        help="every row's policy (default float32 parameters, bfloat16 compute; add "
+        "',matmul=float8' for float8 matmuls, the routed experts' included)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds (5; 3 on CPU)")
     parser.add_argument(
         "--steps", type=int, default=None, help="steps per row and round (2; 1 on CPU)"
@@ -289,7 +294,7 @@ def main() -> None:
     print(
         f"{device.device_kind} ({jax.default_backend()}), jax {jax.__version__}; bfloat16 peak "
         f"{peak / 1e12:.1f} TFLOP/s ({'given' if args.peak else 'measured'}); remat "
-        f"{args.remat!r}, capacity factor {args.capacity_factor}"
+        f"{args.remat!r}, capacity factor {args.capacity_factor}, {args.precision}"
         + ("" if accel else "; CPU: tiny sizes, only the ratios' agreement means anything")
     )
     for name in args.models:
