@@ -17,7 +17,10 @@ reduces, and a sharded layer computes with the scales of the unsharded one.
 The float8 values are converted to the compute dtype and scaled before the product, because the
 grouped kernels and ``ragged_dot`` take no float8 operands: these are float8's numbers, with none
 of its speed on the grouped dispatches (on the dense and capacity dispatches, with tensor
-scaling, the product has the form XLA's GEMM rewriter turns into float8 GEMMs; not measured).
+scaling, the product has the form XLA's GEMM rewriter turns into float8 GEMMs; not measured). A
+float8 Pallas grouped kernel was tried and left out: Pallas's Triton lowering gives a float8 dot
+no ``max_num_imprecise_acc``, and without it Triton (3.9, sm_90) compiles it to ``mma.sync`` on
+float16, slower than the bfloat16 ``wgmma`` the kernels run now.
 """
 
 from __future__ import annotations
