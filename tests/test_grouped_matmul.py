@@ -14,7 +14,7 @@ from _triton import verified_triton_modules
 
 import namedaxes as na
 from namedaxes.kernels import grouped_matmul, grouped_matmul_reference
-from namedaxes.kernels._grouped_matmul import _bounds, _work
+from namedaxes.kernels._grouped_matmul import _bounds, _work, scaled_grouped_matmul
 
 M, K, N, G = 45, 24, 40, 6
 TILING = (16, 16, 16)  # several tiles each way, K and N padded
@@ -88,6 +88,38 @@ def test_values_and_gradients_equal_ragged_dot_and_dense(dtype):
         assert not np.asarray(got[1][past:], np.float32).any()
         empty = np.flatnonzero(np.asarray(sizes) == 0)
         assert not np.asarray(got[2][empty], np.float32).any()  # empty groups: no gradient
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("narrow", [jnp.int8, jnp.float8_e4m3fn], ids=["int8", "float8"])
+def test_narrow_weights_with_scales_equal_ragged_dot_of_the_dequantized(dtype, narrow, monkeypatch):
+    """scaled_grouped_matmul (a quantized mixture of experts' product): rows times each group's
+    narrow values, converted inside the kernel, times the group's per-column scales, equals
+    ragged_dot of the dequantized weights for every case of group sizes (rows past the groups 0),
+    and so does the rows' gradient; it lowers to a verified Triton module."""
+    lhs, _, cot = operands(dtype)
+    keys = jax.random.split(jax.random.key(1))
+    values = (8 * jax.random.normal(keys[0], (G, K, N))).astype(narrow)
+    scale = jax.random.uniform(keys[1], (G, N), minval=0.5, maxval=2.0)
+    weight = values.astype(jnp.float32) * scale[:, None, :]
+
+    @jax.jit
+    def got(lhs, sizes):
+        f = lambda a: scaled_grouped_matmul(a, values, sizes, scale, tiling=TILING)  # noqa: E731
+        out, vjp = jax.vjp(f, lhs)
+        return out, *vjp(cot.astype(out.dtype))
+
+    for case, sizes in SIZES.items():
+        sizes = jnp.asarray(sizes, jnp.int32)
+        out, d_lhs = got(lhs, sizes)
+        assert out.dtype == d_lhs.dtype == dtype
+        want = value_and_grads("ragged_dot")(lhs.astype(jnp.float32), weight, sizes, cot)
+        close(out, want[0], dtype, (case, "output"))
+        close(d_lhs, want[1], dtype, (case, "d lhs"))
+        assert not np.asarray(out[int(sizes.sum()) :], np.float32).any()
+    sizes = jnp.asarray(SIZES["random, every row"], jnp.int32)
+    f = lambda a, v: scaled_grouped_matmul(a, v, sizes, scale, interpret=False)  # noqa: E731
+    assert verified_triton_modules(monkeypatch, f, lhs, values) == (1, [])
 
 
 def test_megablox_in_interpret_mode_equals_ragged_dot():

@@ -79,3 +79,22 @@ def test_flash_attention_kernels_compile(monkeypatch, tmp_path, kw, gpu):
         compiled(m, flash._TRITON, tmp_path, f"flash{i}", gpu) for i, m in enumerate(modules)
     ]
     check(kernels, gpu)
+
+
+@pytest.mark.parametrize(
+    "gpu,fmt", [("h100", jnp.int8), ("a100", jnp.int8), ("h100", jnp.float8_e4m3fn)]
+)
+def test_grouped_kernel_on_narrow_weights_compiles(monkeypatch, tmp_path, gpu, fmt):
+    """A quantized mixture of experts' product (scaled_grouped_matmul): bfloat16 rows, int8 or
+    float8 weights converted tile by tile inside the kernel, the scales on its sums. float8
+    weights only where reads_narrow says (an A100's Triton cannot convert float8)."""
+    rows, weights = jnp.ones((512, 1024), jnp.bfloat16), jnp.ones((8, 1024, 2048), fmt)
+    sizes = jnp.array([100, 0, 56, 60, 100, 60, 70, 66], jnp.int32)
+
+    def product(rows, weights):
+        scale = jnp.ones((8, 2048))
+        return gmm.scaled_grouped_matmul(rows, weights, sizes, scale, interpret=False)
+
+    modules = triton_modules(monkeypatch, product, rows, weights)
+    assert len(modules) == 1
+    check([compiled(modules[0], gmm._TRITON, tmp_path, "narrow", gpu)], gpu)

@@ -158,6 +158,18 @@ def mosaic_runs(dtype: Any) -> bool:
     return _mosaic_fits(dtype) and _hopper()
 
 
+def reads_narrow(dtype: Any) -> bool:
+    """Whether :func:`scaled_grouped_matmul` runs here on weights of ``dtype``: int8 anywhere;
+    float8 off GPUs (interpret mode) and on GPUs of compute capability 8.9 or later, the first
+    whose conversion of float8 Triton compiles (checked for sm_80 and sm_90 with ``triton``)."""
+    if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize != 1:
+        return jnp.dtype(dtype) == jnp.dtype(jnp.int8)
+    if jax.default_backend() != "gpu":
+        return True
+    major, _, minor = str(getattr(jax.devices()[0], "compute_capability", "0.0")).partition(".")
+    return (int(major or 0), int(minor or 0)) >= (8, 9)
+
+
 def _hopper() -> bool:
     """Whether the default device is a Hopper GPU (compute capability 9.x), which Mosaic GPU's
     wgmma kernels need."""
@@ -239,10 +251,20 @@ def _work(starts: jax.Array, ends: jax.Array, tm: int, tiles: int) -> tuple[jax.
     return group, jnp.where(group == n - 1, 0, tile).astype(jnp.int32)
 
 
+def _one_type(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Tiles of two dtypes in one (Pallas's Triton lowering multiplies one type): a narrow
+    weight's (int8, float8) converted to the rows' float dtype, which holds its every value."""
+    if a.dtype == b.dtype:
+        return a, b
+    return a, b.astype(a.dtype)
+
+
 def _gmm_kernel(
     group_ref: Any, tile_ref: Any, start_ref: Any, end_ref: Any, lhs_ref: Any, rhs_ref: Any,
-    out_ref: Any, *, groups: int, k_tiles: int, tm: int, tk: int, tn: int, transpose_rhs: bool,
+    *refs: Any, groups: int, k_tiles: int, tm: int, tk: int, tn: int, transpose_rhs: bool,
+    scaled: bool,
 ) -> None:  # fmt: skip
+    *scale, out_ref = refs
     w, j = pl.program_id(0), pl.program_id(1)
     g, t = group_ref[w], tile_ref[w]
     rows = pl.ds(pl.multiple_of(t * tm, tm), tm)
@@ -255,6 +277,7 @@ def _gmm_kernel(
             b, dims = rhs_ref[g, cols, inner], (((1,), (1,)), ((), ()))
         else:
             b, dims = rhs_ref[g, inner, cols], (((1,), (0,)), ((), ()))
+        a, b = _one_type(a, b)
         return acc + jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
 
     # The tail (rows past the groups) and unused items multiply nothing: they store 0 or nothing.
@@ -262,6 +285,8 @@ def _gmm_kernel(
     # literal in select_n the predicate's type (i1), and scf.for then rejects its i1 bound.
     steps = (g < groups).astype(jnp.int32) * k_tiles
     acc = jax.lax.fori_loop(jnp.int32(0), steps, step, jnp.zeros((tm, tn), F32))
+    if scaled:  # per group and column of rhs: on the float32 sums
+        acc = acc * scale[0][g, cols][None, :]
     row = t * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, tn), 0)
     mask = (row >= start_ref[g]) & (row < end_ref[g])
     plgpu.store(out_ref.at[rows, cols], acc.astype(out_ref.dtype), mask=mask)
@@ -269,9 +294,11 @@ def _gmm_kernel(
 
 def _gmm(
     lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, tiling: tuple[int, int, int],
-    interpret: bool, transpose_rhs: bool = False,
+    interpret: bool, transpose_rhs: bool = False, col_scale: Any = None,
 ) -> jax.Array:  # fmt: skip
-    """``lhs (M, K)`` times ``rhs[g]`` (``(K, N)``, or ``(N, K)`` transposed) per group."""
+    """``lhs (M, K)`` times ``rhs[g]`` (``(K, N)``, or ``(N, K)`` transposed) per group (tiles of
+    a narrow ``rhs`` converted to ``lhs``'s dtype); with ``col_scale (G, N)`` float32 each sum
+    times its group's column's scale. In ``lhs``'s dtype."""
     m, k = lhs.shape
     groups = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -285,15 +312,18 @@ def _gmm(
     group, tile = _work(starts, ends, tm, rows // tm)
     kernel = functools.partial(
         _gmm_kernel, groups=groups, k_tiles=lhs.shape[1] // tk, tm=tm, tk=tk, tn=tn,
-        transpose_rhs=transpose_rhs,
+        transpose_rhs=transpose_rhs, scaled=col_scale is not None,
     )  # fmt: skip
+    extra = ()
+    if col_scale is not None:  # whole tiles; the tail's and the empty group's rows: ones
+        extra = (jnp.pad(pad_to(col_scale, 1, tn), ((0, 2), (0, 0)), constant_values=1),)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((rows, pl.cdiv(n, tn) * tn), lhs.dtype),
         grid=(group.shape[0], pl.cdiv(n, tn)),
         compiler_params=_TRITON,
         interpret=interpret,
-    )(group, tile, starts, ends, lhs, rhs)
+    )(group, tile, starts, ends, lhs, rhs, *extra)
     return out[:m, :n]
 
 
@@ -344,6 +374,64 @@ def _tgmm(
         interpret=interpret,
     )(starts, ends, lhs, grad)
     return out[:, :k, :n]
+
+
+def scaled_grouped_matmul(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, col_scale: jax.Array, *,
+    tiling: tuple[int, int, int] | None = None, interpret: bool | None = None,
+) -> jax.Array:  # fmt: skip
+    """The grouped product of rows and narrow weights with per-channel scales, by the Pallas
+    kernel: ``(lhs[r] @ rhs[g]) * col_scale[g]`` for the rows ``r`` of group ``g``, each weight
+    tile converted to ``lhs``'s dtype inside the kernel (the narrow values are what it reads from
+    memory) and the scales applied to the float32 sums; in ``lhs``'s dtype. A quantized mixture
+    of experts' product (``nn.QuantizedArray`` weights, for inference); its rows' gradient is
+    the transposed product of the dequantized weight.
+
+    Args:
+        lhs: ``(M, K)`` rows sorted by group, floating.
+        rhs: ``(G, K, N)`` narrow values (int8, float8) or any dtype.
+        group_sizes: ``(G,)`` integer rows per group.
+        col_scale: ``(G, N)`` per group and output column.
+        tiling: As :func:`grouped_matmul`'s.
+        interpret: Pallas interpret mode; default: off GPUs.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> rhs = jnp.ones((2, 4, 5), jnp.int8)
+        >>> out = scaled_grouped_matmul(jnp.ones((3, 4)), rhs, jnp.array([1, 2], jnp.int32),
+        ...                             jnp.array([[0.5] * 5, [2.0] * 5]))
+        >>> out[:, 0]
+        Array([2., 8., 8.], dtype=float32)
+    """
+    return _scaled(lhs, rhs, group_sizes.astype(jnp.int32), col_scale, tiling, interpret)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _scaled(
+    lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, col_scale: jax.Array, tiling: Any,
+    interpret: Any,
+) -> jax.Array:  # fmt: skip
+    interpret = jax.default_backend() != "gpu" if interpret is None else bool(interpret)
+    return _gmm(lhs, rhs, sizes, tiling or GPU_TILING, interpret, False, col_scale.astype(F32))
+
+
+def _scaled_fwd(
+    lhs: jax.Array, rhs: jax.Array, sizes: jax.Array, col_scale: jax.Array, tiling: Any,
+    interpret: Any,
+) -> Any:  # fmt: skip
+    return _scaled(lhs, rhs, sizes, col_scale, tiling, interpret), (rhs, sizes, col_scale)
+
+
+def _scaled_bwd(tiling: Any, interpret: Any, res: Any, grad: jax.Array) -> Any:
+    """The rows' gradient (the weights are not trained): ``grad`` times each group's
+    dequantized weight, transposed."""
+    rhs, sizes, col_scale = res
+    weight = rhs.astype(grad.dtype) * col_scale[:, None, :].astype(grad.dtype)
+    d_lhs = jax.lax.ragged_dot(grad, jnp.swapaxes(weight, 1, 2), sizes)
+    return d_lhs, None, None, None
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
 
 
 def _product(
