@@ -3,6 +3,7 @@ where layers read them; against transformers' logits and greedy tokens (tests/fi
 by the model's mapping on Auto and Explicit meshes; what a quantized model refuses."""
 
 import functools
+import math
 from pathlib import Path
 
 import equinox as eqx
@@ -152,3 +153,88 @@ def test_what_a_quantized_model_refuses_and_keeps():
     ring = small.with_options(context_strategy="ring")
     assert ring.layers.stacked.attn.context_strategy == "ring"
     assert ring.layers.stacked.mlp.up.weight is small.layers.stacked.mlp.up.weight
+
+
+# -- a mixture of experts -------------------------------------------------------------------------
+
+MIXTRAL = models.TransformerConfig(
+    "mixtral", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=4, num_experts=4, num_experts_per_tok=2,
+)  # fmt: skip
+DISPATCHES = {  # with_options of each dispatch
+    "grouped": dict(moe_dispatch="grouped"),
+    "ragged": dict(moe_dispatch="ragged"),
+    "dense": dict(moe_dispatch="dense"),
+    "capacity": dict(moe_dispatch="capacity", capacity_factor=4.0),
+}
+
+
+def dequantized(model):
+    """The model whose quantized weights are replaced by what they stand for (values x scales)."""
+    quantized = lambda x: isinstance(x, na.nn.QuantizedArray)  # noqa: E731
+    return jax.tree.map(lambda x: x.dequantize() if quantized(x) else x, model, is_leaf=quantized)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "float8"])
+def test_a_quantized_moe_reads_its_experts_narrow(fmt):
+    """The routed experts' quantized weights (values and scales per expert and output column) go
+    into the experts' products as stored: the grouped kernel reads the narrow values, converts
+    them tile by tile inside and scales its sums, so no expert-weight-sized array is made outside
+    it (before, every step made the whole dequantized weight first); the other dispatches scale
+    them where they multiply. Every dispatch gives the logits of the model whose weights are the
+    dequantized ones, and the input's gradient goes through."""
+    small = models.quantize(models.Transformer(MIXTRAL, key=jax.random.key(0)), fmt)
+    plain = dequantized(small)
+    ids_ = ids(np.arange(16).reshape(2, 8) % 64)
+    up = small.layers.stacked.mlp.experts.up.weight.values
+    assert up.dtype == jnp.dtype(fmt if fmt == "int8" else jnp.float8_e4m3fn)
+    for name, options in DISPATCHES.items():
+        got = forward()(small.with_options(**options), ids_).array
+        want = forward()(plain.with_options(**options), ids_).array
+        np.testing.assert_allclose(got, want, atol=1e-5 * float(abs(want).max()), err_msg=name)
+    grouped = small.with_options(moe_dispatch="grouped")
+    jaxpr = jax.make_jaxpr(lambda m, t: m(t))(grouped, ids_).jaxpr
+    kernels = [e for e in equations(jaxpr) if e.primitive.name == "pallas_call"]
+    # each layer's gate, up and down product reads the values as stored
+    per_layer = math.prod(up.array.shape[1:])
+    narrow = [v for e in kernels for v in e.invars if np.prod(v.aval.shape) == per_layer]
+    assert len(kernels) == 3 and {str(v.aval.dtype) for v in narrow} == {str(up.dtype)}
+    assert not [n for e in equations(jaxpr) for n in _weight_sized_one(e, per_layer)]
+
+    moe = na.nn.MoE({"embed": 16}, na.Axis("experts", 4), {"expert_mlp": 8}, top_k=2,
+                    key=jax.random.key(1), dispatch="grouped")  # fmt: skip
+    moe_small = models.quantize(moe, fmt)
+    x = na.random.normal(jax.random.key(3), {"batch": 2, "position": 8, "embed": 16})
+    grad = jax.grad(lambda m, x: jnp.sum(jnp.sin(m(x)[0].array)), argnums=1)
+    got, want = grad(moe_small, x).array, grad(dequantized(moe_small), x).array
+    np.testing.assert_allclose(got, want, atol=1e-5 * float(abs(want).max()))
+
+
+def _weight_sized_one(eqn, size):
+    """An equation's results of ``size`` elements made from a narrow array (a dequantization)."""
+    if eqn.primitive.name not in ("mul", "convert_element_type"):
+        return []
+    return [v for v in eqn.outvars if np.prod(v.aval.shape) == size]
+
+
+def test_a_quantized_moe_is_placed_by_the_mapping(mesh_2x4):
+    """Expert parallelism (and tensor parallelism inside the experts): the narrow values and
+    their scales enter the layer's per-device function split like the weight, and the logits are
+    those of the quantized model on one device."""
+    small = models.quantize(models.Transformer(MIXTRAL, key=jax.random.key(0)), "int8")
+    small = small.with_options(moe_dispatch="grouped")
+    ids_ = ids(np.arange(16).reshape(2, 8) % 64)
+    want = np.asarray(forward()(small, ids_).array)
+    for mapping in (
+        {"batch": "data", "experts": "model"},
+        {"batch": "data", "experts": "data", "expert_mlp": "model"},
+    ):
+        with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
+            sharded = na.shard(small)
+            up = sharded.layers.stacked.mlp.experts.up.weight
+            experts = mapping["experts"]
+            assert tuple(spec_of(up.values))[:2] == (None, experts)
+            hidden = ("model",) if "expert_mlp" in mapping else ()
+            assert spec_of(up.scale) == P(None, experts, *hidden)  # (layer, experts, expert_mlp)
+            logits = na.named_jit(lambda m, t: m(t))(sharded, ids_)
+        np.testing.assert_allclose(np.asarray(logits.array), want, atol=1e-5)

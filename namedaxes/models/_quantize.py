@@ -40,9 +40,10 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
     ``int8`` (symmetric, rounded) or ``float8`` (e4m3) values with one float32 scale per output
     channel (per slice over the axes the layer contracts; stacked layers get one per layer too),
     named like the weight and placed like it (a model loaded onto a mesh stays placed by its
-    mapping). Layers dequantize where they read their parameters and multiply in the compute
-    dtype, so the model runs, and :func:`generate` decodes, as before, with a quarter (from
-    float32) or half (from bfloat16) of the weight bytes. ``model`` itself is not changed: keep
+    mapping). Layers read the narrow values (converted to the compute dtype where they multiply;
+    a mixture of experts' grouped kernel converts them tile by tile) and scale the products, so
+    the model runs, and :func:`generate` decodes, as before, with a quarter (from float32) or
+    half (from bfloat16) of the weight bytes. ``model`` itself is not changed: keep
     it for :func:`save_hf`, which refuses a quantized model.
 
     Which layers: those the rules pick by the names of their matmul's axes, as for float8

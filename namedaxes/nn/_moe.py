@@ -42,8 +42,9 @@ from ._common import (
 )
 from ._linear import Linear
 from ._mlp import MLP, _by_name
-from ._moe_dispatch import Placement, Routing, local_moe
+from ._moe_dispatch import Narrow, Placement, Routing, local_moe
 from ._precision import current_precision
+from ._quantized import QuantizedArray
 
 __all__ = ["DISPATCHES", "MoE", "RouterStats"]
 
@@ -336,9 +337,9 @@ class MoE(eqx.Module):
         xc = rearrange(compute(x), [a.name for a in tokens] + list(embed))
         weights = (
             param(self.router.weight),
-            None if self.experts.gate is None else param(self.experts.gate.weight),
-            param(self.experts.up.weight),
-            param(self.experts.down.weight),
+            None if self.experts.gate is None else self._read(self.experts.gate.weight, "gate"),
+            self._read(self.experts.up.weight, "up"),
+            self._read(self.experts.down.weight, "down"),
         )
         y, counts, probs, count = self._run(xc, mask, weights, tokens)
         y = rearrange(y, x.axis_names)
@@ -348,6 +349,15 @@ class MoE(eqx.Module):
                 s = s * sigmoid(self.shared_gate(x))["shared_gate", 0]
             y = y + s
         return output(y), RouterStats(counts, probs, count)
+
+    def _read(self, w: Any, kind: str) -> Any:
+        """An expert weight where the layer uses it (``param``), or a quantized one with scales
+        per expert and output column (``models.quantize``) as its placed values and scales,
+        which the experts' products read narrow (``_moe_dispatch.Narrow``)."""
+        contracted = {a.name for a in (self.Hidden if kind == "down" else self.Embed)}
+        if isinstance(w, QuantizedArray) and not set(w.scale.axis_names) & contracted:
+            return Narrow(*w.placed())
+        return param(w)
 
     def _routing(self, tokens: list[Axis], dtype: Any) -> Routing:
         dispatch = self.dispatch
@@ -380,7 +390,8 @@ class MoE(eqx.Module):
         self, x: NamedArray, mask: NamedArray, weights: tuple[Any, ...], tokens: list[Axis]
     ) -> tuple[NamedArray, NamedArray, NamedArray, NamedArray]:
         routing = self._routing(tokens, x.dtype)
-        entries = self._entries(x, weights[2])
+        up = weights[2].values if isinstance(weights[2], Narrow) else weights[2]
+        entries = self._entries(x, up)
         n_embed = len(self.Embed)
 
         def body(x: NamedArray, mask: NamedArray, *w: Any, p: Placement) -> Any:
@@ -393,7 +404,7 @@ class MoE(eqx.Module):
             router, gate, up, down = (
                 None if v is None else self._array(v, kind)
                 for v, kind in zip(w, ("router", "gate", "up", "down"))
-            )
+            )  # fmt: skip
             y, (c, pr, n) = local_moe(
                 x.array.reshape(t, h), mask.array.reshape(t), cast(jax.Array, router),
                 (gate, cast(jax.Array, up), cast(jax.Array, down)), r, p,
@@ -413,8 +424,13 @@ class MoE(eqx.Module):
         )
         return run(x, mask, *weights)  # type: ignore[no-any-return]
 
-    def _array(self, w: NamedArray, kind: str) -> jax.Array:
-        """A weight as ``(H, E)`` (router), ``(E, H, I)`` (gate, up) or ``(E, I, H)`` (down)."""
+    def _array(self, w: Any, kind: str) -> Any:
+        """A weight as ``(H, E)`` (router), ``(E, H, I)`` (gate, up) or ``(E, I, H)`` (down); a
+        :class:`Narrow` one's scales as ``(E, I)`` (gate, up) or ``(E, H)`` (down)."""
+        if isinstance(w, Narrow):
+            out = [a.name for a in (self.Embed if kind == "down" else self.Hidden)]
+            scale = rearrange(w.scale, [self.Experts.name] + out).array
+            return Narrow(self._array(w.values, kind), scale.reshape(scale.shape[0], -1))
         embed = [a.name for a in self.Embed]
         hidden = [a.name for a in self.Hidden]
         experts = self.Experts.name
@@ -477,7 +493,13 @@ class MoE(eqx.Module):
         )
 
         router = PartitionSpec()
-        by_name = [None if v is None else spec_by_name(v, entries) for v in (x, mask, *weights[1:])]
+
+        def spec(v: Any) -> Any:
+            if isinstance(v, Narrow):
+                return Narrow(spec_by_name(v.values, entries), spec_by_name(v.scale, entries))
+            return None if v is None else spec_by_name(v, entries)
+
+        by_name = [spec(v) for v in (x, mask, *weights[1:])]
         specs = (by_name[0], by_name[1], router, *by_name[2:])
         return placement, specs
 

@@ -33,16 +33,17 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 
 from .._spec import entry_of
 from ..kernels import grouped_matmul
+from ..kernels._grouped_matmul import reads_narrow, scaled_grouped_matmul
 from ._fp8_experts import Float8, float8_product
 
-__all__ = ["Placement", "Routing", "local_moe"]
+__all__ = ["Narrow", "Placement", "Routing", "local_moe"]
 
 F32 = jnp.float32
 
@@ -61,6 +62,37 @@ class Routing:
     activation: Callable[[jax.Array], jax.Array]
     gated: bool
     float8: str | None = None  # the expert products in float8: "tensor" or "row" scaling
+
+
+class Narrow(NamedTuple):
+    """An expert weight stored narrow (``models.quantize``): ``values (E, K, N)`` (int8 or
+    float8) and float32 ``scale (E, N)``, one per expert and output column."""
+
+    values: jax.Array
+    scale: jax.Array
+
+
+# (gate or None, up, down): each an array or a Narrow one
+Weights = tuple[Any, Any, Any]
+
+
+def _dequantized(w: Any, dtype: Any) -> Any:
+    """A weight as one array of ``dtype`` (a :class:`Narrow` one scaled)."""
+    if not isinstance(w, Narrow):
+        return w
+    return w.values.astype(dtype) * w.scale[:, None, :].astype(dtype)
+
+
+def _multiply(fn: Callable[..., jax.Array], x: jax.Array, w: Any, *extra: jax.Array) -> Any:
+    """``fn(x, w, *extra)``: a :class:`Narrow` weight is read narrow by the grouped kernel
+    (``scaled_grouped_matmul``; not on TPUs, where ``grouped_matmul`` is megablox, nor float8 on
+    GPUs older than compute capability 8.9), so a decoding step reads a byte per weight of the
+    experts its tokens chose; the other products take it scaled in the compute dtype (XLA can
+    fuse that into their matmul)."""
+    native = fn is grouped_matmul and jax.default_backend() != "tpu"
+    if isinstance(w, Narrow) and native and reads_narrow(w.values.dtype):
+        return scaled_grouped_matmul(x, w.values, *extra, w.scale)
+    return fn(x, _dequantized(w, x.dtype), *extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +149,7 @@ def route(x: jax.Array, router: jax.Array, mask: jax.Array, r: Routing) -> tuple
 
 
 def _ffn_ragged(
-    rows: jax.Array, sizes: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array],
+    rows: jax.Array, sizes: jax.Array, w: Weights,
     r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
@@ -126,18 +158,24 @@ def _ffn_ragged(
 
 
 def _expert_mlp(
-    x: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    x: jax.Array, w: Weights, r: Routing, p: Placement,
     into: Callable[..., jax.Array], out: Callable[..., jax.Array], *extra: jax.Array,
 ) -> jax.Array:  # fmt: skip
     """``down(act(gate(x)) * up(x))`` (or ``down(act(up(x)))``), each projection by ``into`` (up,
     gate) or ``out`` (down), called as ``into(rows, weights, *extra)``: the one expert MLP every
-    dispatch runs, with its own products, in float8 when ``r.float8`` says so."""
+    dispatch runs, with its own products, in float8 when ``r.float8`` says so (the weights
+    :class:`Narrow` or not: a quantized model then computes in float8 from its dequantized
+    weights)."""
     if r.float8 is not None:
+        w = tuple(_dequantized(a, x.dtype) for a in w)  # type: ignore[assignment]
         every = tuple(dict.fromkeys(p.tokens + p.ep + p.tp))
         cfg = Float8(r.float8 == "row", every)
         # up and gate contract the (whole) embedding, down the hidden axis that p.tp splits
         into = functools.partial(float8_product, into, dataclasses.replace(cfg, split_n=p.tp))
         out = functools.partial(float8_product, out, dataclasses.replace(cfg, split_k=p.tp))
+    else:
+        into = functools.partial(_multiply, into)
+        out = functools.partial(_multiply, out)
     gate, up, down = w
     h = into(x, up, *extra)
     h = r.activation(into(x, gate, *extra)) * h if gate is not None else r.activation(h)
@@ -145,7 +183,7 @@ def _expert_mlp(
 
 
 def _ffn_dense(
-    x: jax.Array, combine: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array],
+    x: jax.Array, combine: jax.Array, w: Weights,
     r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """Every expert of ``w`` on every token, summed with the weights ``combine (T, E)``."""
@@ -161,14 +199,14 @@ def _sizes(keys: jax.Array, n: int) -> jax.Array:
 
 def _dense(
     x: jax.Array, weights: jax.Array, ids: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     t = x.shape[0]
     combine = jnp.zeros((t, r.experts), F32).at[jnp.arange(t)[:, None], ids].add(weights)
     if p.split:  # the group's tokens, from the devices that split them
         x = jax.lax.all_gather(x, entry_of(p.split), axis=0, tiled=True)
         combine = jax.lax.all_gather(combine, entry_of(p.split), axis=0, tiled=True)
-    local = w[1].shape[0]
+    local = (w[1].values if isinstance(w[1], Narrow) else w[1]).shape[0]
     if p.ep:
         first = jax.lax.axis_index(entry_of(p.ep)) * local
         combine = jax.lax.dynamic_slice_in_dim(combine, first, local, axis=1)
@@ -180,7 +218,7 @@ def _dense(
 
 def _ragged_local(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     t, k = ids.shape
     key = jnp.where(keep, ids, r.experts).reshape(-1)
@@ -216,7 +254,7 @@ def _share(arrays: tuple[jax.Array, ...], unit: int, p: Placement) -> tuple[jax.
 
 def _ragged_exchange(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     t_all, k = ids.shape
     h = x.shape[1]
@@ -268,7 +306,7 @@ _ragged_all_to_all = jax.lax.ragged_all_to_all
 
 def _ragged_exchange_sized(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """The exchange of ``_ragged_exchange`` by ``jax.lax.ragged_all_to_all`` (GPUs, TPUs): the
     row counts go first (an all-gather of ``(E,)`` counts), then each device sends exactly its
@@ -310,9 +348,7 @@ def _ragged_exchange_sized(
     return y
 
 
-def _ffn_batched(
-    rows: jax.Array, w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement
-) -> jax.Array:
+def _ffn_batched(rows: jax.Array, w: Weights, r: Routing, p: Placement) -> jax.Array:
     """The expert MLPs on ``rows (E, R, H)``, expert ``e`` on ``rows[e]``: batched matmuls."""
     into = functools.partial(jnp.einsum, "erh,ehi->eri")
     out = _expert_mlp(rows, w, r, p, into, functools.partial(jnp.einsum, "eri,eih->erh"))
@@ -321,7 +357,7 @@ def _ffn_batched(
 
 def _capacity(
     x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array, position: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     """GShard's layout: each group's kept assignments in ``(experts, capacity)`` slots, at their
     ``position``, run as one ``(E, groups * capacity, H)`` batched product; under expert
@@ -356,7 +392,7 @@ def _capacity(
 
 def local_moe(
     x: jax.Array, mask: jax.Array, router: jax.Array,
-    w: tuple[jax.Array | None, jax.Array, jax.Array], r: Routing, p: Placement,
+    w: Weights, r: Routing, p: Placement,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:  # fmt: skip
     """The MoE output ``(T, H)`` of this device's tokens and the load statistics (summed over
     the devices that split the tokens)."""
