@@ -15,7 +15,9 @@
 #     FP8_SIZES=1b FP8_LOSS=30 FP8_HLO=$OUT/hlo FP8_B=55 FP8_T=75 QGEN_B=50 \
 #     QGEN_T=75 MOE_E=8,32,64,128 MOE_K=2,8 MOE_B=95 MOE_T=110 MOEM_DISPATCHES=grouped MOEM_B=75 \
 #     MOEM_T=90 LONG_SIZES=1b-32k LONG_B=40 LONG_T=65 bash benchmarks/accelerator_session.sh
-# Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "context"
+# Other groups: PARTS="check accelerator generate example" (baselines, ~6 min); "qmoe" (decoding a
+# Mixtral-width model with int8/float8 experts, ~1.5 min; MOEM_P=...,matmul=float8 with "moemodel"
+# times float8 experts in training); "context"
 # (context_shards.py, ~1 min); "device ringblock" (the ring's attention block kernels and four
 # Pallas configurations, ~2.5 min).
 #
@@ -44,7 +46,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/namedaxes-figures}
 mkdir -p "$OUT"
 quiet() { grep -v "^WARNING\|^I0000\|^E0000"; }
-PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen moe moemodel context ringblock longctx example}
+PARTS=${PARTS:-device peak kernels check accelerator fp8 generate qgen qmoe moe moemodel context ringblock longctx example}
 backend=$("$PY" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
 part() {  # part KEY TITLE SECONDS COMMAND...: one part (if KEY is in $PARTS), logged
   local key=$1 title=$2 limit=$3
@@ -83,6 +85,11 @@ part fp8 "accelerator --precision fp8" "${FP8_T:-240}" "$PY" benchmarks/accelera
 part qgen "generate --weights" "${QGEN_T:-90}" "$PY" benchmarks/generate.py --dtype bfloat16 \
   --weights bfloat16,int8,float8 --only-weights --batches 1,16 --budget "${QGEN_B:-70}" --rounds 5 \
   --model "${QGEN_M:-8b-wide}" --new-tokens "${QGEN_N:-128}"
+# The same for a Mixtral-width mixture of experts (grouped dispatch: its kernel reads the quantized
+# experts' narrow values).
+part qmoe "generate --weights (mixture of experts)" "${QMOE_T:-90}" "$PY" benchmarks/generate.py \
+  --dtype bfloat16 --weights bfloat16,int8,float8 --only-weights --batches 1,16 \
+  --budget "${QMOE_B:-70}" --rounds 5 --model mixtral-wide --new-tokens "${QGEN_N:-128}"
 moe_quick=$([ "$backend" = cpu ] && echo --quick)  # its real sizes take hours on a CPU
 # Every dispatch at 8/32/64/128 experts, top-2 and top-8, active TFLOP/s against the peak; then
 # grouped_matmul's tilings (GPU). MOE_B bounds the rows it runs, MOE_T the whole part.

@@ -43,7 +43,9 @@ flipped by rounding changes every later token, so a share below 1 is not a bug b
 largest difference of the first step's logits from the first format's, over their largest value.
 ``--model 8b-wide`` runs it on an 8B model's width at 8 layers (hidden 4096, MLP 14336, 32/8
 heads of 128: ~3.8 GB of bfloat16 weights read per token, so that decoding is bandwidth-bound
-as in a real 8B model, where the ~101M model is bound by kernel launches).
+as in a real 8B model, where the ~101M model is bound by kernel launches); ``--model
+mixtral-wide`` on a mixture of experts of Mixtral's width at 4 layers (8 experts of 14336, top-2,
+the grouped dispatch, which reads the quantized experts' narrow values; weights table only).
 
 Each section stops when the time budget is spent (checked between rounds) and prints what it has.
 """
@@ -79,6 +81,12 @@ WIDE = dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_lay
             num_heads=32, num_kv_heads=8, head_dim=128)  # fmt: skip
 CPU = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4,
            num_kv_heads=2, head_dim=64)  # fmt: skip
+# Mixtral's width (8 experts of 14336, top-2, hidden 4096, 32/8 heads of 128) at 4 layers: ~11 GB
+# of bfloat16 expert weights, of which a token's two experts read ~2.8 GB a step.
+MOE_WIDE = dict(WIDE, num_layers=4, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                moe_dispatch="grouped")  # fmt: skip
+MOE_CPU = dict(CPU, intermediate_size=344, num_experts=8, num_experts_per_tok=2,
+               norm_topk_prob=True, moe_dispatch="grouped")  # fmt: skip
 # The first step's logits of the two float32 runs differ by summation order only.
 LOGITS_TOL = 1e-3
 
@@ -419,15 +427,22 @@ def main() -> int:
                         help="with --weights: skip the main table")  # fmt: skip
     parser.add_argument(
         "--model",
-        choices=("100m", "8b-wide"),
+        choices=("100m", "8b-wide", "mixtral-wide"),
         default="100m",
-        help="on an accelerator: the ~101M model or an 8B-width one (8 layers)",
+        help="on an accelerator: the ~101M model, an 8B-width one (8 layers) or a Mixtral-width "
+        "mixture of experts (4 layers, grouped dispatch; with --weights --only-weights)",
     )
     args = parser.parse_args()
+    moe = args.model == "mixtral-wide"
+    if moe and not (args.weights and args.only_weights):
+        parser.error("--model mixtral-wide times the weight formats only: add --weights ... "
+                     "--only-weights (the plain twin is a dense model)")  # fmt: skip
     budget = Budget(args.budget)
-    sizes = (WIDE if args.model == "8b-wide" else ACCEL) if accel else CPU
+    sizes = {"8b-wide": WIDE, "mixtral-wide": MOE_WIDE}.get(args.model, ACCEL) if accel else CPU
+    if moe and not accel:
+        sizes = MOE_CPU
     dtype = jnp.dtype(args.dtype).type
-    cfg = models.TransformerConfig("llama", tie_word_embeddings=True,
+    cfg = models.TransformerConfig("mixtral" if moe else "llama", tie_word_embeddings=True,
                                    max_position_embeddings=4096, **sizes)  # fmt: skip
     model = models.Transformer(cfg, key=jax.random.key(0), dtype=dtype)
     params = sum(x.size for x in jax.tree.leaves(model) if hasattr(x, "size"))
