@@ -41,17 +41,24 @@ def forward():
 
 
 @pytest.mark.parametrize(
-    "name,fmt,rules", [("llama", "int8", None), ("qwen3", "float8", {"vocab": True})]
-)
+    "name,fmt,rules",
+    [("llama", "int8", None), ("qwen3", "float8", {"vocab": True}), ("mixtral", "float8", None),
+     ("qwen3_moe", "int8", None)],
+)  # fmt: skip
 def test_quantized_model_keeps_transformers_logits_and_greedy_tokens(name, fmt, rules):
     """Logits within LOGITS_TOL of transformers'; at every position of the reference ids the
     quantized model's most likely next token is transformers' on >= 90% of them (measured: 98-100%,
     the others near-ties: top-2 gaps below the logits' error); greedy generate, unchanged, gives
     transformers' greedy tokens on >= 90% of the new positions (measured: all). Qwen3's tied
-    embedding is quantized too (lookup and head)."""
+    embedding is quantized too (lookup and head). The mixtures of experts run the grouped
+    dispatch, whose kernel reads the quantized experts' narrow values: Mixtral in float8 agrees
+    on 92% of the positions, Qwen3-MoE in int8 on all (in float8 on 85%: at the 7 of 48 positions
+    that differ, transformers' top-2 gap, 0.001-0.009, is below the row's logits error)."""
     ref = np.load(FIXTURES / name / "reference.npz")
     model = load(name)
     small = models.quantize(model, fmt, rules=rules)
+    if "experts" in small.layers.stacked.mlp.__dict__:  # a mixture of experts
+        small = small.with_options(moe_dispatch="grouped")
     logits = np.asarray(forward()(small, ids(ref["input_ids"])).array)
     want = ref["logits"]
     assert np.abs(logits - want).max() <= LOGITS_TOL[fmt] * np.abs(want).max()
@@ -62,7 +69,8 @@ def test_quantized_model_keeps_transformers_logits_and_greedy_tokens(name, fmt, 
     n = prompt.shape[1]
     assert (np.asarray(out)[:, n:] == ref["greedy"][:, n:]).mean() >= 0.9
     # quantize made a new model: the original's weights are as loaded
-    assert model.layers.stacked.mlp.up.weight.dtype == jnp.float32
+    quantized = lambda x: isinstance(x, na.nn.QuantizedArray)  # noqa: E731
+    assert not any(map(quantized, jax.tree.leaves(model, is_leaf=quantized)))
 
 
 def test_weights_scales_and_which_layers():
