@@ -404,7 +404,7 @@ class MoE(eqx.Module):
             router, gate, up, down = (
                 None if v is None else self._array(v, kind)
                 for v, kind in zip(w, ("router", "gate", "up", "down"))
-            )  # fmt: skip
+            )
             y, (c, pr, n) = local_moe(
                 x.array.reshape(t, h), mask.array.reshape(t), cast(jax.Array, router),
                 (gate, cast(jax.Array, up), cast(jax.Array, down)), r, p,

@@ -149,9 +149,8 @@ def route(x: jax.Array, router: jax.Array, mask: jax.Array, r: Routing) -> tuple
 
 
 def _ffn_ragged(
-    rows: jax.Array, sizes: jax.Array, w: Weights,
-    r: Routing, p: Placement,
-) -> jax.Array:  # fmt: skip
+    rows: jax.Array, sizes: jax.Array, w: Weights, r: Routing, p: Placement
+) -> jax.Array:
     """The expert MLPs on ``rows`` sorted by expert (``sizes[e]`` rows each; later rows give 0)."""
     matmul = grouped_matmul if r.dispatch == "grouped" else jax.lax.ragged_dot
     return _psum(_expert_mlp(rows, w, r, p, matmul, matmul, sizes), p.tp)
@@ -182,10 +181,7 @@ def _expert_mlp(
     return out(h, down, *extra)
 
 
-def _ffn_dense(
-    x: jax.Array, combine: jax.Array, w: Weights,
-    r: Routing, p: Placement,
-) -> jax.Array:  # fmt: skip
+def _ffn_dense(x: jax.Array, combine: jax.Array, w: Weights, r: Routing, p: Placement) -> jax.Array:
     """Every expert of ``w`` on every token, summed with the weights ``combine (T, E)``."""
     into = functools.partial(jnp.einsum, "th,ehi->tei")
     out = _expert_mlp(x, w, r, p, into, functools.partial(jnp.einsum, "tei,eih->teh"))
