@@ -45,7 +45,8 @@ largest difference of the first step's logits from the first format's, over thei
 heads of 128: ~3.8 GB of bfloat16 weights read per token, so that decoding is bandwidth-bound
 as in a real 8B model, where the ~101M model is bound by kernel launches); ``--model
 mixtral-wide`` on a mixture of experts of Mixtral's width at 4 layers (8 experts of 14336, top-2,
-the grouped dispatch, which reads the quantized experts' narrow values; weights table only).
+the grouped dispatch, whose kernel reads the quantized experts' narrow values where
+``NAMEDAXES_NARROW_EXPERTS=1`` on GPUs; weights table only).
 
 Each section stops when the time budget is spent (checked between rounds) and prints what it has.
 """
@@ -72,6 +73,7 @@ from _timing import Budget, clock  # noqa: E402
 import namedaxes as na  # noqa: E402
 from namedaxes import models  # noqa: E402
 from namedaxes.models import _generate as gen  # noqa: E402
+from namedaxes.nn._moe_dispatch import narrow_experts_available  # noqa: E402
 
 ACCEL = dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_layers=12,
              num_heads=12, num_kv_heads=4, head_dim=64)  # fmt: skip
@@ -449,7 +451,9 @@ def main() -> int:
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
           f"namedaxes {na.__version__}; model {params / 1e6:.1f}M parameters ({dtype.__name__}), "
-          f"prompt {args.prompt}, {args.new_tokens} new tokens, greedy")  # fmt: skip
+          f"prompt {args.prompt}, {args.new_tokens} new tokens, greedy"
+          + (f"; quantized experts read narrow: {narrow_experts_available(jnp.int8)} (int8), "
+             f"{narrow_experts_available(jnp.float8_e4m3fn)} (float8)" if moe else ""))  # fmt: skip
     log = Records()
     logging.getLogger("namedaxes").addHandler(log)
     header = ["batch", "cached ms/tok", "plain ms/tok", "cached/plain", "A/A", "cached tok/s",

@@ -246,3 +246,19 @@ def test_a_quantized_moe_is_placed_by_the_mapping(mesh_2x4):
             assert spec_of(up.scale) == P(None, experts, *hidden)  # (layer, experts, expert_mlp)
             logits = na.named_jit(lambda m, t: m(t))(sharded, ids_)
         np.testing.assert_allclose(np.asarray(logits.array), want, atol=1e-5)
+
+
+def test_narrow_experts_are_opt_in_on_gpus(monkeypatch):
+    """The grouped kernel reads quantized experts narrow off GPUs (interpret mode: the tests
+    above); on GPUs only with NAMEDAXES_NARROW_EXPERTS=1 until it has run on one; never on TPUs
+    (megablox) or for weights it cannot read."""
+    from namedaxes.nn._moe_dispatch import narrow_experts_available
+
+    assert narrow_experts_available(jnp.int8) and not narrow_experts_available(jnp.bfloat16)
+    monkeypatch.delenv("NAMEDAXES_NARROW_EXPERTS", raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert not narrow_experts_available(jnp.int8)
+    monkeypatch.setenv("NAMEDAXES_NARROW_EXPERTS", "1")
+    assert narrow_experts_available(jnp.int8)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert not narrow_experts_available(jnp.int8)

@@ -83,14 +83,25 @@ def _dequantized(w: Any, dtype: Any) -> Any:
     return w.values.astype(dtype) * w.scale[:, None, :].astype(dtype)
 
 
+def narrow_experts_available(dtype: Any) -> bool:
+    """Whether the grouped dispatch reads quantized experts' weights of ``dtype`` narrow
+    (``scaled_grouped_matmul``): where its kernel takes them (``reads_narrow``; not on TPUs,
+    where ``grouped_matmul`` is megablox), and on GPUs only when ``NAMEDAXES_NARROW_EXPERTS=1``
+    is set. The kernel compiles for H100s and A100s with the ``triton`` package (checked on a
+    CPU) but has not yet run on a GPU; until it has, GPUs dequantize the weights as before (the
+    Mosaic GPU grouped matmul on Hopper). Off GPUs (Pallas interpret mode: the tests) it runs."""
+    backend = jax.default_backend()
+    if backend == "tpu" or not reads_narrow(dtype):
+        return False
+    return backend != "gpu" or os.environ.get("NAMEDAXES_NARROW_EXPERTS") == "1"
+
+
 def _multiply(fn: Callable[..., jax.Array], x: jax.Array, w: Any, *extra: jax.Array) -> Any:
-    """``fn(x, w, *extra)``: a :class:`Narrow` weight is read narrow by the grouped kernel
-    (``scaled_grouped_matmul``; not on TPUs, where ``grouped_matmul`` is megablox, nor float8 on
-    GPUs older than compute capability 8.9), so a decoding step reads a byte per weight of the
-    experts its tokens chose; the other products take it scaled in the compute dtype (XLA can
-    fuse that into their matmul)."""
-    native = fn is grouped_matmul and jax.default_backend() != "tpu"
-    if isinstance(w, Narrow) and native and reads_narrow(w.values.dtype):
+    """``fn(x, w, *extra)``: a :class:`Narrow` weight is read narrow by the grouped kernel where
+    :func:`narrow_experts_available`, so a decoding step reads a byte per weight of the experts
+    its tokens chose; otherwise it is scaled in the compute dtype where it is multiplied (XLA can
+    fuse that into the other dispatches' matmuls)."""
+    if isinstance(w, Narrow) and fn is grouped_matmul and narrow_experts_available(w.values.dtype):
         return scaled_grouped_matmul(x, w.values, *extra, w.scale)
     return fn(x, _dequantized(w, x.dtype), *extra)
 
