@@ -316,3 +316,16 @@ def test_checkpoint_restore_places_by_the_plan(tmp_path, mesh_2x4):
     for name, x in restored.items():
         assert spec_of_entries(spec_of(x)) == spec_of_entries(specs[name]), name
         np.testing.assert_array_equal(np.asarray(x.array), np.asarray(tree[name].array))
+
+
+def test_a_plan_on_a_mesh_mapping_sizes_but_does_not_place():
+    """A tree planned on an {axis: size} mapping has specs (for sizes and memory plans), and
+    asking it for shardings is a typed error that says what to plan on instead."""
+    from namedaxes._partitioning._plan import plan_tree
+
+    tree = {"x": na.named(jnp.zeros((4, 2)), ("batch", "embed"))}
+    planned = plan_tree(tree, na.AxisRules({"batch": "data"}), {"data": 2}, caller="test")
+    assert planned.specs == [P("data", None)]
+    for ask in (lambda: planned.targets, lambda: planned.target(0)):
+        with pytest.raises(na.MeshError, match=r"planned on \{'data': 2\}, which can size shards"):
+            ask()

@@ -37,7 +37,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._axis import Axis
 from .._caches import register
-from .._errors import UnmatchedMappingError, did_you_mean, format_names
+from .._errors import MeshError, UnmatchedMappingError, did_you_mean, format_names
 from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, MeshAxes
 from .._mesh import MeshLike, context_mesh, mesh_shape, require_mesh
@@ -161,7 +161,21 @@ class TreePlan:
         if self._structure.walk.infos[i] is None:
             return None
         spec = self.spec(i)
-        return None if spec is None else _named_sharding(self.mesh, spec)  # type: ignore[arg-type]
+        return None if spec is None else _named_sharding(self._placing_mesh(), spec)
+
+    def _placing_mesh(self) -> Mesh | AbstractMesh:
+        """The mesh the targets are on; a plan on an ``{axis: size}`` mapping places nothing.
+
+        Raises:
+            MeshError: for a plan made on a mapping (or on no mesh).
+        """
+        mesh = self.mesh
+        if not isinstance(mesh, (Mesh, AbstractMesh)):
+            raise MeshError(
+                f"This tree was planned on {mesh!r}, which can size shards but not place them. "
+                "Plan it on a Mesh (jax.make_mesh) or an AbstractMesh to get shardings."
+            )
+        return mesh
 
     @property
     def targets(self) -> list[NamedSharding | None]:
@@ -170,8 +184,7 @@ class TreePlan:
         structure = self._structure
         cached = structure.targets
         if cached is None:
-            mesh = self.mesh
-            assert isinstance(mesh, (Mesh, AbstractMesh)), "targets need a Mesh or AbstractMesh"
+            mesh = self._placing_mesh()
             cached = structure.targets = tuple(
                 info
                 if isinstance(info, FieldAxes)
