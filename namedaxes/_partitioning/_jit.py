@@ -307,12 +307,9 @@ class NamedJitWrapped(Generic[P, R]):
             args, kwargs = treedef.unflatten(layout.merge(dyn, statics))
             # fsdp: layers pin their narrow copies of parameters to where these are held
             held = parameters_held_by(self._in_rules) if self._fsdp else contextlib.nullcontext()
-            with held:
-                if value is not None:
-                    with axis_mapping(value):
-                        out = fn(*args, **kwargs)
-                else:
-                    out = fn(*args, **kwargs)
+            mapped = axis_mapping(value) if value is not None else contextlib.nullcontext()
+            with held, mapped:
+                out = fn(*args, **kwargs)
             if self._strict:  # once per trace: never on the cached path
                 if self._in_rules_rest is not None:  # fsdp: parameters, then everything computed
                     check_strict(args, kwargs, out, (self._in_rules_rest,), self._in_rules)
