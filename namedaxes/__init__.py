@@ -84,6 +84,7 @@ from ._errors import ModelConfigError as ModelConfigError
 from ._errors import NamedAxesError as NamedAxesError
 from ._errors import NamedTypeError as NamedTypeError
 from ._errors import NoMeshError as NoMeshError
+from ._errors import PlanDoesNotFitError as PlanDoesNotFitError
 from ._errors import PlanError as PlanError
 from ._errors import QuantizationError as QuantizationError
 from ._errors import ShardingError as ShardingError

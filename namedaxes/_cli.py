@@ -2,8 +2,10 @@
 
 ``FACTORY`` is called with no arguments and returns the abstract state tree, or a dict with a
 ``"tree"`` key and optionally ``"step"``, ``"args"`` and ``"rules"`` (``--rules`` wins over the
-factory's). Exit status: 0, or 1 when a ``--budget`` is given and the (best) plan does not fit, or
-2 on bad input (the message says what to fix).
+factory's, even ``--rules '{}'``: everything replicated). Such a dict with any other key is
+refused as a misspelling; return ``{"tree": state}`` for a state that itself has a ``"tree"``
+key. Exit status: 0; 1 when a ``--budget`` is given and the plan does not fit, or, with
+``--search``, no mapping does; 2 on bad input (the message says what to fix).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._errors import NamedAxesError, PlanError
+from ._errors import NamedAxesError, PlanDoesNotFitError, PlanError, format_names
 from ._logical._rules import AxisRules
 from .analysis import plan, plan_search
 from .analysis._compile_target import import_object, parse_axis_sizes
@@ -42,9 +44,18 @@ def _load(spec: str) -> dict[str, Any]:
     except ValueError:  # no signature (a builtin): just call it
         pass
     made = obj()
-    if isinstance(made, dict) and "tree" in made and set(made) <= _INPUT_KEYS:
-        return dict(made)
-    return {"tree": made}
+    # A dict with a "tree" key is the inputs form (a state with a "step" counter is not); a
+    # misspelt key beside "tree" would otherwise plan the whole dict as the tree.
+    if not isinstance(made, dict) or "tree" not in made:
+        return {"tree": made}
+    unknown = [k for k in made if k not in _INPUT_KEYS]
+    if unknown:
+        raise PlanError(
+            f"{spec!r} returned a dict with 'tree' and the unknown key(s) {format_names(unknown)}; "
+            f"the keys are {format_names(sorted(_INPUT_KEYS))}. Fix the key, or return "
+            "{'tree': state} when the state itself has a 'tree' key."
+        )
+    return dict(made)
 
 
 def _rules(text: str | None) -> AxisRules | None:
@@ -121,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         inputs = _load(opts.factory)
         mesh = _mesh(opts.mesh)
-        rules = _rules(opts.rules) or inputs.get("rules")
+        rules = _rules(opts.rules)  # an empty AxisRules is falsy but given: check for None
+        if rules is None:
+            rules = inputs.get("rules")
         step, args = inputs.get("step"), tuple(inputs.get("args") or ())
         if opts.search:
             found = plan_search(
@@ -137,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = plan(inputs["tree"], mesh, rules, step=step, args=args, budget=opts.budget)
             _show(result, opts.json)
             fits = result.fits
+    except PlanDoesNotFitError as e:  # the search's "does not fit": exit 1, as for one plan
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except NamedAxesError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

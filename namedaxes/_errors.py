@@ -283,3 +283,9 @@ class QuantizationError(NamedAxesError, ValueError):
 class ModelConfigError(NamedAxesError, ValueError):
     """A model configuration cannot be used: an unsupported ``model_type`` or option in a Hugging Face
     ``config.json``, or values that contradict each other (``namedaxes.models``)."""
+
+
+class PlanDoesNotFitError(PlanError):
+    """No mapping fits the budget: every one ``plan_search`` tried needs more bytes per device
+    (state, or compiled step) than asked for. ``python -m namedaxes plan --search`` exits 1 on it,
+    as it does for a plan that does not fit."""

@@ -27,6 +27,12 @@ MODEL = textwrap.dedent(
 
     def needs_args(n):
         return state()
+
+    def misspelt():
+        return {"tree": state(), "rulez": {"mlp": "model"}}
+
+    def train_state():
+        return {**state(), "step": 0}  # a state's own "step" counter: not the inputs form
     """
 )
 RULES = '{"mlp": "model"}'
@@ -146,6 +152,38 @@ def test_errors_exit_2_with_a_message(model_dir, capsys, argv, message):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_search_that_fits_nothing_exits_1(model_dir, capsys):
+    """No mapping fits: the search's "does not fit" is exit 1, as for one plan, not 2."""
+    argv = ["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--search"]
+    assert main([*argv, "--budget", "1KiB"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: No mapping of ['embed', 'mlp'] on Mesh(data=2, model=4) fits")
+
+
+def test_empty_rules_are_rules(model_dir, capsys):
+    """`--rules '{}'` plans everything replicated (it was "plan needs --rules")."""
+    code = main(
+        ["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--rules", "{}", "--json"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["rules"] == [] and out["state_bytes_per_device"] == 2 * 1024 * 512 * 4
+
+
+def test_factory_dict_with_a_misspelt_key(model_dir, capsys):
+    argv = ["plan", "na_cli_model:misspelt", "--mesh", "data=2,model=4", "--rules", RULES]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "error: 'na_cli_model:misspelt' returned a dict with 'tree' and the unknown key(s) "
+        "'rulez'; the keys are 'args', 'rules', 'step', 'tree'. Fix the key, or return "
+        "{'tree': state} when the state itself has a 'tree' key.\n"
+    )
+    # A state without a "tree" key is the tree, whatever else it holds.
+    argv = ["plan", "na_cli_model:train_state", "--mesh", "data=2,model=4", "--rules", RULES]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["param_count"] == 1024 * 512
 
 
 def test_python_dash_m(model_dir):

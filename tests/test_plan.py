@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
 from namedaxes import models
+from namedaxes._errors import PlanDoesNotFitError
 from namedaxes.analysis._compile_target import parse_collectives, parse_target
 from namedaxes.analysis._plan import parse_bytes
 
@@ -202,6 +203,43 @@ def test_plan_errors():
         assert na.analysis.plan(tree, {"data": 8}).state_bytes_per_device == 4
 
 
+def test_plan_and_plan_search_check_params_and_top():
+    """A misspelt ``params`` counted 0 parameters, ``top=-1`` dropped the last group and
+    ``top="3"`` raised a bare TypeError from slicing."""
+    w = na.named(jax.ShapeDtypeStruct((16, 8), "float32"), ("embed", "mlp"))
+    tree = {"params": {"w": w}, "opt": {"m": w}}
+    mesh, rules = {"data": 2, "model": 4}, {"mlp": "model"}
+    typo = (
+        r"params='parmas' names no top-level subtree of the tree holding arrays \(did you mean "
+        r"'params'\?\)\. Top-level subtrees: 'opt', 'params'\. Pass one of them"
+    )
+    with pytest.raises(na.PlanError, match=r"plan: " + typo):
+        na.analysis.plan(tree, mesh, rules, params="parmas")
+    with pytest.raises(na.PlanError, match=r"plan_search: " + typo):
+        na.analysis.plan_search(tree, mesh, params="parmas", top=1)
+    assert na.analysis.plan(tree, mesh, rules, params="opt").param_count == 16 * 8
+    with pytest.raises(
+        na.PlanError,
+        match=r"plan: top must be >= 0 \(how many of the largest leaves to list\), got -1\. "
+        r"Pass top=0 to list none\.",
+    ):
+        na.analysis.plan(tree, mesh, rules, top=-1)
+    with pytest.raises(
+        na.NamedTypeError, match=r"plan: top must be an int .*got '3' \(str\)\. Pass e\.g\. top=10"
+    ):
+        na.analysis.plan(tree, mesh, rules, top="3")
+    assert na.analysis.plan(tree, mesh, rules, top=0).largest == []
+    with pytest.raises(
+        na.PlanError,
+        match=r"plan_search: top must be >= 1 \(how many plans to return\), got 0\. Pass top=1",
+    ):
+        na.analysis.plan_search(tree, mesh, top=0)
+    with pytest.raises(na.NamedTypeError, match=r"plan_search: top must be an int .*got '3'"):
+        na.analysis.plan_search(tree, mesh, top="3")
+    with pytest.raises(na.PlanError, match=r"plan_search: compile_limit must be >= 1 .*got 0"):
+        na.analysis.plan_search(tree, mesh, step=take_state, compile_limit=0)
+
+
 # -- compiled steps ---------------------------------------------------------------------------------
 
 
@@ -369,7 +407,8 @@ def test_plan_search_finds_the_smallest_state():
 def test_plan_search_errors():
     w = na.named(jax.ShapeDtypeStruct((8, 12), "float32"), ("embed", "mlp"))
     with pytest.raises(
-        na.PlanError, match=r"No mapping of \['embed', 'mlp'\] on Mesh\(data=2, model=4\) fits"
+        PlanDoesNotFitError,
+        match=r"No mapping of \['embed', 'mlp'\] on Mesh\(data=2, model=4\) fits",
     ):
         na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, budget=10)
     with pytest.raises(na.PlanError, match=r"logical_axes names \['heads'\], which no leaf has"):
@@ -378,6 +417,41 @@ def test_plan_search_errors():
         na.PlanError, match=r"would enumerate 12 mappings .* \(more than max_candidates=4\)"
     ):
         na.analysis.plan_search({"w": w}, {"data": 2, "model": 4}, max_candidates=4)
+
+
+@pytest.mark.parametrize("order", [("embed", "mlp"), ("mlp", "embed")])
+def test_plan_search_does_not_depend_on_axis_order(order):
+    """Sharding `embed` or `mlp` over the whole mesh ties; the winner used to be whichever axis
+    the array (or ``logical_axes``) listed last."""
+    sizes = {"embed": 1024, "mlp": 512}
+    w = na.named(jax.ShapeDtypeStruct(tuple(sizes[n] for n in order), "float32"), order)
+    mesh = {"data": 2, "model": 4}
+    both = na.AxisRules([("mlp", ("data", "model"))], unsatisfied="replicate")
+    for logical_axes in (None, list(order)):
+        found = na.analysis.plan_search(
+            {"w": w}, mesh, budget="300KiB", top=3, logical_axes=logical_axes
+        )
+        assert [p.rules for p in found] == [
+            both,
+            na.AxisRules([("embed", ("data", "model"))], unsatisfied="replicate"),
+            na.AxisRules([("embed", "data"), ("mlp", "model")], unsatisfied="replicate"),
+        ]
+        assert [p.state_bytes_per_device for p in found] == [1024 * 512 * 4 // 8] * 3
+
+
+def test_plan_search_with_a_step_raises_does_not_fit_when_no_compiled_mapping_fits():
+    """The budget holds the state but not the compiled step (its outputs): a PlanDoesNotFitError
+    naming XLA's figure, as the state-only search raises."""
+    w = na.named(jax.ShapeDtypeStruct((64, 32), "float32"), ("embed", "mlp"))
+    state = {"params": {"w": w}}
+    with pytest.raises(
+        PlanDoesNotFitError,
+        match=r"None of the 1 best mappings by state compiles within the budget of 1\.00 KiB per "
+        r"device \(\[\['mlp', \['data', 'model'\]\]\]: compiled step needs 2\.00 KiB\)",
+    ):
+        na.analysis.plan_search(
+            state, {"data": 2, "model": 4}, step=scale_params, budget="1KiB", compile_limit=1
+        )
 
 
 def test_plan_and_plan_search_place_the_experts_axis():

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._axis import Axis
-from .._errors import PlanError, ShardingError, format_path
+from .._errors import PlanError, ShardingError, did_you_mean, format_names, format_path
 from .._logical._context import current_axis_mapping
 from .._logical._rules import AxisRules
 from .._mesh import mesh_axis_sizes
@@ -31,6 +31,7 @@ from ._compile_target import CompileTarget, compile_step, parse_target
 from ._memory import per_device_bytes
 from ._pipeline_plan import pipelines
 from ._plan_format import plain_text, rich_renderable, rules_to_json
+from ._report import check_count
 
 __all__ = ["Plan", "parse_bytes", "plan"]
 
@@ -263,6 +264,21 @@ def _rules_arg(rules: Any) -> AxisRules:
     return rules if isinstance(rules, AxisRules) else AxisRules(rules)
 
 
+def check_params(params: Any, leaves: list[_Leaf], caller: str = "plan") -> None:
+    """Fail unless ``params`` (when given) names a top-level subtree holding arrays: a typo would
+    otherwise count 0 parameters."""
+    if params is None:
+        return
+    tops = list(dict.fromkeys(lf.top for lf in leaves))
+    if params not in tops:
+        hint = did_you_mean(params, tops) if isinstance(params, str) else ""
+        raise PlanError(
+            f"{caller}: params={params!r} names no top-level subtree of the tree holding arrays"
+            f"{hint}. Top-level subtrees: {format_names(tops)}. Pass one of them, or params=None "
+            "to count the 'params' subtree when there is one, else the whole tree."
+        )
+
+
 def state_plan(
     tree: Any,
     sizes: Mapping[str, int],
@@ -270,9 +286,12 @@ def state_plan(
     *,
     params: str | None = None,
     top: int = 10,
+    caller: str = "plan",
 ) -> Plan:
     """The analytic part of :func:`plan` (no compiling, no budget)."""
+    check_count(top, caller, error=PlanError)
     leaves = collect_leaves(tree, rules, sizes)
+    check_params(params, leaves, caller)
     records = [(lf.shape, lf.dtype.itemsize, _entries(lf.spec, len(lf.shape))) for lf in leaves]
     n_dev = math.prod(sizes.values())
     by_top: dict[str, list[int]] = {}
@@ -322,10 +341,9 @@ def state_plan(
     largest = sorted(
         groups.values(), key=lambda g: (-g["bytes_per_device"], -g["count"], g["path"])
     )
-    chosen = [i for i in range(len(leaves)) if leaves[i].top == params] if params else []
     if params is None and "params" in by_top:
-        chosen = by_top["params"]
-    counted = chosen if chosen or params else range(len(leaves))
+        params = "params"
+    counted = by_top[params] if params is not None else range(len(leaves))
     return Plan(
         mesh=dict(sizes),
         target=None,
@@ -398,7 +416,7 @@ def plan(
         budget: Bytes per device (int, or ``"16GiB"``, ``"512MB"``).
         params: The top-level subtree holding the parameters, for ``param_count``; default
             ``"params"`` when the tree has it, else the whole tree.
-        top: How many distinct leaves to list in ``largest``.
+        top: How many distinct leaves to list in ``largest`` (an int >= 0).
         timeout: Seconds allowed for a compiling subprocess.
 
     Returns:
@@ -406,7 +424,9 @@ def plan(
 
     Raises:
         ShardingError: without rules, or when ``resolve`` cannot place an axis.
-        PlanError: for an unreadable budget or step.
+        PlanError: for an unreadable budget or step, ``top < 0``, or ``params`` naming no
+            top-level subtree of the tree.
+        NamedTypeError: if ``top`` is not an int.
         CompileTargetError: for a bad target, a missing ``libtpu``, or a failed subprocess.
         DeviceOutOfMemoryError: when XLA refuses the step for lack of device memory.
 

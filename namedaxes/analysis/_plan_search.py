@@ -8,7 +8,8 @@ them, and each distinct layout of the step's arguments compiles once.
 
 Ranking (documented in :func:`plan_search`): with a ``step``, by XLA's temporaries plus the bytes
 of the compiled collectives; without one, by state bytes per device (most room left for the
-step's temporaries), then by the fewest rules.
+step's temporaries), then by the fewest rules. Logical axes are enumerated in sorted name order,
+so what wins a tie never depends on the order of an array's axes or of ``logical_axes``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import CompileTargetError, PlanError, format_mesh
+from .._errors import DeviceOutOfMemoryError, PlanDoesNotFitError, PlanError, format_mesh
 from .._logical._rules import AxisRules
 from .._spec import entry_axes
 from ..rules._base import format_bytes
@@ -26,6 +27,7 @@ from ._compile_target import CompileTarget, compile_steps, leaf_specs
 from ._memory import per_device_bytes
 from ._plan import (
     Plan,
+    check_params,
     collect_leaves,
     mesh_sizes_and_target,
     parse_bytes,
@@ -34,6 +36,7 @@ from ._plan import (
     with_step_axes,
 )
 from ._plan_format import rules_to_json
+from ._report import check_count
 
 __all__ = ["PlanSearch", "plan_search"]
 
@@ -123,7 +126,12 @@ def plan_search(
        those whose compiled total exceeds the budget drop out, the rest rank by XLA's
        temporaries plus collective bytes, then state. Without ``step``: by state bytes per
        device (the most room left for the step's temporaries, which are often several times the
-       state), then by the fewest rules, then enumeration order.
+       state), then by the fewest rules.
+
+    Remaining ties go to the mapping enumerated first: logical axes in sorted name order, the
+    first varying slowest, each trying nothing, then single mesh axes, then groups (in mesh
+    order). So the result depends on the names and the mesh, never on the order of an array's
+    axes or of ``logical_axes``.
 
     The returned rules use ``unsatisfied="replicate"``: an axis whose size a mapped mesh axis
     does not divide stays whole on that array.
@@ -136,10 +144,10 @@ def plan_search(
         step: As for :func:`plan`.
         args: As for :func:`plan`.
         budget: Bytes per device (int or ``"16GiB"``); ``None`` keeps every mapping.
-        top: How many plans to return.
+        top: How many plans to return (an int >= 1).
         params: As for :func:`plan`.
         max_candidates: Refuse to enumerate more mappings than this.
-        compile_limit: How many survivors may be compiled (with ``step``).
+        compile_limit: How many survivors may be compiled (with ``step``; an int >= 1).
         timeout: Seconds allowed per compiling subprocess.
 
     Returns:
@@ -147,8 +155,14 @@ def plan_search(
         line saying why it ranks there), with ``counts`` and ``rejected`` for the others.
 
     Raises:
-        PlanError: if no mapping fits the budget (naming the smallest state found), the search is
-            larger than ``max_candidates``, or ``logical_axes`` names an axis the tree lacks.
+        PlanDoesNotFitError: if no mapping fits the budget (naming the smallest state found), or,
+            with a step, none of the compiled ones does (naming XLA's figures).
+        PlanError: if the search is larger than ``max_candidates``, ``logical_axes`` names an
+            axis the tree lacks, ``params`` names no top-level subtree, or ``top`` or
+            ``compile_limit`` is below 1.
+        NamedTypeError: if ``top`` or ``compile_limit`` is not an int.
+        DeviceOutOfMemoryError: without a budget, when XLA refuses every compiled mapping for
+            lack of device memory.
 
     Example:
         >>> import jax
@@ -161,9 +175,14 @@ def plan_search(
     """
     sizes, where = mesh_sizes_and_target(mesh)
     budget_bytes = None if budget is None else parse_bytes(budget)
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
-        raise PlanError(f"top must be a positive int, got {top!r}.")
+    check_count(top, "plan_search", what="how many plans to return", minimum=1, error=PlanError)
+    if compile_limit is not None:
+        check_count(
+            compile_limit, "plan_search", name="compile_limit", what="how many mappings to compile",
+            minimum=1, error=PlanError,
+        )  # fmt: skip
     leaves = collect_leaves(tree, AxisRules(()), sizes)
+    check_params(params, leaves, "plan_search")
     found = list(dict.fromkeys(a.name for lf in leaves for a in (lf.axes or ())))
     if step is not None and args:
         extra = collect_leaves(args, AxisRules(()), sizes)
@@ -174,10 +193,13 @@ def plan_search(
         ]
     else:
         extra = []
+    # Sorted, so that which of two equal mappings is enumerated first (and wins the tie) is a
+    # matter of names, not of the order of an array's axes or of logical_axes.
+    found = sorted(found)
     if logical_axes is None:
         names = found
     else:
-        names = list(logical_axes)
+        names = sorted(logical_axes)
         missing = [n for n in names if n not in found]
         if missing:
             raise PlanError(
@@ -299,7 +321,7 @@ def plan_search(
     ]
     if not survivors:
         best = min((s for s, _, _ in over), default=None)
-        raise PlanError(
+        raise PlanDoesNotFitError(
             f"No mapping of {names} on {format_mesh(sizes)} fits the budget of "
             f"{format_bytes(budget_bytes or 0)}: the smallest state found is "
             f"{format_bytes(best or 0)} per device ({total:,d} mappings tried). Use a larger mesh, "
@@ -412,9 +434,11 @@ def _rank_compiled(
     result.compiled = len(layouts)
     cache = dict(zip(layouts, figures))
     scored = []
+    refusals: list[str] = []  # why each compiled mapping lost, for the error when all did
     for key, state, n_rules, order, choice in keyed:
         got = cache[key]
         if isinstance(got, Exception):
+            refusals.append(f"{describe(choice)}: XLA out of device memory")
             counts["step_over_budget"] += 1
             rejected.append(
                 {
@@ -426,6 +450,7 @@ def _rank_compiled(
             continue
         total = got["memory"]["total_bytes"]
         if budget is not None and total > budget:
+            refusals.append(f"{describe(choice)}: compiled step needs {format_bytes(total)}")
             counts["step_over_budget"] += 1
             rejected.append(
                 {
@@ -439,13 +464,15 @@ def _rank_compiled(
         scored.append(
             (got["memory"]["temp_bytes"] + coll, state, n_rules, order, choice, got, coll)
         )
-    if not scored:
-        raise CompileTargetError(
-            f"None of the {min(limit, len(survivors))} best mappings by state compiles within the "
-            "budget (see the reasons above in rejected). Raise compile_limit, the budget, or shard "
-            "activations (rematerialize with jax.checkpoint)."
-            if budget is not None
-            else "No mapping compiled."
+    if not scored:  # every one was over the budget or refused by XLA for lack of memory
+        if budget is None:
+            oom = next(g for g in cache.values() if isinstance(g, DeviceOutOfMemoryError))
+            raise oom
+        raise PlanDoesNotFitError(
+            f"None of the {len(keyed)} best mappings by state compiles within the budget of "
+            f"{format_bytes(budget)} per device ({'; '.join(refusals[:3])}). Raise "
+            "compile_limit or the budget, or shard activations (rematerialize with "
+            "jax.checkpoint)."
         )
     scored.sort(key=lambda t: t[:4])
     plans = []

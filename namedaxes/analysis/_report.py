@@ -150,6 +150,33 @@ def _busiest_bytes(shape: tuple[int, ...], itemsize: int, ks: list[int]) -> int:
     return itemsize * math.prod(-(-n // k) for n, k in zip(shape, ks))
 
 
+def check_count(
+    value: Any,
+    caller: str,
+    *,
+    name: str = "top",
+    what: str = "how many of the largest leaves to list",
+    minimum: int = 0,
+    error: type[Exception] = ShardingError,
+) -> int:
+    """``value`` (the argument ``name``) as given, checked to be an int >= ``minimum``: the one
+    check of ``top`` for ``memory_report``, ``plan`` and ``plan_search``.
+
+    Raises:
+        NamedTypeError: if ``value`` is not an int (a bool is not one).
+        error: if ``value < minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NamedTypeError(
+            f"{caller}: {name} must be an int ({what}), got {value!r} ({type(value).__name__}). "
+            f"Pass e.g. {name}=10."
+        )
+    if value < minimum:
+        fix = f"Pass {name}=0 to list none." if minimum == 0 else f"Pass {name}={minimum} or more."
+        raise error(f"{caller}: {name} must be >= {minimum} ({what}), got {value}. {fix}")
+    return value
+
+
 def memory_report(
     tree: Any, mapping_or_rules: Any = None, mesh: MeshLike | None = None, *, top: int = 10
 ) -> MemoryReport:
@@ -185,16 +212,7 @@ def memory_report(
         >>> report.bytes_per_device, report.axes["mlp"]["saved_bytes"]
         (524288, 1572864)
     """
-    if isinstance(top, bool) or not isinstance(top, int):
-        raise NamedTypeError(
-            f"memory_report: top must be an int (how many of the largest leaves to list), got "
-            f"{top!r} ({type(top).__name__}). Pass e.g. top=10."
-        )
-    if top < 0:
-        raise ShardingError(
-            f"memory_report: top must be >= 0 (how many of the largest leaves to list), got {top}. "
-            "Pass top=0 to list none."
-        )
+    check_count(top, "memory_report")
     mesh = rule_mesh(mesh, caller="memory_report")
     sizes = mesh_axis_sizes(mesh)
     rules = rules_in_force(mapping_or_rules, "memory_report")
