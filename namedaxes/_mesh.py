@@ -87,6 +87,28 @@ def _no_devices(shape: MeshShape) -> MeshError:
     )
 
 
+def same_placement(a: MeshLike, b: MeshLike) -> bool:
+    """Whether a spec places the same way on ``a`` and ``b``: the same axes and sizes and, when
+    both are concrete ``Mesh``es, the same devices in the same places (axis types do not matter).
+
+    Example:
+        >>> same_placement({"data": 2}, {"data": 2}), same_placement({"data": 2}, {"data": 4})
+        (True, False)
+    """
+    if a is b:
+        return True
+    if mesh_shape(a) != mesh_shape(b):
+        return False
+    if isinstance(a, Mesh) and isinstance(b, Mesh):
+        return device_ids(a) == device_ids(b)
+    return True
+
+
+def device_ids(mesh: Mesh) -> list[int]:
+    """The ids of ``mesh``'s devices in mesh order (flattened)."""
+    return [d.id for d in mesh.devices.flat]
+
+
 def mesh_axis_sizes(mesh: MeshLike) -> dict[str, int]:
     """The ``{axis: size}`` of a mesh-like, in mesh order (checked as ``mesh_shape`` checks it).
 

@@ -1,5 +1,6 @@
 """fsdp: parameters held sharded by the parameter mapping, computed under the compute mapping."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -269,3 +270,53 @@ def test_fsdp_resolves_each_output_only_by_the_mapping_that_places_it(axis_type)
         step = na.fsdp(lambda w, b: (w, b), {"vocab": "model"}, {"batch": "data", "vocab": None})
         new_w, new_b = step(w, b)
         assert spec_of(new_w) == P(None, "model") and spec_of(new_b) == P("data")
+
+
+def _device_ids(x):
+    return sorted(d.id for d in x.array.sharding.device_set)
+
+
+def test_inputs_follow_the_mesh_in_force_to_other_devices(axis_type):
+    """Two meshes of one shape on different devices: a cached program's input placement belongs
+    to the mesh it was made on, so calling under the other one places inputs there (for fsdp and
+    named_jit(in_axis_resources=...)), also a batch already sharded on the first mesh."""
+    devices = jax.devices()
+    first = jax.make_mesh((4,), ("data",), axis_types=(axis_type,), devices=devices[:4])
+    second = jax.make_mesh((4,), ("data",), axis_types=(axis_type,), devices=devices[4:])
+    step = na.fsdp(lambda w, b: (w * 2, b + 1), {"embed": "data"}, {"batch": "data"})
+    placed = na.named_jit(lambda w, b: (w, b), in_axis_resources={"embed": "data", "batch": "data"})
+    w, b = named(jnp.arange(8.0), "embed"), named(jnp.arange(8.0), "batch")
+    for fn in (step, placed):
+        with jax.set_mesh(first):
+            fn(w, b)
+            b_first = na.shard(b, {"batch": "data"})
+        with jax.set_mesh(second):
+            for batch in (b, b_first):
+                new_w, new_b = fn(w, batch)
+                assert _device_ids(new_w) == _device_ids(new_b) == [4, 5, 6, 7]
+                assert new_b.sharding.spec == P("data")
+    np.testing.assert_array_equal(np.asarray(new_b.array), np.arange(8.0))
+
+
+class _FieldLinear(eqx.Module):
+    w: jax.Array = na.field(axis_names=("embed", "mlp"))
+
+
+def test_parameters_come_back_held_whatever_their_form_or_axis_order(axis_type):
+    """Outputs shaped like the parameters stay held by the parameter mapping: also field-declared
+    arrays, and a parameter returned with its axes in another order (names, not positions)."""
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    batch = named(jnp.ones(8), "batch")
+    keep = na.fsdp(lambda m, x: (m, x), {"embed": "data"}, {"batch": "data"})
+    turn = na.fsdp(
+        lambda p, x: {"w": (p["w"] * 2).rearrange(("mlp", "embed"))},
+        {"embed": "data"},
+        {"batch": "data"},
+    )
+    with jax.set_mesh(mesh):
+        module, _ = keep(_FieldLinear(jnp.ones((4, 8))), batch)
+        turned = turn({"w": named(jnp.ones((8, 4)), ("embed", "mlp"))}, batch)
+    assert module.w.sharding.spec == P("data", None)
+    assert [s.data.shape for s in module.w.addressable_shards] == [(2, 8)] * 8
+    assert turned["w"].axis_names == ("mlp", "embed")
+    assert turned["w"].sharding.spec == P(None, "data")

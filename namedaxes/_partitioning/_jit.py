@@ -177,6 +177,12 @@ class NamedJitWrapped(Generic[P, R]):
                     compiled = compiled.get(layout.get_static(leaves))
                 except TypeError:
                     compiled = None
+            if compiled is not None and compiled.in_targets is not None:
+                # Input targets are built on the concrete mesh, which the key (the abstract mesh)
+                # does not tell apart from another of its shape on other devices.
+                mesh = context_mesh()
+                if mesh is not compiled.mesh and mesh != compiled.mesh:
+                    compiled = None
             if compiled is not None:
                 dyn = layout.get_dyn(leaves)
                 if compiled.in_targets is not None:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from .._mesh import same_placement
 from ._shard import place_leaves
 
 
@@ -75,8 +76,8 @@ def concrete_targets(dyn: Any, targets: Any) -> list[Any]:
     for leaf, t in zip(dyn, targets):
         if isinstance(t, IfUnplaced):
             sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.Array) else None
-            on_mesh = isinstance(sharding, jax.sharding.NamedSharding) and (
-                sharding.mesh.shape_tuple == t.target.mesh.shape_tuple
+            on_mesh = isinstance(sharding, jax.sharding.NamedSharding) and same_placement(
+                sharding.mesh, t.target.mesh
             )
             t = None if on_mesh and not isinstance(leaf, jax.core.Tracer) else t.target
         out.append(t)

@@ -6,7 +6,8 @@ structure of the first argument** (the parameters: the updated model, its gradie
 ``mu``/``nu``; or of one element of the first argument when that is a tuple or list such as
 ``(model, optimizer_state)``) is placed by the parameter mapping; every other named output
 (logits, per-token losses, metrics) by the compute mapping. The structure includes each
-NamedArray's axis names and sizes, and only structures holding a NamedArray count.
+NamedArray's axis names and sizes (not their order), and only structures holding a NamedArray or
+a ``field(axis_names=...)`` array count.
 
 With ``strict=True`` both also check, once per trace, that every entry of their mappings matches an
 axis (``check_strict``).
@@ -24,6 +25,7 @@ from .._logical._rules import AxisRules
 from .._mesh import AnyMesh
 from ._plan import check_matched, plan_tree, tree_axis_names
 from ._shard import constrain
+from ._tree import walk
 
 __all__ = [
     "check_strict",
@@ -34,14 +36,22 @@ __all__ = [
 
 
 def parameter_structures(first: Any) -> frozenset[Any]:
-    """The tree structures of ``first`` (fsdp's first argument) that mark parameter outputs."""
+    """The structures of ``first`` (fsdp's first argument) that mark parameter outputs."""
     parts = [first] + (list(first) if isinstance(first, (tuple, list)) else [])
     found = set()
     for part in parts:
-        named = jax.tree_util.tree_leaves(part, is_leaf=is_named_array)
-        if any(isinstance(x, NamedArray) for x in named):
-            found.add(jax.tree_util.tree_structure(part))
+        leaves, treedef = jax.tree_util.tree_flatten(part)
+        if walk(part, treedef).any_named:  # NamedArrays or field(axis_names=...) arrays
+            found.add(_structure(part))
     return frozenset(found)
+
+
+def _structure(node: Any) -> Any:
+    """``node``'s tree structure with each NamedArray's axes as a set: a parameter returned with
+    its axes in another order is still a parameter (names, not positions)."""
+    units, treedef = jax.tree_util.tree_flatten(node, is_leaf=is_named_array)
+    axes = tuple(frozenset(u.axes) if isinstance(u, NamedArray) else None for u in units)
+    return treedef, axes
 
 
 def _parameter_mask(out: Any, structures: frozenset[Any], n_leaves: int) -> list[bool]:
@@ -51,7 +61,7 @@ def _parameter_mask(out: Any, structures: frozenset[Any], n_leaves: int) -> list
 
     def is_parameters(node: Any) -> bool:
         try:
-            return jax.tree_util.tree_structure(node) in structures
+            return _structure(node) in structures
         except TypeError:  # unhashable static data: not a parameter structure
             return False
 

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from .._errors import MeshError, ShardingError, format_mesh, format_names
 from .._logical._resolve import check_rules_mesh_axes
-from .._mesh import MeshLike, context_mesh, mesh_axis_sizes, mesh_shape
+from .._mesh import MeshLike, context_mesh, device_ids, mesh_axis_sizes, same_placement
 from .._spec import entry_axes, rank_problem, spec_alone_problems
 from ._base import rule_mesh
 
@@ -85,10 +85,7 @@ def check_same_mesh(caller: str, rules: Sequence[Any]) -> MeshLike | None:
             first = (i, mesh)
             continue
         j, other = first
-        same = mesh_shape(mesh) == mesh_shape(other)
-        if same and isinstance(mesh, Mesh) and isinstance(other, Mesh):
-            same = _device_ids(mesh) == _device_ids(other)  # axis types do not change specs
-        if not same:
+        if not same_placement(mesh, other):
             raise MeshError(
                 f"{caller} combines rules planned on different meshes: rule {j} "
                 f"({type(rules[j]).__name__}) uses {_describe(other)} and rule {i} "
@@ -98,14 +95,10 @@ def check_same_mesh(caller: str, rules: Sequence[Any]) -> MeshLike | None:
     return None if first is None else first[1]
 
 
-def _device_ids(mesh: Any) -> list[int]:
-    return [d.id for d in mesh.devices.flat]
-
-
 def _describe(mesh: Any) -> str:
     text = format_mesh(mesh)
     if isinstance(mesh, Mesh):
-        ids = _device_ids(mesh)
+        ids = device_ids(mesh)
         shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
         text += f" on devices [{shown}]"
     return text
