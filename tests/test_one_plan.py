@@ -329,3 +329,44 @@ def test_a_plan_on_a_mesh_mapping_sizes_but_does_not_place():
     for ask in (lambda: planned.targets, lambda: planned.target(0)):
         with pytest.raises(na.MeshError, match=r"planned on \{'data': 2\}, which can size shards"):
             ask()
+
+
+def test_placement_errors_name_the_leaf_path(mesh_2x4):
+    """In a large tree the path is how to find the leaf: every entry point says which one."""
+    tree = {
+        "layers": [
+            {"w": na.named(jnp.ones((8, 4)), ("embed", "mlp"))},
+            {"w": na.named(jnp.ones((6, 4)), ("embed", "mlp"))},
+        ]
+    }
+    rules = {"embed": "model"}
+    calls = {
+        "shard": lambda: na.shard(tree, rules, mesh_2x4),
+        "pspec_for": lambda: na.pspec_for(tree, rules, mesh=mesh_2x4),
+        "named_jit": lambda: na.named_jit(lambda t: t, axis_resources=rules)(tree),
+        "LogicalAxisRule": lambda: na.rules.LogicalAxisRule(rules, mesh_2x4).apply(tree),
+    }
+    for call in calls.values():
+        with jax.set_mesh(mesh_2x4):
+            with pytest.raises(
+                na.ShardingError,
+                match=r"At leaf 'layers/1/w': Cannot shard axis 'embed' \(size 6\)",
+            ):
+                call()
+
+
+def test_a_field_declaration_must_match_a_named_arrays_own_names(mesh_2x4):
+    """A NamedArray carries its names: a field(axis_names=...) naming others is an error, not a
+    silent override; the same names in another order are the array's own."""
+
+    class Declared(eqx.Module):
+        w: na.NamedArray = na.field(axis_names=("vocab", "hidden"))
+
+    wrong = Declared(na.named(jnp.ones((8, 4)), ("embed", "mlp")))
+    with pytest.raises(
+        na.AxisError,
+        match=r"Field Declared.w is declared with axis_names \('vocab', 'hidden'\) but holds a NamedArray with axes \('embed', 'mlp'\)",
+    ):
+        na.pspec_for(wrong, {"embed": "data", "vocab": "model"}, mesh=mesh_2x4)
+    same = Declared(na.named(jnp.ones((4, 8)), ("hidden", "vocab")))
+    assert na.pspec_for(same, {"vocab": "data"}, mesh=mesh_2x4).w == P(None, "data")

@@ -37,7 +37,14 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._axis import Axis
 from .._caches import register
-from .._errors import MeshError, UnmatchedMappingError, did_you_mean, format_names
+from .._errors import (
+    MeshError,
+    ShardingError,
+    UnmatchedMappingError,
+    did_you_mean,
+    format_names,
+    format_path,
+)
 from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, MeshAxes
 from .._mesh import MeshLike, context_mesh, mesh_shape, require_mesh
@@ -143,13 +150,24 @@ class TreePlan:
         info = structure.walk.infos[i]
         if info is None:
             return self._plain(self.leaves[i])
-        if isinstance(info, FieldAxes):
-            axes = leaf_axes(info, self.leaves[i])
-            return None if axes is None else resolve(axes, self.rules, self.mesh)  # type: ignore[arg-type]
-        spec = structure.specs[i]
-        if spec is _UNSET:
-            spec = structure.specs[i] = resolve(info, self.rules, self.mesh)  # type: ignore[arg-type]
+        try:
+            if isinstance(info, FieldAxes):
+                axes = leaf_axes(info, self.leaves[i])
+                return None if axes is None else resolve(axes, self.rules, self.mesh)  # type: ignore[arg-type]
+            spec = structure.specs[i]
+            if spec is _UNSET:
+                spec = structure.specs[i] = resolve(info, self.rules, self.mesh)  # type: ignore[arg-type]
+        except ShardingError as e:  # in a large tree the path is how to find the leaf
+            raise type(e)(f"At leaf {self.path(i)!r}: {e}") from e
         return spec
+
+    def path(self, i: int) -> str:
+        """Leaf ``i``'s pytree path as ``layers/0/weight`` (``<root>`` for a bare leaf)."""
+        flat, _ = jax.tree_util.tree_flatten_with_path(self.treedef.unflatten(self.leaves))
+        keys = flat[i][0]
+        if isinstance(self._structure.walk.infos[i], tuple):  # a NamedArray's own array key
+            keys = keys[:-1]
+        return format_path(keys)
 
     @property
     def specs(self) -> list[PartitionSpec | None]:

@@ -58,7 +58,10 @@ def _visit(node: Any, out: list[LeafInfo]) -> None:
         children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda n: n is not node)
         for path, child in children:
             key = getattr(path[0], "name", None) if path else None
-            if key in names and child is not None and _is_arraylike(child):
+            if key in names and isinstance(child, NamedArray):
+                _check_declared(child, names[key], f"{type(node).__name__}.{key}")
+                _visit(child, out)  # its own axes: the same names, maybe in another order
+            elif key in names and child is not None and _is_arraylike(child):
                 out.append(FieldAxes(names[key], f"{type(node).__name__}.{key}"))
             else:
                 _visit(child, out)
@@ -72,6 +75,17 @@ def _visit(node: Any, out: list[LeafInfo]) -> None:
             _visit(p, out)
         else:
             out.append(None)
+
+
+def _check_declared(child: NamedArray, declared: tuple[str, ...], field: str) -> None:
+    """A NamedArray in a ``field(axis_names=...)`` field must carry the declared names."""
+    own = tuple(a.name for a in child.axes)
+    if sorted(own) != sorted(declared):
+        raise AxisError(
+            f"Field {field} is declared with axis_names ({format_names(declared)}) but holds a "
+            f"NamedArray with axes ({format_names(own)}). Make the declaration match the array's "
+            "names, or drop axis_names= from the field (a NamedArray carries its own names)."
+        )
 
 
 def _is_arraylike(x: Any) -> bool:

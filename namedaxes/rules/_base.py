@@ -171,12 +171,7 @@ def planned_spec(planned: TreePlan, leaf: Leaf) -> PartitionSpec:
     Raises:
         ShardingError: ``At leaf 'path': `` and what ``resolve`` says.
     """
-    spec = None
-    if leaf.index is not None:
-        try:
-            spec = planned.spec(leaf.index)
-        except ShardingError as e:
-            raise type(e)(f"At leaf {leaf.path!r}: {e}") from e
+    spec = planned.spec(leaf.index) if leaf.index is not None else None
     return spec if spec is not None else replicated(len(leaf.shape or ()))
 
 
