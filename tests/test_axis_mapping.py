@@ -13,7 +13,7 @@ from _helpers import spec_of
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
-from namedaxes import AxisRules, MappingTypeError, axis_mapping, current_axis_mapping
+from namedaxes import AxisRules, MappingTypeError, ShardingError, axis_mapping, current_axis_mapping
 
 
 def test_nesting_and_restore():
@@ -381,3 +381,20 @@ def test_jax_jit_in_threads_keys_each_threads_mapping(mesh_2x4):
     for t in threads:
         t.join()
     assert specs == {"data": P("data"), "model": P("model")}
+
+
+def test_merge_puts_inner_names_first_for_dicts_and_rules(mesh_2x4):
+    """Rule order is priority: a merged inner mapping's names come first whether the mappings are
+    dicts or AxisRules, so the inner name wins a mesh axis both compete for."""
+    x = na.named(jnp.ones((8, 4)), ("batch", "embed"))
+    with axis_mapping({"batch": "data", "embed": None}):
+        with axis_mapping({"embed": "data"}, merge=True):
+            assert list(current_axis_mapping()) == ["embed", "batch"]
+            with pytest.raises(ShardingError, match="'data' already used by axis 'embed'"):
+                na.pspec_for(x, mesh=mesh_2x4)
+        with axis_mapping(AxisRules({"embed": "data"}), merge=True):
+            with pytest.raises(ShardingError, match="'data' already used by axis 'embed'"):
+                na.pspec_for(x, mesh=mesh_2x4)
+    with axis_mapping(AxisRules({"batch": "data"}, unsatisfied="replicate")):
+        with axis_mapping({"embed": "data"}, merge=True):
+            assert na.pspec_for(x, mesh=mesh_2x4) == P(None, "data")

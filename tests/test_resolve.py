@@ -271,3 +271,23 @@ def test_replace_and_merge():
     assert merged == AxisRules([("batch", "model"), ("batch", "data")], unsatisfied="replicate")
     # Inner wins, outer stays as a fallback.
     assert resolve((Axis("batch", 6),), merged, MESH) == P("data")
+
+
+@pytest.mark.parametrize("axes", ["batch", Axis("batch", 8)])
+def test_resolve_refuses_one_axis_for_a_sequence(axes):
+    with pytest.raises(
+        NamedTypeError, match=r"resolve needs a sequence of Axis objects, got .*batch"
+    ):
+        resolve(axes, {"batch": "data"}, {"data": 2})
+
+
+def test_single_axis_helpers_check_the_whole_mapping_against_a_known_mesh():
+    """Asking about an unmapped name must not hide a typo elsewhere in the mapping."""
+    import namedaxes as na
+
+    typo = {"batch": "dta"}
+    with pytest.raises(ShardingError, match=r"mesh axis 'dta' \(used by logical axis 'batch'\)"):
+        na.physical_axis_name("embed", typo, {"data": 2})
+    with pytest.raises(ShardingError, match=r"mesh axis 'dta' \(used by logical axis 'batch'\)"):
+        na.round_axis_for_partitioning(Axis("vocab", 5), typo, {"data": 2})
+    assert na.physical_axis_name("embed", typo) is None  # no mesh known: nothing to check against

@@ -246,8 +246,9 @@ class axis_mapping:
         mapping_or_rules: A ``{logical_name: mesh_axes}`` mapping, ``AxisRules``, or ``None``
             (nothing but the keyword entries).
         merge: If true, combine with the mapping in force: this one wins on every name it mentions
-            (with ``AxisRules``, its pairs go before the outer pairs for the same name, which remain
-            as fallbacks). If false, replace it.
+            and its names come first, so they have priority when two compete for a mesh axis (with
+            ``AxisRules``, the outer pairs for its names remain as fallbacks). If false, replace
+            it.
         **kwargs: Entries that add to or override ``mapping_or_rules`` (``batch="data"``).
 
     Raises:
@@ -256,7 +257,7 @@ class axis_mapping:
     Example:
         >>> with axis_mapping({"batch": "data"}), axis_mapping(embed="model", merge=True):
         ...     current_axis_mapping()
-        {'batch': 'data', 'embed': 'model'}
+        {'embed': 'model', 'batch': 'data'}
     """
 
     def __init__(

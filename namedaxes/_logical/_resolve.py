@@ -79,6 +79,11 @@ def resolve(
             f"unsatisfied must be one of {format_names(_POLICIES)}, got {unsatisfied!r}."
         )
     policy = unsatisfied or rules_n.unsatisfied
+    if isinstance(axes, (str, Axis)):  # one axis, not a sequence of them
+        raise NamedTypeError(
+            f"resolve needs a sequence of Axis objects, got {axes!r} ({type(axes).__name__}). "
+            "Pass x.axes of a NamedArray, or a tuple such as (Axis('batch', 8),)."
+        )
     axes_t = axes if isinstance(axes, tuple) else tuple(axes)
     try:
         return _resolve_cached(axes_t, rules_n, mesh_shape(mesh), policy)

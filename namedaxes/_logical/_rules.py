@@ -311,8 +311,9 @@ register(_rules_from_items.cache_clear)
 def merge_rules(inner: RulesLike, outer: RulesLike) -> RulesLike:
     """Combine two mappings so that ``inner`` wins on every name it mentions.
 
-    Two plain mappings merge into a dict (``{**outer, **inner}``). Otherwise the
-    result is ``AxisRules`` in which, for each name, inner's pairs come before outer's (outer's stay
+    Rule order is priority, so inner's names come first in either form. Two plain mappings merge
+    into a dict: inner's entries, then outer's for the names inner does not mention. Otherwise the
+    result is ``AxisRules`` with inner's pairs before outer's (outer's pairs for inner's names stay
     as fallbacks); the policy is inner's when inner is ``AxisRules``, else outer's.
 
     Example:
@@ -322,7 +323,7 @@ def merge_rules(inner: RulesLike, outer: RulesLike) -> RulesLike:
     if isinstance(inner, Mapping) and isinstance(outer, Mapping):
         as_rules(inner)  # validate both before merging
         as_rules(outer)
-        return {**outer, **inner}
+        return {**inner, **{k: v for k, v in outer.items() if k not in inner}}
     inner_r, outer_r = as_rules(inner), as_rules(outer)
     policy = inner_r.unsatisfied if isinstance(inner, AxisRules) else outer_r.unsatisfied
     # Rule order is priority, so listing inner's pairs first makes them win while outer's pairs

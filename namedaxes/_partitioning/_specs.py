@@ -123,9 +123,11 @@ def _single_axis_spec(
     rules = rules_in_force(mapping, caller)
     name = axis_name(axis)
     candidates = rules.candidates(name)
+    known = mesh if mesh is not None else context_mesh()
+    if known is not None:  # a typo in the mapping never passes, whichever name is asked about
+        check_rules_mesh_axes(rules, known)
     if not candidates or candidates[0] is None:
         return None  # unmapped or fixed as replicated: no size needed to know that
-    known = mesh if mesh is not None else context_mesh()
     if len(candidates) > 1 and not isinstance(axis, Axis):
         raise ShardingError(
             f"{caller} needs an Axis with its size for {name!r}: it has {len(candidates)} rules "
@@ -228,7 +230,8 @@ def round_axis_for_partitioning(
     first rule that has mesh axes (pad to this, and that rule applies).
 
     ``physical_axis_size`` of the result then equals that rule's split (unless a mesh axis is
-    taken by another axis of the same array, which only ``resolve`` on the whole array knows).
+    taken by another axis of the same array, which only ``resolve`` on the whole array knows). An
+    unmapped name, or one whose first rule is ``None`` (replicated), comes back unchanged.
 
     Example:
         >>> from namedaxes import Axis
@@ -244,6 +247,9 @@ def round_axis_for_partitioning(
     targets = [t for t in rules.candidates(axis.name) if t is not None]
     first = rules.candidates(axis.name)[:1]
     if not targets or first == (None,):
+        known = mesh if mesh is not None else context_mesh()
+        if known is not None:  # a typo in the mapping never passes, whichever axis is asked about
+            check_rules_mesh_axes(rules, known)
         return axis  # replicated: any size is placeable
     sizes = mesh_axis_sizes(require_mesh(mesh, caller="round_axis_for_partitioning", mappings=True))
     check_rules_mesh_axes(rules, sizes)
