@@ -282,25 +282,25 @@ from ._ops.tiling import repeat as repeat
 from ._ops.tiling import roll as roll
 from ._ops.tiling import tile as tile
 
+# shard_map by name, collectives by logical axis name
+from ._partitioning._collectives import all_gather as all_gather
+from ._partitioning._collectives import all_to_all as all_to_all
+from ._partitioning._collectives import axis_index as axis_index
+from ._partitioning._collectives import pmax as pmax
+from ._partitioning._collectives import pmean as pmean
+from ._partitioning._collectives import pmin as pmin
+from ._partitioning._collectives import ppermute as ppermute
+from ._partitioning._collectives import psum as psum
+from ._partitioning._collectives import psum_scatter as psum_scatter
+from ._partitioning._collectives import shard_count as shard_count
+
 # placement: field names, named_jit / fsdp, shard
 from ._partitioning._field import field as field
 from ._partitioning._named_jit import fsdp as fsdp
 from ._partitioning._named_jit import named_jit as named_jit
 from ._partitioning._shard import auto_sharded as auto_sharded
 from ._partitioning._shard import shard as shard
-
-# shard_map by name, collectives by logical axis name
-from ._partitioning._shard_map import all_gather as all_gather
-from ._partitioning._shard_map import axis_index as axis_index
-from ._partitioning._shard_map import pmax as pmax
-from ._partitioning._shard_map import pmean as pmean
-from ._partitioning._shard_map import pmin as pmin
-from ._partitioning._shard_map import ppermute as ppermute
-from ._partitioning._shard_map import psum as psum
-from ._partitioning._shard_map import psum_scatter as psum_scatter
-from ._partitioning._shard_map import shard_count as shard_count
 from ._partitioning._shard_map import shard_map as shard_map
-from ._partitioning._shard_map_exchange import all_to_all as all_to_all
 
 # specs without placing
 from ._partitioning._specs import infer_resource_partitions as infer_resource_partitions

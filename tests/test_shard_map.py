@@ -1,11 +1,12 @@
 """shard_map by name and logical-name collectives: local sizes, oracles against plain jax.numpy,
 output assembly by name, compiled collectives, errors, on Auto and Explicit meshes."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import spec_of
+from _helpers import shard_shapes, spec_of
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -192,3 +193,61 @@ def test_repeated_calls_reuse_one_trace(mesh_2x4):
     assert len(traces) == 4
     np.testing.assert_array_equal(first.array, 2 * A)
     np.testing.assert_array_equal(third.array, 3 * A)
+
+
+class _Linear(eqx.Module):
+    weight: jax.Array = na.field(axis_names=("embed", "mlp"))
+    bias: jax.Array  # no names: enters replicated
+    scale: float = 2.0  # a Python value: passed through
+
+
+W = jnp.arange(4 * 8, dtype=jnp.float32).reshape(4, 8)  # (embed, mlp)
+FIELD_RULES = {"embed": "data", "mlp": "model"}
+
+
+def test_field_arrays_are_split_and_assembled_by_name(mesh_2x4):
+    """A module's field(axis_names=...) array goes through the one plan, as a NamedArray does: the
+    body sees its block, and it comes back placed as pspec_for says."""
+    seen = {}
+
+    def body(m):
+        seen["weight"], seen["bias"] = m.weight.shape, m.bias.shape
+        return m
+
+    with jax.set_mesh(mesh_2x4):
+        module = _Linear(W, jnp.ones(3))
+        out = na.shard_map(body, mapping=FIELD_RULES)(module)
+        planned = na.pspec_for(module, FIELD_RULES).weight
+    assert seen == {"weight": (2, 2), "bias": (3,)}
+    assert spec_of(out.weight) == planned == P("data", "model")
+    assert shard_shapes(out.weight) == [(2, 2)] and spec_of(out.bias) == P()
+    np.testing.assert_array_equal(out.weight, W)
+    assert out.scale == 2.0
+
+
+def test_collectives_by_field_axis_names(mesh_2x4):
+    """psum over a field's axis sums over the mesh axes that axis is placed on; an output
+    NamedArray axis with a field's local size is assembled as that field."""
+
+    def body(x, m):
+        partial = x.array @ m.weight  # this device's embed block of the contraction
+        y = na.psum(na.named(partial, ("rows", "mlp")), "embed")
+        return y, na.psum(m.weight.sum(), ("embed", "mlp")), na.shard_count("mlp")
+
+    x = na.named(jnp.arange(12, dtype=jnp.float32).reshape(3, 4), ("rows", "embed"))
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(FIELD_RULES):
+        y, total, count = jax.jit(na.shard_map(body))(x, _Linear(W, jnp.ones(3)))
+    np.testing.assert_allclose(y.array, x.array @ W)
+    assert y.axes == (Axis("rows", 3), Axis("mlp", 8)) and spec_of(y) == P(None, "model")
+    np.testing.assert_allclose(total, W.sum())
+    assert count == 4
+
+
+def test_mapping_mesh_axis_typo_is_an_error_without_named_arguments(mesh_2x4):
+    with jax.set_mesh(mesh_2x4):
+        with pytest.raises(
+            na.ShardingError,
+            match=r"The axis mapping names mesh axis 'dta' \(used by logical axis 'batch'\), but "
+            r"Mesh\(data=2, model=4\) has axes 'data', 'model'",
+        ):
+            na.shard_map(lambda a: a * 2, mapping={"batch": "dta"})(jnp.ones(8))

@@ -1,14 +1,18 @@
-"""``shard_map`` by name, and collectives that take logical axis names inside it.
+"""``shard_map`` by name (the collectives that take logical axis names inside it are in
+``_collectives``).
 
 ``shard_map(fn)`` runs ``fn`` once per device on that device's block of every argument. The blocks
-come from the mapping in force: each NamedArray argument is split as ``resolve`` places its axes,
-and ``fn`` sees NamedArrays whose axis sizes are the local (per-device) sizes. Inside ``fn``,
+come from the one plan of the arguments under the mapping in force (``plan_tree``, as ``shard``
+and ``pspec_for`` place them): each NamedArray, and each ``field(axis_names=...)`` array of an
+equinox module, is split as ``resolve`` places its axes, and ``fn`` sees NamedArrays whose axis
+sizes are the local (per-device) sizes (and field arrays of the local shapes). The mapping's mesh
+axes are checked against the mesh even when no argument has names. Inside ``fn``,
 ``psum(x, "batch")`` means "sum over the devices that hold different parts of ``batch``", i.e.
 over the mesh axes ``batch`` is placed on; ``pmean``, ``pmax``, ``pmin``, ``all_gather``,
 ``psum_scatter``, ``ppermute``, ``axis_index`` and ``shard_count`` work the same way. This is the
 layer for the collectives people write by hand (ring attention, expert dispatch).
 
-How outputs are put back together (each output NamedArray axis, by name):
+How outputs are put back together (each axis of an output NamedArray or field array, by name):
 
 * an axis an argument also had, with that argument's local size, is assembled as in that
   argument (sharded over the same mesh axes);
@@ -23,11 +27,10 @@ arguments have the same logical axis, the first one's placement is what the coll
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import jax
@@ -35,48 +38,25 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_name, axis_names, find_axis
+from .._axis import Axis
 from .._errors import (
-    AxisError,
-    AxisSizeError,
     NamedTypeError,
     NoMeshError,
     ShardingError,
     format_axes,
-    format_mesh,
     format_names,
 )
-from .._logical._context import current_axis_mapping
-from .._logical._resolve import resolve
-from .._spec import entry_axes, entry_of
+from .._logical._context import current_rules, rules_in_force
+from .._spec import entry_axes
+from ._collectives import SHARD_MAP_PLACEMENT
+from ._plan import TreePlan, plan_tree
+from ._tree import FieldAxes, leaf_axes, walk
 
-__all__ = [
-    "all_gather",
-    "axis_index",
-    "pmax",
-    "pmean",
-    "pmin",
-    "ppermute",
-    "psum",
-    "psum_scatter",
-    "shard_count",
-    "shard_map",
-]
-
-# Inside a shard_map body: logical axis name -> the mesh axes it is split over, and the mesh sizes.
-_PLACEMENT: contextvars.ContextVar[tuple[dict[str, tuple[str, ...]], dict[str, int]] | None] = (
-    contextvars.ContextVar("namedaxes_shard_map_placement", default=None)
-)
+__all__ = ["shard_map"]
 
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic)) or hasattr(x, "aval")
-
-
-def _local(x: NamedArray) -> NamedArray:
-    """A NamedArray whose axes carry its (per-device) array's sizes."""
-    shape = x.array.shape
-    return NamedArray(x.array, tuple(Axis(a.name, int(d)) for a, d in zip(x.axes, shape)))
 
 
 def _context_mesh(mesh: Any) -> Any:
@@ -107,8 +87,9 @@ def shard_map(
     assembled.
 
     Args:
-        fn: The per-device function. It receives NamedArrays with local axis sizes and may return
-            any pytree of NamedArrays, arrays and scalars.
+        fn: The per-device function. It receives NamedArrays with local axis sizes (and modules
+            whose ``field(axis_names=...)`` arrays are local blocks) and may return any pytree of
+            NamedArrays, modules, arrays and scalars.
         mapping: The rules placing logical axes on mesh axes; defaults to the mapping in force
             (``axis_mapping``).
         mesh: A ``Mesh`` or ``AbstractMesh``; defaults to the one set with ``jax.set_mesh``.
@@ -121,7 +102,8 @@ def shard_map(
         The wrapped function; it returns NamedArrays with global sizes.
 
     Raises:
-        ShardingError: if there is no mapping (and no ``in_specs``), or ``resolve`` fails.
+        ShardingError: if there is no mapping (and no ``in_specs``), the mapping names a mesh axis
+            the mesh lacks, or ``resolve`` fails.
         NoMeshError: if there is no mesh.
 
     Example:
@@ -170,35 +152,41 @@ def _call(
 ) -> Any:
     m = _context_mesh(mesh)
     sizes = dict(m.shape)
-    rules = mapping if mapping is not None else current_axis_mapping()
-    if rules is None and in_specs is None:
-        raise ShardingError(
-            "shard_map() needs a mapping to split its NamedArray arguments: pass mapping=, call it "
-            "inside `with axis_mapping({...}):`, or give in_specs=."
-        )
-    is_named = lambda v: isinstance(v, NamedArray)  # noqa: E731
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_named)
-    dynamic = [i for i, v in enumerate(leaves) if isinstance(v, NamedArray) or _is_array(v)]
-    static = {i: v for i, v in enumerate(leaves) if i not in set(dynamic)}
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    if mapping is None and current_rules() is None:
+        if in_specs is None:
+            raise ShardingError(
+                "shard_map() needs a mapping to split its NamedArray arguments: pass mapping=, "
+                "call it inside `with axis_mapping({...}):`, or give in_specs=."
+            )
+        infos = walk((args, kwargs), treedef).infos
+        plan = None
+    else:  # the one plan: NamedArrays and field(axis_names=...) arrays, the mapping checked
+        rules = rules_in_force(mapping, "shard_map")
+        plan = plan_tree((args, kwargs), rules, m, caller="shard_map", flat=(leaves, treedef))
+        infos = plan.walk.infos
+    dynamic = [i for i, v in enumerate(leaves) if _is_array(v)]
+    static = {i: v for i, v in enumerate(leaves) if not _is_array(v)}
     dyn_leaves = [leaves[i] for i in dynamic]
+    dyn_axes = [leaf_axes(infos[i], leaves[i]) for i in dynamic]
 
-    # Input specs and, from the NamedArray ones, where each logical name lives.
-    if in_specs is None:
-        specs = [
-            resolve(v.axes, cast(Any, rules), m) if isinstance(v, NamedArray) else PartitionSpec()
-            for v in dyn_leaves
-        ]
-    else:
+    # Input specs (a leaf without names enters replicated) and where each logical name lives.
+    if in_specs is not None:
         specs = _user_in_specs(in_specs, args, kwargs, dynamic)
+    else:
+        planned = cast(TreePlan, plan)
+        specs = [
+            PartitionSpec() if axes is None else planned.spec(i)
+            for i, axes in zip(dynamic, dyn_axes)
+        ]
     placement: dict[str, tuple[str, ...]] = {}
     seen: dict[str, tuple[int, int, Any]] = {}  # name -> (global size, local size, entry)
-    for v, spec in zip(dyn_leaves, specs):
-        if isinstance(v, NamedArray):
-            for a, entry in zip(v.axes, tuple(spec) + (None,) * v.ndim):
-                mesh_axes = entry_axes(entry)
-                placement.setdefault(a.name, mesh_axes)
-                n = math.prod(sizes[e] for e in mesh_axes)
-                seen.setdefault(a.name, (a.size, a.size // n, entry))
+    for axes, spec in zip(dyn_axes, specs):
+        for a, entry in zip(axes or (), tuple(spec) + (None,) * len(axes or ())):
+            mesh_axes = entry_axes(entry)
+            placement.setdefault(a.name, mesh_axes)
+            n = math.prod(sizes[e] for e in mesh_axes)
+            seen.setdefault(a.name, (a.size, a.size // n, entry))
 
     call_args = [_placed(v, spec, m, mesh) for v, spec in zip(dyn_leaves, specs)]
     key = _signature(treedef, static, call_args, specs, m, out_specs, check_vma)
@@ -223,23 +211,30 @@ def _call(
             "with that argument's local size; reduce across devices first (na.psum / na.pmean / "
             "na.all_gather) or pass out_specs=. JAX says: " + str(e).split("\n\n")[-1]
         ) from e
-    return jax.tree_util.tree_map(
-        lambda v: _global(v) if isinstance(v, NamedArray) else v,
-        out,
-        is_leaf=lambda v: isinstance(v, NamedArray),
-    )
+    return jax.tree_util.tree_map(_resized, out, is_leaf=_is_named)
+
+
+def _is_named(v: Any) -> bool:
+    return isinstance(v, NamedArray)
+
+
+def _resized(v: Any) -> Any:
+    """A NamedArray whose axes carry its array's sizes (the local ones inside the body, the
+    global ones outside); any other value as is."""
+    if not isinstance(v, NamedArray) or v.array is None:  # None: an eqx.partition half
+        return v
+    return NamedArray(v.array, tuple(Axis(a.name, int(d)) for a, d in zip(v.axes, v.array.shape)))
 
 
 def _signature(
     treedef: Any, static: dict[int, Any], call_args: list[Any], specs: list[Any], m: Any,
     out_specs: Any, check_vma: bool,
 ) -> Any:  # fmt: skip
-    """A hashable key for one call's structure, or ``None`` when something is unhashable."""
+    """A hashable key for one call's structure, or ``None`` when something is unhashable.
+
+    NamedArray axes are part of ``treedef``; the arrays' types carry shapes and shardings."""
     try:
-        avals = tuple(
-            (v.axes, jax.typeof(v.array)) if isinstance(v, NamedArray) else (None, jax.typeof(v))
-            for v in call_args
-        )
+        avals = tuple(jax.typeof(v) for v in call_args)
         statics = tuple((i, type(v), v) for i, v in static.items())  # 1 and 1.0 differ here
         key = (treedef, statics, avals, tuple(specs), m, out_specs, check_vma)
         hash(key)
@@ -259,15 +254,18 @@ def _build(
     def body(dyn: list[Any]) -> Any:
         full: list[Any] = [None] * n_leaves
         for i, v in zip(dynamic, dyn):
-            full[i] = _local(v) if isinstance(v, NamedArray) else v
+            full[i] = v
         for i, v in static.items():
             full[i] = v
-        a, kw = jax.tree_util.tree_unflatten(treedef, full)
-        token = _PLACEMENT.set((placement, sizes))
+        # NamedArrays rebuilt from the treedef carry global sizes: give them their blocks'.
+        a, kw = jax.tree_util.tree_map(
+            _resized, jax.tree_util.tree_unflatten(treedef, full), is_leaf=_is_named
+        )
+        token = SHARD_MAP_PLACEMENT.set((placement, sizes))
         try:
             return fn(*a, **kw)
         finally:
-            _PLACEMENT.reset(token)
+            SHARD_MAP_PLACEMENT.reset(token)
 
     jax_in_specs = (specs,)
     if out_specs is None:
@@ -276,7 +274,7 @@ def _build(
             body, mesh=mesh, in_specs=jax_in_specs, out_specs=PartitionSpec(), check_vma=False
         )
         local_out = jax.eval_shape(probe, call_args)
-        out_specs = _output_specs(local_out, seen, sizes)
+        out_specs = _output_specs(local_out, seen)
     mapped = jax.shard_map(
         body, mesh=mesh, in_specs=jax_in_specs, out_specs=out_specs, check_vma=check_vma
     )
@@ -314,9 +312,8 @@ def _user_in_specs(specs: Any, args: Any, kwargs: Any, dynamic: list[int]) -> li
     if isinstance(specs, PartitionSpec):
         specs = (specs,) * len(args)
     specs = tuple(specs) if isinstance(specs, list) else specs
-    is_named = lambda v: isinstance(v, NamedArray)  # noqa: E731
     per_leaf = jax.tree_util.tree_map(
-        lambda spec, sub: [spec] * len(jax.tree_util.tree_leaves(sub, is_leaf=is_named)),
+        lambda spec, sub: [spec] * len(jax.tree_util.tree_leaves(sub)),
         specs,
         args,
         is_leaf=lambda v: isinstance(v, PartitionSpec) or v is None,
@@ -329,291 +326,31 @@ def _user_in_specs(specs: Any, args: Any, kwargs: Any, dynamic: list[int]) -> li
     return [flat[i] for i in dynamic]
 
 
-def _output_specs(
-    local_out: Any, seen: dict[str, tuple[int, int, Any]], sizes: dict[str, int]
-) -> Any:
-    """One spec per output leaf: an axis with an input's local size is sharded as in that input."""
+def _output_specs(local_out: Any, seen: dict[str, tuple[int, int, Any]]) -> Any:
+    """One spec per output leaf, by the tree walk: an axis of a named leaf (a NamedArray or a
+    ``field(axis_names=...)`` array) with an input's local size is sharded as in that input."""
+    leaves, treedef = jax.tree_util.tree_flatten(local_out)
+    infos = walk(local_out, treedef).infos
 
-    def spec_for(v: Any) -> PartitionSpec:
-        if not isinstance(v, NamedArray):
+    def spec_for(info: Any, leaf: Any) -> PartitionSpec:
+        axes = leaf_axes(info, leaf)
+        if axes is None:
             return PartitionSpec()
         used: set[str] = set()
         entries: list[Any] = []
-        for a in v.axes:
-            info = seen.get(a.name)
-            entry = info[2] if info is not None and info[1] == a.size else None
+        for a in axes:
+            known = seen.get(a.name)
+            entry = known[2] if known is not None and known[1] == a.size else None
             mesh_axes = set(entry_axes(entry))
             if mesh_axes & used:
+                what = info.field if isinstance(info, FieldAxes) else "NamedArray"
                 raise ShardingError(
-                    f"shard_map(): output NamedArray({format_axes(v.axes)}) would put mesh axes "
+                    f"shard_map(): output {what}({format_axes(axes)}) would put mesh axes "
                     f"{format_names(sorted(mesh_axes & used))} on two of its axes. Pass out_specs=."
                 )
             used |= mesh_axes
             entries.append(entry)
         return PartitionSpec(*entries)
 
-    return jax.tree_util.tree_map(spec_for, local_out, is_leaf=lambda v: isinstance(v, NamedArray))
-
-
-def _global(x: NamedArray) -> NamedArray:
-    return NamedArray(x.array, tuple(Axis(a.name, int(d)) for a, d in zip(x.axes, x.array.shape)))
-
-
-# -- collectives by logical name ------------------------------------------------------------------
-
-
-def _mesh_axes(axis: AxisSelector | Sequence[AxisSelector], caller: str) -> tuple[str, ...]:
-    """The mesh axes the logical ``axis`` (or axes) are split over in the enclosing shard_map."""
-    ctx = _PLACEMENT.get()
-    if ctx is None:
-        raise ShardingError(
-            f"{caller}() by logical axis name only works inside namedaxes.shard_map (it needs to know "
-            "which mesh axes each name is split over). For mesh axes, use jax.lax directly."
-        )
-    placement, sizes = ctx
-    out: list[str] = []
-    for name in axis_names(axis):
-        if name not in placement:
-            raise AxisError(
-                f"{caller}(): logical axis {name!r} is not an axis of any shard_map argument, so its "
-                f"placement is unknown. Known axes: {format_names(placement)}. (Mesh "
-                f"{format_mesh(sizes)} axes are used through jax.lax.)"
-            )
-        out.extend(m for m in placement[name] if m not in out)
-    return tuple(out)
-
-
-def _reduce(caller: str, prim: Callable[..., Any], x: Any, axis: Any) -> Any:
-    mesh_axes = _mesh_axes(axis, caller)
-    if not mesh_axes:  # one shard: reducing over it changes nothing
-        return x
-    if isinstance(x, NamedArray):
-        return NamedArray(prim(x.array, mesh_axes), x.axes)
-    return jax.tree_util.tree_map(lambda v: prim(v, mesh_axes), x)
-
-
-def psum(x: Any, axis: AxisSelector | Sequence[AxisSelector]) -> Any:
-    """Sum ``x`` over the devices holding different parts of the logical ``axis`` (or axes).
-
-    Only inside :func:`shard_map`. This is a cross-device sum of equally shaped blocks: it does not
-    remove an axis of ``x`` (sum it locally first: ``psum(x.sum("batch"), "batch")`` is the global
-    sum over ``batch``). If ``axis`` is not split over any mesh axis there is one block, and ``x``
-    is returned as is.
-
-    Args:
-        x: A NamedArray, or a pytree of arrays.
-        axis: A logical axis name (or several) of the shard_map's arguments.
-
-    Returns:
-        ``x`` summed across those devices (same axes).
-
-    Raises:
-        ShardingError: outside ``shard_map``.
-        AxisError: if no argument of the shard_map has ``axis``.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> mesh = jax.make_mesh((1,), ("data",))
-        >>> with jax.set_mesh(mesh), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.psum(x.sum("batch"), "batch"))
-        ...     f(na.named(jnp.ones(4), "batch")).item()
-        4.0
-    """
-    return _reduce("psum", jax.lax.psum, x, axis)
-
-
-def pmean(x: Any, axis: AxisSelector | Sequence[AxisSelector]) -> Any:
-    """Mean of ``x`` over the devices holding parts of ``axis``; as :func:`psum`.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.pmean(x.mean("batch"), "batch"))
-        ...     f(na.named(jnp.ones(4), "batch")).item()
-        1.0
-    """
-    return _reduce("pmean", jax.lax.pmean, x, axis)
-
-
-def pmax(x: Any, axis: AxisSelector | Sequence[AxisSelector]) -> Any:
-    """Maximum of ``x`` over the devices holding parts of ``axis``; as :func:`psum`.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.pmax(x.max("batch"), "batch"))
-        ...     f(na.named(jnp.ones(4), "batch")).item()
-        1.0
-    """
-    return _reduce("pmax", jax.lax.pmax, x, axis)
-
-
-def pmin(x: Any, axis: AxisSelector | Sequence[AxisSelector]) -> Any:
-    """Minimum of ``x`` over the devices holding parts of ``axis``; as :func:`psum`.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.pmin(x.min("batch"), "batch"))
-        ...     f(na.named(jnp.ones(4), "batch")).item()
-        1.0
-    """
-    return _reduce("pmin", jax.lax.pmin, x, axis)
-
-
-def _own_axis(x: Any, axis: AxisSelector, caller: str) -> int:
-    if not isinstance(x, NamedArray):
-        raise NamedTypeError(
-            f"{caller}() needs a NamedArray that has axis {axis_name(axis)!r}, got {type(x).__name__}."
-        )
-    return find_axis(x.axes, axis_name(axis))
-
-
-def all_gather(x: NamedArray, axis: AxisSelector) -> NamedArray:
-    """Concatenate the blocks of ``x``'s ``axis`` from every device that holds a part of it.
-
-    Only inside :func:`shard_map`. The local ``axis`` grows to its global size (every device then
-    holds all of it); the other axes are untouched.
-
-    Raises:
-        ShardingError: outside ``shard_map``.
-        AxisNotFoundError: if ``x`` has no ``axis``.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     na.shard_map(lambda x: na.all_gather(x, "batch"))(na.named(jnp.ones(4), "batch"))
-        NamedArray(float32, batch=4)
-    """
-    i = _own_axis(x, axis, "all_gather")
-    mesh_axes = _mesh_axes(axis, "all_gather")
-    if not mesh_axes:
-        return x
-    # "invarying": every device then holds the same values, and the type says so (outputs
-    # declared replicated pass check_vma).
-    out = jax.lax.all_gather(x.array, mesh_axes, axis=i, tiled=True, to="invarying")
-    return NamedArray(out, x.axes[:i] + (Axis(x.axes[i].name, out.shape[i]),) + x.axes[i + 1 :])
-
-
-def psum_scatter(x: NamedArray, axis: AxisSelector) -> NamedArray:
-    """Sum ``x`` across the devices holding parts of ``axis`` and keep this device's block of it.
-
-    The inverse layout of :func:`all_gather` (a reduce-scatter): ``x``'s local ``axis``, which must
-    be the full axis, shrinks to one block, summed over the devices.
-
-    Raises:
-        ShardingError: outside ``shard_map``.
-        AxisSizeError: if the axis does not divide over the devices.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.psum_scatter(na.all_gather(x, "batch"), "batch"))
-        ...     f(na.named(jnp.ones(4), "batch")).array
-        Array([1., 1., 1., 1.], dtype=float32)
-    """
-    i = _own_axis(x, axis, "psum_scatter")
-    mesh_axes = _mesh_axes(axis, "psum_scatter")
-    if not mesh_axes:
-        return x
-    _check_blocks(x, i, axis, "psum_scatter")
-    out = jax.lax.psum_scatter(x.array, mesh_axes, scatter_dimension=i, tiled=True)
-    return NamedArray(out, x.axes[:i] + (Axis(x.axes[i].name, out.shape[i]),) + x.axes[i + 1 :])
-
-
-def _check_blocks(x: NamedArray, i: int, axis: AxisSelector, caller: str) -> None:
-    """Refuse an axis ``i`` of ``x`` that does not split into one block per device of ``axis``."""
-    n = shard_count(axis)
-    if x.axes[i].size % n:
-        raise AxisSizeError(
-            f"{caller}(): axis {x.axes[i].name!r} of NamedArray({format_axes(x.axes)}) does not "
-            f"split into {n} blocks (one per device of {axis_name(axis)!r}). Pad it to a multiple "
-            f"of {n}."
-        )
-
-
-def shard_count(axis: AxisSelector | Sequence[AxisSelector]) -> int:
-    """How many blocks the logical ``axis`` is split into (1 if it is not split). Inside shard_map.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: x * na.shard_count("batch"))
-        ...     f(na.named(jnp.ones(2), "batch")).array
-        Array([1., 1.], dtype=float32)
-    """
-    mesh_axes = _mesh_axes(axis, "shard_count")
-    sizes = _PLACEMENT.get()[1]  # type: ignore[index]
-    return math.prod(sizes[m] for m in mesh_axes)
-
-
-def axis_index(axis: AxisSelector | Sequence[AxisSelector]) -> Any:
-    """This device's block number along the logical ``axis`` (0-d int array; 0 if not split).
-
-    Blocks are numbered in the order the data is laid out: block ``i`` holds entries
-    ``i * local_size`` to ``(i + 1) * local_size - 1`` of the axis.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = lambda x: x + na.axis_index("batch").astype(x.dtype)
-        ...     na.shard_map(f)(na.named(jnp.zeros(2), "batch")).array
-        Array([0., 0.], dtype=float32)
-    """
-    mesh_axes = _mesh_axes(axis, "axis_index")
-    if not mesh_axes:
-        return jax.numpy.zeros((), jax.numpy.int32)
-    return jax.lax.axis_index(entry_of(mesh_axes))
-
-
-def ppermute(
-    x: Any,
-    axis: AxisSelector | Sequence[AxisSelector],
-    perm: Sequence[tuple[int, int]] | None = None,
-    *,
-    shift: int | None = None,
-) -> Any:
-    """Send ``x`` between the blocks of the logical ``axis``: block ``src`` sends to block ``dst``.
-
-    Give either ``perm`` (``(src, dst)`` pairs of block numbers, see :func:`axis_index`) or
-    ``shift`` (every block sends to block ``(i + shift) % shard_count(axis)``: a ring step, as in
-    ring attention). Blocks that receive nothing get zeros, as in ``jax.lax.ppermute``.
-
-    Raises:
-        ShardingError: outside ``shard_map``.
-        NamedTypeError: unless exactly one of ``perm`` and ``shift`` is given.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> import namedaxes as na
-        >>> with jax.set_mesh(jax.make_mesh((1,), ("data",))), na.axis_mapping({"batch": "data"}):
-        ...     f = na.shard_map(lambda x: na.ppermute(x, "batch", shift=1))
-        ...     f(na.named(jnp.ones(2), "batch")).array
-        Array([1., 1.], dtype=float32)
-    """
-    if (perm is None) == (shift is None):
-        raise NamedTypeError("ppermute() takes exactly one of perm= (src, dst) pairs and shift=.")
-    mesh_axes = _mesh_axes(axis, "ppermute")
-    n = shard_count(axis)
-    if shift is not None:
-        perm = [(i, (i + shift) % n) for i in range(n)]
-    pairs = [(int(s), int(d)) for s, d in perm]  # type: ignore[union-attr]
-    bad = [p for p in pairs if not (0 <= p[0] < n and 0 <= p[1] < n)]
-    if bad:
-        raise AxisError(
-            f"ppermute(): pairs {bad} are outside the {n} blocks of {axis_names(axis)}."
-        )
-    if not mesh_axes:
-        return x
-    name = entry_of(mesh_axes)
-    if isinstance(x, NamedArray):
-        return NamedArray(jax.lax.ppermute(x.array, name, pairs), x.axes)
-    return jax.tree_util.tree_map(lambda v: jax.lax.ppermute(v, name, pairs), x)
+    specs = [spec_for(info, leaf) for info, leaf in zip(infos, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, specs)
