@@ -166,6 +166,57 @@ def test_without_mapping_named_arrays_keep_like_sharding_or_replicate(tmp_path, 
     assert on_mesh["x"].sharding == NamedSharding(mesh_2x4, P())
 
 
+class _Lin(eqx.Module):
+    """A module with a plain-array weight named by ``field(axis_names=...)``."""
+
+    weight: jax.Array = na.field(axis_names=("embed", "mlp"))
+    bias: jax.Array
+
+
+def test_restore_places_field_axis_names_arrays_by_name(tmp_path, axis_type):
+    """Weights declared with field(axis_names=...) came back replicated (eval_shape like) or on
+    one device (concrete like), where na.shard of the same module places them by name."""
+    mesh = make_mesh((8,), ("model",), axis_type)
+    lin = _Lin(jnp.arange(128.0).reshape(16, 8), jnp.zeros(8))
+    save(tmp_path / "c", lin)
+    with jax.set_mesh(mesh), na.axis_mapping({"embed": "model"}):
+        expected = na.shard(lin).weight.sharding
+        outs = [restore(tmp_path / "c", jax.eval_shape(lambda: lin)), restore(tmp_path / "c", lin)]
+    outs.append(restore(tmp_path / "c", lin, mapping={"embed": "model"}, mesh=mesh))
+    for out in outs:
+        assert out.weight.sharding == expected == NamedSharding(mesh, P("model", None))
+        assert {s.data.shape for s in out.weight.addressable_shards} == {(2, 8)}
+        np.testing.assert_array_equal(np.asarray(out.weight), np.asarray(lin.weight))
+    assert outs[0].bias.sharding == NamedSharding(mesh, P())  # no names, no like sharding
+
+
+def test_explicit_mesh_wins_over_like_shardings(tmp_path, axis_type):
+    """restore(like, mesh=m8) left leaves whose like was placed on another mesh there: a tree
+    spread over two meshes. An explicit mesh= now takes every leaf onto it."""
+    m4 = jax.make_mesh((4,), ("data",), axis_types=(axis_type,), devices=jax.devices()[:4])
+    m8 = make_mesh((8,), ("data",), axis_type)
+    w = na.shard(na.named(jnp.arange(16.0), "embed"), {"embed": "data"}, mesh=m4)
+    b = jax.device_put(jnp.arange(8.0), NamedSharding(m4, P("data")))
+    save(tmp_path / "c", {"w": w, "b": b})
+    for mapping in (None, {"embed": "data"}):
+        out = restore(tmp_path / "c", {"w": w, "b": b}, mapping=mapping, mesh=m8)
+        assert out["w"].sharding == out["b"].sharding == NamedSharding(m8, P("data"))
+        assert {s.data.shape for s in out["b"].addressable_shards} == {(1,)}
+        assert _values(out) == _values({"w": w, "b": b})
+    with jax.set_mesh(m8):  # a mesh in force (not given): like's own placement is kept
+        assert restore(tmp_path / "c", {"w": w, "b": b})["b"].sharding == b.sharding
+    small = jax.device_put(jnp.arange(4.0), NamedSharding(m4, P("data")))
+    save(tmp_path / "s", {"b": small})
+    with pytest.raises(
+        MeshError,
+        match=r"^like leaf 'b' is sharded P\('data',\) on Mesh\(data=4\), and restore reads it "
+        r"onto the mesh= given, Mesh\(data=8\), with that spec, but dimension 0 of shape \(4,\) "
+        r"has size 4, which is not divisible by 8 .* Build like on the mesh to read onto \(or "
+        r"leave out mesh= to keep like's placement\)\.$",
+    ):
+        restore(tmp_path / "s", {"b": small}, mesh=m8)
+
+
 def test_equinox_module_and_optax_adamw_state_round_trip(tmp_path, mesh_2x4):
     class Block(eqx.Module):
         w: na.NamedArray
@@ -425,9 +476,8 @@ def test_other_bad_input(tmp_path, saved, mesh_2x4):
         MeshTypeError, match=r"restore needs a concrete jax.sharding.Mesh.*got dict"
     ):
         restore(path, mesh={"data": 8})
-    with pytest.raises(
-        na.ShardingError,
-        match=r"Cannot place leaf 'layers.0.scale': The axis mapping names mesh axis 'nope'",
+    with pytest.raises(  # a mapping-level error: no leaf is to blame
+        na.ShardingError, match=r"^The axis mapping names mesh axis 'nope'"
     ):
         restore(path, mapping={"embed": "nope"}, mesh=mesh_2x4)
     with pytest.raises(
@@ -450,6 +500,44 @@ def test_other_bad_input(tmp_path, saved, mesh_2x4):
         restore(tmp_path / "fn")
     with pytest.raises(NamedTypeError, match=r"save step must be an int >= 0, got -1"):
         save(tmp_path, tree, step=-1)
+
+
+def test_restore_errors_name_the_leaf_at_fault(tmp_path, axis_type):
+    """A mapping error was reported as 'Cannot place leaf <first leaf>', whichever leaf (or none)
+    was at fault."""
+    mesh = make_mesh((8,), ("data",), axis_type)
+    tree = {
+        "a": na.named(jnp.ones(8), "batch"),
+        "z": na.named(jnp.ones((6, 4)), ("vocab", "embed")),
+    }
+    save(tmp_path / "c", tree)
+    for like in (None, tree):
+        with pytest.raises(
+            na.ShardingError, match=r"leaf 'z'.*Cannot shard axis 'vocab' \(size 6\)"
+        ):
+            restore(tmp_path / "c", like, mapping={"vocab": "data"}, mesh=mesh)
+        with pytest.raises(  # the mapping is at fault, not a leaf
+            na.ShardingError,
+            match=r"^The axis mapping names mesh axis 'model' \(used by logical axis 'embed'\), "
+            r"but Mesh\(data=8\) has axes 'data'",
+        ):
+            restore(tmp_path / "c", like, mapping={"embed": "model"}, mesh=mesh)
+
+
+def test_storage_keys_never_collide(tmp_path):
+    """A key with characters orbax cannot store under ('w/x') fell back to 'leaf<index>', which
+    could be another leaf's key: that leaf was silently overwritten."""
+    from namedaxes.checkpoint._io import read_metadata
+
+    tree = {"leaf2": jnp.zeros(3), "leaf2_": jnp.full(3, 2.0), "w/x": jnp.ones(3), "z z": 4}
+    save(tmp_path / "c", tree)
+    for out in (restore(tmp_path / "c"), restore(tmp_path / "c", tree)):
+        assert _values(out) == _values(tree)
+    stored = {r["key"]: r.get("store") for r in read_metadata(tmp_path / "c")}
+    assert stored == {"leaf2": "leaf2", "leaf2_": "leaf2_", "w/x": "leaf2__", "z z": None}
+    # without a clash the names are what earlier versions wrote (they are read from the metadata)
+    save(tmp_path / "d", {"w/x": jnp.ones(2), "a": jnp.ones(2)})
+    assert [r["store"] for r in read_metadata(tmp_path / "d")] == ["a", "leaf1"]
 
 
 # -- atomicity and the manager ------------------------------------------------------------------
@@ -620,10 +708,69 @@ def test_safetensors_round_trip(tmp_path):
             "n",
         ]
         axes = json.loads(f.metadata()["namedaxes.axes"])
-    assert axes["blocks.stacked.attn.w"] == ["layer", "embed", "mlp"]
+    # the names of each tensor, under its own key (a layer's without the layer axis)
+    assert axes == {
+        "blocks.0.attn.w": ["embed", "mlp"],
+        "blocks.1.attn.w": ["embed", "mlp"],
+        "blocks.0.norm": ["embed"],
+        "blocks.1.norm": ["embed"],
+    }
     back = load_safetensors(tmp_path / "m.safetensors", tree)
     assert back["blocks"]["stacked"]["norm"].dtype == jnp.bfloat16
     assert _values(back) == _values(tree) and back["n"] == 3
+
+
+def test_safetensors_aligns_by_the_saved_axis_names(tmp_path):
+    """load_safetensors ignored the names it saved: a square (embed, mlp) weight came back
+    silently transposed into an (mlp, embed) like, a non-square one was refused."""
+    f = tmp_path / "w.safetensors"
+    for shape in [(4, 4), (2, 4)]:
+        data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        save_safetensors(f, {"w": na.named(jnp.asarray(data), ("embed", "mlp"))})
+        like = {"w": na.named(jnp.zeros(shape[::-1]), ("mlp", "embed"))}
+        np.testing.assert_array_equal(load_safetensors(f, like)["w"].array, data.T)
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"^State-dict entry for 'w' has axes \(embed=2, mlp=4\) but like has \(embed=2, "
+        r"hidden=4\)\. Rename or resize",
+    ):
+        load_safetensors(f, {"w": na.named(jnp.zeros((2, 4)), ("embed", "hidden"))})
+    # stacked layers: each layer's tensor is aligned by its own names
+    tree = _stacked_model()  # blocks.stacked.attn.w: (layer=2, embed=3, mlp=4)
+    save_safetensors(f, tree)
+    w = tree["blocks"]["stacked"]["attn"]["w"]
+    like = {**tree, "blocks": {"stacked": {"attn": {"w": w.rearrange(("mlp", "layer", "embed"))}}}}
+    back = load_safetensors(f, like)["blocks"]["stacked"]["attn"]["w"]
+    assert back.axis_names == ("mlp", "layer", "embed")
+    np.testing.assert_array_equal(back.array, np.transpose(np.asarray(w.array), (2, 0, 1)))
+    # a file without names (another framework's) is read by position, as before
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.arange(8, dtype=np.float32).reshape(4, 2)}, str(f))
+    back = load_safetensors(f, {"w": na.named(jnp.zeros((4, 2)), ("mlp", "embed"))})["w"]
+    np.testing.assert_array_equal(back.array, np.arange(8).reshape(4, 2))
+
+
+def test_safetensors_low_precision_dtypes(tmp_path):
+    """float8 tensors crashed load_safetensors with NumPy's AttributeError; int4 got safetensors'
+    untyped error without the leaf's name."""
+    f = tmp_path / "q.safetensors"
+    values = np.array([[0.5, -1.0, 2.0, 448.0]], np.float32)
+    for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.bfloat16):
+        tree = {"q": na.named(jnp.asarray(values, dtype), ("embed", "mlp"))}
+        save_safetensors(f, tree)
+        back = load_safetensors(f, tree)["q"]
+        assert back.dtype == dtype
+        np.testing.assert_array_equal(
+            back.array.astype(jnp.float32), tree["q"].array.astype(jnp.float32)
+        )
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"^Leaf 'blocks\.q' is int4, which save_safetensors cannot write \(the safetensors "
+        r"dtypes it writes: float64, .*int8.*\)\. Cast it to one of those before saving\.$",
+    ):
+        save_safetensors(tmp_path / "int4.safetensors", {"blocks": {"q": jnp.ones(4, jnp.int4)}})
+    assert not (tmp_path / "int4.safetensors").exists()
 
 
 # -- packaging ----------------------------------------------------------------------------------

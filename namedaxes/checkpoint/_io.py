@@ -32,8 +32,8 @@ from .._errors import (
     format_names,
 )
 from .._partitioning._jit_args import check_live
-from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value
-from ._placement import Placement, permuted, placement
+from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value, store_keys
+from ._placement import any_named, permuted, placement
 
 __all__ = ["restore", "save"]
 
@@ -130,8 +130,8 @@ def save_args(tree: Any, caller: str) -> ocp.args.Composite:
     check_live(tree, caller)
     leaves = leaves_of(tree)
     records, arrays = [], {}
-    for i, leaf in enumerate(leaves):
-        rec = describe(leaf, i)
+    for leaf, store in zip(leaves, store_keys(leaves)):
+        rec = describe(leaf, store)
         records.append(rec)
         if leaf.kind in ("named", "array"):
             arrays[rec["store"]] = _global(leaf.value.array if leaf.kind == "named" else leaf.value)
@@ -222,11 +222,11 @@ def _named_axes(rec: dict[str, Any]) -> tuple[Axis, ...]:
     return tuple(Axis(n, s) for n, s in rec["axes"])
 
 
-def _check_named(rec: dict[str, Any], like: NamedArray) -> list[int]:
-    """The order that takes the stored axes to ``like``'s; raises if names or sizes differ."""
+def _check_named(rec: dict[str, Any], wanted: tuple[Axis, ...]) -> list[int]:
+    """The order that takes the stored axes to ``wanted`` (like's); raises if names or sizes
+    differ."""
     stored = _named_axes(rec)
     sizes = {a.name: a.size for a in stored}
-    wanted = like.axes
     key = rec["key"]
     if set(sizes) != {a.name for a in wanted}:
         raise CheckpointAxisError(
@@ -243,6 +243,17 @@ def _check_named(rec: dict[str, Any], like: NamedArray) -> list[int]:
             )
     names = [a.name for a in stored]
     return [names.index(a.name) for a in wanted]
+
+
+def _check_shape(rec: dict[str, Any], like: Any) -> list[int]:
+    """The identity order of a plain array; raises if its shape differs from the saved one."""
+    shape = tuple(int(d) for d in like.shape)
+    if shape != tuple(rec["shape"]):
+        raise CheckpointAxisError(
+            f"Leaf {rec['key']!r} has shape {tuple(rec['shape'])} in the checkpoint but "
+            f"{shape} in like. Build like with the saved shape."
+        )
+    return list(range(len(shape)))
 
 
 def _check_dtype(rec: dict[str, Any], like_dtype: Any, cast: bool) -> Any:
@@ -279,7 +290,7 @@ def _kind_error(rec: dict[str, Any], leaf: Leaf) -> CheckpointStructureError:
 _SCALAR_KINDS = {"bool": "b", "int": "iu", "float": "f", "complex": "c"}
 
 
-def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, place: Placement) -> jax.Array:
+def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, sharding: Any) -> jax.Array:
     value = scalar_value(rec)
     dtype = np.dtype(like.dtype)
     if tuple(like.shape) != () or (
@@ -291,7 +302,7 @@ def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, place: Placemen
             f"array of {what} in like. Build like with a matching scalar"
             + (", or pass cast=True." if tuple(like.shape) == () else ".")
         )
-    return jax.device_put(np.asarray(value, dtype=dtype), place.plain(like, rec["key"]))
+    return jax.device_put(np.asarray(value, dtype=dtype), sharding)
 
 
 def _match(records: list[dict[str, Any]], likes: list[Leaf]) -> list[tuple[dict[str, Any], Leaf]]:
@@ -358,53 +369,42 @@ def _restore_like(
 ) -> Any:
     likes = leaves_of(like)
     pairs = _match(records, likes)
-    place = placement(mapping, mesh, needs_rules=any(l.kind == "named" for l in likes))
+    place = placement(mapping, mesh, needs_rules=any_named(like))
+    # The one walk and plan over like: NamedArrays and field(axis_names=...) arrays are placed by
+    # name, the other leaves by like's sharding.
+    shardings = place.shardings(like, [leaf.key for leaf in likes])
     args: dict[str, ocp.ArrayRestoreArgs] = {}
     finish: list[Any] = []  # per pair: how to turn what was read into the leaf
-    named: list[tuple[Any, ...]] = []  # (record, order, dtype, like leaf, key) of NamedArrays
-    for rec, leaf in pairs:
+    for (rec, leaf), sharding in zip(pairs, shardings):
         if rec["kind"] == "scalar" and leaf.kind == "array":
-            finish.append(("scalar", _scalar_as_array(rec, leaf.value, cast, place)))
+            finish.append(("value", _scalar_as_array(rec, leaf.value, cast, sharding)))
             continue
         if rec["kind"] != leaf.kind:
             raise _kind_error(rec, leaf)
         v = leaf.value
-        if leaf.kind == "named":
-            order = _check_named(rec, v)
+        if leaf.kind in ("named", "array"):
+            # A NamedArray is read in the stored axis order, then transposed to like's.
+            order = _check_named(rec, v.axes) if leaf.kind == "named" else _check_shape(rec, v)
             dtype = _check_dtype(rec, v.dtype, cast)
-            named.append((rec, order, dtype, v, leaf.key))
-            finish.append(("named", rec, order, len(named) - 1, v.axes))
-        elif leaf.kind == "array":
-            shape = tuple(int(d) for d in v.shape)
-            if shape != tuple(rec["shape"]):
-                raise CheckpointAxisError(
-                    f"Leaf {rec['key']!r} has shape {tuple(rec['shape'])} in the checkpoint but "
-                    f"{shape} in like. Build like with the saved shape."
-                )
-            dtype = _check_dtype(rec, v.dtype, cast)
-            args[rec["store"]] = _restore_args(place.plain(v, leaf.key), rec, dtype)
-            finish.append(("array", rec))
+            moved = order != sorted(order)
+            stored = permuted(sharding, order, len(order)) if moved else sharding
+            args[rec["store"]] = _restore_args(stored, rec, dtype)
+            finish.append(("read", rec, order if moved else None, sharding, leaf))
         elif leaf.kind == "scalar":
-            finish.append(("scalar", _scalar_like(rec, v, cast)))
+            finish.append(("value", _scalar_like(rec, v, cast)))
         else:
-            finish.append(("static", v))
-    targets = place.named([n[3] for n in named], [n[4] for n in named])
-    for (rec, order, dtype, _, _), target in zip(named, targets):
-        args[rec["store"]] = _restore_args(permuted(target, order, len(order)), rec, dtype)
+            finish.append(("value", v))
     read = _read_arrays(where, args)
     out = []
     for item in finish:
-        if item[0] == "named":
-            _, rec, order, k, axes = item
-            target = targets[k]
-            x = read[rec["store"]]
-            if order != sorted(order):
-                x = _transpose(x, order, target)
-            out.append(NamedArray(x, axes))
-        elif item[0] == "array":
-            out.append(read[item[1]["store"]])
-        else:
+        if item[0] == "value":
             out.append(item[1])
+            continue
+        _, rec, order, sharding, leaf = item
+        x = read[rec["store"]]
+        if order is not None:
+            x = _transpose(x, order, sharding)
+        out.append(NamedArray(x, leaf.value.axes) if leaf.kind == "named" else x)
     treedef = jax.tree_util.tree_structure(like, is_leaf=lambda x: isinstance(x, NamedArray))
     return _unflatten_like(like, treedef, likes, out)
 
@@ -429,6 +429,10 @@ def _scalar_like(rec: dict[str, Any], like: Any, cast: bool) -> Any:
     return type(like)(value)
 
 
+def _abstract(rec: dict[str, Any]) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(rec["shape"]), jnp.dtype(rec["dtype"]))
+
+
 def _restore_saved(where: Path, records: list[dict[str, Any]], mapping: Any, mesh: Any) -> Any:
     static = [r["key"] for r in records if r["kind"] == "static"]
     if static:
@@ -438,21 +442,14 @@ def _restore_saved(where: Path, records: list[dict[str, Any]], mapping: Any, mes
             "restore needs like=... to take them from."
         )
     place = placement(mapping, mesh, needs_rules=any(r["kind"] == "named" for r in records))
-    args = {}
-    saved = [r for r in records if r["kind"] == "named"]
-    # The saved tree's NamedArrays, abstract, planned as one tree.
+    stored = [r for r in records if r["kind"] in ("named", "array")]
+    # The saved tree's arrays, abstract, planned as one tree.
     abstract = [
-        NamedArray(jax.ShapeDtypeStruct(tuple(r["shape"]), jnp.dtype(r["dtype"])), _named_axes(r))
-        for r in saved
+        NamedArray(_abstract(r), _named_axes(r)) if r["kind"] == "named" else _abstract(r)
+        for r in stored
     ]
-    shardings = dict(
-        zip((r["key"] for r in saved), place.named(abstract, [r["key"] for r in saved]))
-    )
-    for rec in records:
-        if rec["kind"] == "named":
-            args[rec["store"]] = _restore_args(shardings[rec["key"]], rec, None)
-        elif rec["kind"] == "array":
-            args[rec["store"]] = _restore_args(place.plain(None, rec["key"]), rec, None)
+    shardings = place.shardings(abstract, [r["key"] for r in stored])
+    args = {r["store"]: _restore_args(s, r, None) for r, s in zip(stored, shardings)}
     read = _read_arrays(where, args)
     items = []
     for rec in records:
@@ -488,11 +485,14 @@ def restore(
     entries; NamedArrays are rebuilt from their stored axis names; Python scalars come back as
     saved. Containers that held no leaf (an optax ``EmptyState``) do not appear.
 
-    Placement: NamedArrays by ``resolve`` under ``mapping`` (else the mapping in force) on ``mesh``
-    (else the mesh set with ``jax.set_mesh``); without a mapping, ``like``'s sharding if it has one,
-    else replicated on the mesh. Plain arrays keep ``like``'s sharding if it has one, else are
-    replicated. With neither mapping nor mesh, arrays without a ``like`` sharding land whole on
-    this process's first local device (pass a mesh in multi-process runs).
+    Placement: named leaves (NamedArrays, and arrays of equinox modules declared with
+    ``field(axis_names=...)``) by ``resolve`` under ``mapping`` (else the mapping in force) on
+    ``mesh`` (else the mesh set with ``jax.set_mesh``), as ``shard`` places them; without a
+    mapping, ``like``'s sharding if it has one, else replicated on the mesh. Plain arrays keep
+    ``like``'s sharding if it has one, else are replicated. A ``like`` sharding on another mesh
+    than an explicit ``mesh=`` is read onto ``mesh`` with the same spec (the mesh set with
+    ``jax.set_mesh`` moves none). With neither mapping nor mesh, arrays without a ``like``
+    sharding land whole on this process's first local device (pass a mesh in multi-process runs).
 
     Args:
         path: A checkpoint directory, or a directory of step directories (the latest complete step
@@ -511,7 +511,10 @@ def restore(
             or a leaf of another kind.
         CheckpointAxisError: for an axis whose name or size differs (or a plain array's shape).
         CheckpointDtypeError: for a dtype that differs and ``cast=False``.
-        MeshError: if a mapping is in force but no mesh.
+        MeshError: if a mapping is in force but no mesh, or a ``like`` sharding's spec does not fit
+            the ``mesh=`` given.
+        ShardingError: if the mapping cannot place a named leaf (naming it), or names a mesh axis
+            the mesh lacks.
 
     Example:
         >>> import tempfile, jax, jax.numpy as jnp, namedaxes as na

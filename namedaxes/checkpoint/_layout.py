@@ -26,7 +26,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 from .._array import NamedArray
 from .._errors import CheckpointStructureError, NamedTypeError, format_path
 
-__all__ = ["Leaf", "describe", "key_of", "kind_of", "leaves_of", "rebuild"]
+__all__ = ["Leaf", "describe", "key_of", "kind_of", "leaves_of", "rebuild", "store_keys"]
 
 _SCALARS = (bool, int, float, complex, str)
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -115,13 +115,34 @@ def _json_key(k: Any) -> list[Any]:
     return ["key", _part(k)]
 
 
-def store_key(leaf: Leaf, index: int) -> str:
-    """The key orbax stores an array under: the dotted key when it is plain ASCII, else ``leafN``."""
-    return leaf.key if _SAFE_KEY.fullmatch(leaf.key) else f"leaf{index}"
+def store_keys(leaves: list[Leaf]) -> list[str]:
+    """The key orbax stores each leaf's array under: its dotted key when that is plain ASCII
+    (``[A-Za-z0-9_.-]``), else ``leafN`` (``N`` its index) with ``_`` appended until no other leaf
+    has that key, so a fallback never overwrites another leaf's array. Each key is recorded in the
+    leaf's metadata (``store``) and read from there, so checkpoints written with another naming
+    restore as they were.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> store_keys(leaves_of({"leaf2": jnp.zeros(1), "w/x": jnp.ones(1), "b": jnp.ones(1)}))
+        ['b', 'leaf2', 'leaf2_']
+    """
+    taken = {leaf.key for leaf in leaves if _SAFE_KEY.fullmatch(leaf.key)}
+    out = []
+    for i, leaf in enumerate(leaves):
+        key = leaf.key
+        if not _SAFE_KEY.fullmatch(key):
+            key = f"leaf{i}"
+            while key in taken:
+                key += "_"
+            taken.add(key)
+        out.append(key)
+    return out
 
 
-def describe(leaf: Leaf, index: int) -> dict[str, Any]:
-    """The JSON metadata record of one leaf (what ``restore`` checks ``like`` against).
+def describe(leaf: Leaf, store: str) -> dict[str, Any]:
+    """The JSON metadata record of one leaf (what ``restore`` checks ``like`` against); an
+    array's values are stored under ``store`` (see ``store_keys``).
 
     Raises:
         NamedTypeError: for an abstract or traced array, which holds no values to save.
@@ -144,7 +165,7 @@ def describe(leaf: Leaf, index: int) -> dict[str, Any]:
                 f"Leaf {format_path(leaf.path)!r} holds typed PRNG keys ({arr.dtype}). Save "
                 "jax.random.key_data(key) and rebuild with jax.random.wrap_key_data after restore."
             )
-        rec["store"] = store_key(leaf, index)
+        rec["store"] = store
         rec["dtype"] = np.dtype(arr.dtype).name
         rec["shape"] = [int(d) for d in arr.shape]
         if leaf.kind == "named":

@@ -1,14 +1,18 @@
 """Where restored arrays go: one sharding per leaf, from the mapping and mesh in force.
 
-NamedArrays are placed by the plan of the tree being restored (``resolve`` for each) under the
-mapping given, else the one in force, on the mesh given, else the one set with ``jax.set_mesh``. Without a
-mapping they keep ``like``'s sharding if it has one, else are replicated on the mesh; with no mesh
-either, they land whole on this process's first local device. Plain arrays keep ``like``'s sharding
-if it has one, else are replicated (on the mesh, or on the first local device).
+Named leaves (NamedArrays, and plain arrays of equinox modules declared with
+``field(axis_names=...)``) are found by the library's one tree walk and placed by the one plan
+(``resolve`` for each) under the mapping given, else the one in force, on the mesh given, else the
+one set with ``jax.set_mesh``. Without a mapping they keep ``like``'s sharding if it has one, else
+are replicated on the mesh; with no mesh either, they land whole on this process's first local
+device. Plain arrays keep ``like``'s sharding if it has one, else are replicated (on the mesh, or
+on the first local device).
 
-A ``like`` built by ``jax.eval_shape`` under ``jax.set_mesh`` of an Explicit mesh carries shardings
-on an ``AbstractMesh`` (no devices): those are read onto the concrete mesh in force (or given) that
-has the same axes.
+A ``like`` sharding on another mesh than the one given as ``mesh=`` is read onto that mesh, with
+the same spec: an explicit mesh says where the restored tree lives, so a restore never returns a
+tree spread over two meshes it was not asked for. A ``like`` built by ``jax.eval_shape`` under
+``jax.set_mesh`` of an Explicit mesh carries shardings on an ``AbstractMesh`` (no devices): those
+are read onto the concrete mesh given or in force that has the same axes.
 """
 
 from __future__ import annotations
@@ -28,51 +32,79 @@ from jax.sharding import (
 )
 
 from .._array import NamedArray
+from .._axis import Axis
 from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh
 from .._logical._context import current_axis_mapping
 from .._logical._rules import as_rules
+from .._mesh import mesh_axis_sizes
 from .._partitioning._plan import plan_tree
+from .._partitioning._tree import leaf_axes, walk
+from .._spec import spec_problems
 
-__all__ = ["Placement", "placement"]
+__all__ = ["Placement", "any_named", "placement"]
+
+
+def any_named(tree: Any) -> bool:
+    """Whether a leaf of ``tree`` has names (a NamedArray or a ``field(axis_names=...)`` array)."""
+    return walk(tree, jax.tree_util.tree_structure(tree)).any_named
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The rules (or ``None``) and concrete mesh (or ``None``) a restore places arrays with."""
+    """The rules (or ``None``) and concrete mesh (or ``None``) a restore places arrays with;
+    ``mesh_given``: the mesh was passed as ``mesh=`` (it then wins over ``like``'s shardings)."""
 
     rules: Any
     mesh: Mesh | None
+    mesh_given: bool = False
 
     def _default(self) -> Sharding:
         if self.mesh is not None:
             return NamedSharding(self.mesh, PartitionSpec())
         return SingleDeviceSharding(jax.local_devices()[0])
 
-    def named(self, arrays: Sequence[NamedArray], keys: Sequence[str]) -> list[Sharding]:
-        """The shardings of the NamedArray leaves ``arrays`` (named ``keys`` in messages), with
-        their axes in the order they are to be returned: the plan of the list under the rules on
-        the mesh; without rules, each like array's sharding (an array of ``ShapeDtypeStruct``s
-        carries none), else replicated."""
-        if not arrays:
-            return []
-        if self.rules is None or self.mesh is None:  # placement() refused rules alone
-            return [self.plain(x.array, k) for x, k in zip(arrays, keys)]
-        try:
-            planned = plan_tree(list(arrays), as_rules(self.rules), self.mesh, caller="restore")
-        except NamedAxesError as e:
-            raise type(e)(f"Cannot place leaf {keys[0]!r}: {e}") from None
-        out: list[Sharding] = []
-        for i, key in enumerate(keys):
+    def shardings(self, tree: Any, keys: Sequence[str]) -> list[Sharding]:
+        """One sharding per leaf of ``tree`` (``tree_flatten`` order; ``keys[i]`` is leaf ``i``'s
+        dotted key). Named leaves are planned together under the rules on the mesh, as a tree
+        keyed by dotted key, so the plan's messages name the leaf it refuses by that key and a
+        mapping-level error names none; without rules they are placed like plain leaves.
+
+        Raises:
+            ShardingError / MeshError: from the plan (a mesh axis the mesh lacks, an axis that
+                cannot be placed).
+            AxisError: for a ``field(axis_names=...)`` array whose rank differs from its names.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        infos = walk(tree, treedef).infos
+        axes: list[tuple[Axis, ...] | None] = []
+        for info, leaf, key in zip(infos, leaves, keys, strict=True):
             try:
-                spec = planned.spec(i)
+                axes.append(leaf_axes(info, leaf))
             except NamedAxesError as e:
-                raise type(e)(f"Cannot place leaf {key!r}: {e}") from None
-            out.append(NamedSharding(self.mesh, spec))  # type: ignore[arg-type]
-        return out
+                raise type(e)(f"Leaf {key!r}: {e}") from None
+        specs: dict[str, PartitionSpec | None] = {}
+        if self.rules is not None:
+            named = {k: NamedArray(x, a) for x, k, a in zip(leaves, keys, axes) if a is not None}
+            flat, named_def = jax.tree_util.tree_flatten_with_path(named)
+            planned = plan_tree(
+                named,
+                as_rules(self.rules),
+                self.mesh,
+                caller="restore",
+                flat=([x for _, x in flat], named_def),
+            )
+            if planned.any_named:
+                specs = {path[0].key: planned.spec(j) for j, (path, _) in enumerate(flat)}
+        return [
+            self.plain(leaf, key)
+            if specs.get(key) is None
+            else NamedSharding(self.mesh, specs[key])  # type: ignore[arg-type]
+            for leaf, key in zip(leaves, keys)
+        ]
 
     def plain(self, like: Any, key: str) -> Sharding:
-        """The sharding of a plain array: the like leaf's, else replicated."""
-        sharding = like_sharding(like, key, self.mesh)
+        """The sharding of a leaf not placed by the rules: the like leaf's, else replicated."""
+        sharding = like_sharding(like, key, self.mesh, move=self.mesh_given)
         return sharding if sharding is not None else self._default()
 
 
@@ -87,7 +119,7 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, caller: str = "rest
     Args:
         mapping: Rules given by the caller, or ``None`` for the ones in force.
         mesh: A concrete ``jax.sharding.Mesh``, or ``None`` for the one set with ``jax.set_mesh``.
-        needs_rules: Whether any NamedArray will be placed (only then is a mapping without a mesh
+        needs_rules: Whether any named leaf will be placed (only then is a mapping without a mesh
             an error).
 
     Raises:
@@ -100,6 +132,7 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, caller: str = "rest
             f"{caller} needs a concrete jax.sharding.Mesh to read arrays onto, got "
             f"{type(mesh).__name__} {mesh!r}. Pass mesh=jax.make_mesh(...)."
         )
+    given = mesh is not None
     if mesh is None:
         mesh = _context_mesh()
     rules = mapping if mapping is not None else current_axis_mapping()
@@ -108,23 +141,39 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, caller: str = "rest
             f"{caller} has a mapping ({rules!r}) to place NamedArrays with but no mesh. Pass "
             f"mesh=..., or wrap the call in `with jax.set_mesh(mesh):`."
         )
-    return Placement(rules, mesh)
+    return Placement(rules, mesh, given)
 
 
-def like_sharding(x: Any, key: str, mesh: Mesh | None = None) -> Sharding | None:
+def like_sharding(
+    x: Any, key: str, mesh: Mesh | None = None, *, move: bool = False
+) -> Sharding | None:
     """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s).
 
-    A sharding on an ``AbstractMesh`` (what ``jax.eval_shape`` gives under ``jax.set_mesh`` of an
-    Explicit mesh) is moved to ``mesh``, else the concrete mesh set with ``jax.set_mesh``, when it
-    has the same axes.
+    With ``move`` (``mesh`` was passed explicitly), a ``NamedSharding`` on any other mesh is read
+    onto ``mesh`` with the same spec. Otherwise a sharding on an ``AbstractMesh`` (what
+    ``jax.eval_shape`` gives under ``jax.set_mesh`` of an Explicit mesh) is moved to ``mesh``, else
+    the concrete mesh set with ``jax.set_mesh``, when it has the same axes.
 
     Raises:
-        MeshError: for a sharding on an abstract mesh that no concrete mesh in force matches.
+        MeshError: for a spec that does not fit ``mesh`` (a mesh axis it lacks, a size it does not
+            divide), or a sharding on an abstract mesh that no concrete mesh in force matches.
     """
     s = getattr(x, "sharding", None)
     if not isinstance(s, Sharding):
         return None
-    if isinstance(s, NamedSharding) and isinstance(s.mesh, AbstractMesh):
+    if not isinstance(s, NamedSharding):
+        return s
+    if move and mesh is not None and s.mesh != mesh:
+        problems = spec_problems(tuple(x.shape), s.spec, mesh_axis_sizes(mesh))
+        if problems:
+            raise MeshError(
+                f"like leaf {key!r} is sharded {s.spec} on {format_mesh(dict(s.mesh.shape))}, and "
+                f"restore reads it onto the mesh= given, {format_mesh(dict(mesh.shape))}, with "
+                f"that spec, but {'; '.join(problems)}. Build like on the mesh to read onto (or "
+                "leave out mesh= to keep like's placement)."
+            )
+        return NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
+    if isinstance(s.mesh, AbstractMesh):
         concrete = mesh if mesh is not None else _context_mesh()
         if concrete is None or concrete.abstract_mesh != s.mesh:
             where = (

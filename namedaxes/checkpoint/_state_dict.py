@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -22,13 +23,15 @@ from .._axis import Axis
 from .._errors import (
     CheckpointAxisError,
     CheckpointDtypeError,
+    CheckpointError,
+    CheckpointNotFoundError,
     CheckpointStructureError,
     NamedTypeError,
     format_axes,
     format_names,
 )
-from .._ops.shape import rearrange
 from .._partitioning._jit_args import check_live
+from ..models._safetensors import CODES, SafetensorsFile, write_safetensors
 from ._layout import Leaf, leaves_of
 from ._placement import like_sharding
 
@@ -73,13 +76,18 @@ def to_state_dict(tree: Any, *, stacked_axis: str | None = "layer") -> dict[str,
         >>> sorted(to_state_dict({"blocks": {"stacked": {"w": w}}, "head": jnp.ones(3)}))
         ['blocks.0.w', 'blocks.1.w', 'head']
     """
-    return _state_dict(tree, stacked_axis, "to_state_dict")
+    return _state_dict(tree, stacked_axis, "to_state_dict")[0]
 
 
-def _state_dict(tree: Any, stacked_axis: str | None, caller: str) -> dict[str, Any]:
+def _state_dict(
+    tree: Any, stacked_axis: str | None, caller: str
+) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
+    """The state dict of ``tree``, and the axis names of each entry that came from a NamedArray
+    (a layer's entry has its leaf's names without ``stacked_axis``)."""
     _check_stacked_axis(stacked_axis)
     check_live(tree, caller)
     out: dict[str, Any] = {}
+    names: dict[str, tuple[str, ...]] = {}
     for leaf in leaves_of(tree):
         if leaf.kind == "static":
             continue
@@ -88,9 +96,11 @@ def _state_dict(tree: Any, stacked_axis: str | None, caller: str) -> dict[str, A
             axis = x.axis_index(stacked_axis)
             keys = _layer_keys(leaf, x.axis_size(stacked_axis))
             values = [jnp.take(x.array, j, axis=axis) for j in range(len(keys))]
+            own = tuple(n for n in x.axis_names if n != stacked_axis)
         else:
             keys = [leaf.key]
             values = [leaf.value.array if leaf.kind == "named" else leaf.value]
+            own = leaf.value.axis_names if leaf.kind == "named" else None
         for k, v in zip(keys, values):
             if k in out:
                 raise CheckpointStructureError(
@@ -98,7 +108,9 @@ def _state_dict(tree: Any, stacked_axis: str | None, caller: str) -> dict[str, A
                     "a dict key so that no key contains a '.' or a layer index that imitates another."
                 )
             out[k] = v
-    return out
+            if own is not None:
+                names[k] = own
+    return out, names
 
 
 def _take(state: dict[str, Any], key: str, used: set[str]) -> Any:
@@ -123,21 +135,29 @@ def _as_dtype(key: str, value: Any, dtype: Any, cast: bool) -> Any:
     return value.astype(dtype)
 
 
-def _aligned(key: str, value: Any, axes: tuple[Axis, ...] | None) -> Any:
-    """A state-dict value as an array in ``axes``' order: a NamedArray entry is aligned by name
-    (its axes must be ``axes``, in any order); other values are returned as they are."""
-    if not isinstance(value, NamedArray):
+def _aligned(key: str, value: Any, axes: tuple[Axis, ...] | None, names: Any = None) -> Any:
+    """A state-dict value as an array in ``axes``' order. A NamedArray entry, or a plain one whose
+    axis ``names`` are known (a safetensors file's metadata), is aligned by name: its axes must be
+    ``axes``, in any order. Other values are returned as they are."""
+    if isinstance(value, NamedArray):
+        names, value = value.axis_names, value.array
+    if axes is None or names is None:  # like holds a plain array here: only the shape is checked
         return value
-    if axes is None:  # like holds a plain array here: only the shape can be checked
-        return value.array
-    mine = {a.name: a.size for a in value.axes}
+    shape = tuple(np.shape(value))
+    if len(names) != len(shape):
+        raise CheckpointAxisError(
+            f"State-dict entry for {key!r} is named ({format_names(names)}) but has shape "
+            f"{shape}; like has ({format_axes(axes)}). Give one axis name per dimension."
+        )
+    mine = dict(zip(names, shape))
     if set(mine) != {a.name for a in axes} or any(mine[a.name] != a.size for a in axes):
         raise CheckpointAxisError(
-            f"State-dict entry for {key!r} has axes ({format_axes(value.axes)}) but like has "
+            f"State-dict entry for {key!r} has axes ({format_axes(mine)}) but like has "
             f"({format_axes(axes)}). Rename or resize the entry's axes to like's, or restore into "
             "a like with these axes."
         )
-    return rearrange(value, tuple(a.name for a in axes)).array
+    order = [list(names).index(a.name) for a in axes]
+    return value if order == sorted(order) else value.transpose(order)
 
 
 def _place(x: Any, like: Any, key: str) -> jax.Array:
@@ -178,6 +198,18 @@ def from_state_dict(
         >>> from_state_dict(like, {"w": entry})["w"]
         NamedArray(float32, embed=2, mlp=3)
     """
+    return _from_state_dict(like, state, stacked_axis, cast, {})
+
+
+def _from_state_dict(
+    like: Any,
+    state: dict[str, Any],
+    stacked_axis: str | None,
+    cast: bool,
+    names: dict[str, Any],
+) -> Any:
+    """``from_state_dict``, with the axis names of plain entries (``names``: a safetensors
+    file's metadata) to align them by."""
     _check_stacked_axis(stacked_axis)
     if not isinstance(state, dict):
         raise NamedTypeError(
@@ -209,7 +241,10 @@ def from_state_dict(
             axis = v.axis_index(stacked_axis)
             keys = _layer_keys(leaf, v.axis_size(stacked_axis))
             per_layer = tuple(a for a in v.axes if a.name != stacked_axis)
-            parts = [np.asarray(_aligned(k, _take(state, k, used), per_layer)) for k in keys]
+            parts = [
+                np.asarray(_aligned(k, _take(state, k, used), per_layer, names.get(k)))
+                for k in keys
+            ]
             shapes = {p.shape for p in parts}
             if len(shapes) != 1:
                 raise CheckpointAxisError(
@@ -219,7 +254,10 @@ def from_state_dict(
             x = np.stack(parts, axis=axis)
         else:
             x = _aligned(
-                leaf.key, _take(state, leaf.key, used), v.axes if leaf.kind == "named" else None
+                leaf.key,
+                _take(state, leaf.key, used),
+                v.axes if leaf.kind == "named" else None,
+                names.get(leaf.key),
             )
         shape = tuple(int(d) for d in wanted.shape)
         if tuple(np.shape(x)) != shape:
@@ -254,28 +292,21 @@ def from_state_dict(
 _AXES_KEY = "namedaxes.axes"
 
 
-def _safetensors() -> Any:
-    try:
-        import safetensors.numpy as st
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "save_safetensors/load_safetensors need the safetensors package: "
-            "pip install 'namedaxes[checkpoint]'"
-        ) from e
-    return st
-
-
 def save_safetensors(
     path: str | os.PathLike[str], tree: Any, *, stacked_axis: str | None = "layer"
 ) -> None:
     """Write ``tree``'s data to a ``.safetensors`` file with ``to_state_dict``'s keys.
 
-    Arrays are gathered to this process (multi-process runs: gather first, and write from one
-    process); Python scalars are stored as 0-d arrays. The axis names of each NamedArray go in the
-    file's metadata (``namedaxes.axes``, JSON) for readers that want them.
+    Arrays are gathered to this process one at a time (multi-process runs: gather first, and
+    write from one process); Python scalars are stored as 0-d arrays. The axis names of each tensor
+    that came from a NamedArray go in the file's metadata (``namedaxes.axes``: JSON
+    ``{key: names}``, per tensor key; a layer's without ``stacked_axis``), which
+    ``load_safetensors`` aligns by.
 
     Raises:
         DonatedArrayError: for an array donated to a step, whose buffer is gone (named).
+        CheckpointDtypeError: for a dtype safetensors files do not hold here (int4, say), naming
+            the leaf; bfloat16 and float8 (e4m3fn, e5m2) are written.
 
     Example:
         >>> import tempfile, jax.numpy as jnp, namedaxes as na
@@ -285,9 +316,8 @@ def save_safetensors(
         >>> load_safetensors(f, like)["w"].array.tolist()
         [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
-    st = _safetensors()
-    state = _state_dict(tree, stacked_axis, "save_safetensors")
-    arrays = {}
+    state, names = _state_dict(tree, stacked_axis, "save_safetensors")
+    entries, values = [], []
     for k, v in state.items():
         if isinstance(v, str):
             raise NamedTypeError(f"safetensors stores arrays only; leaf {k!r} is the str {v!r}.")
@@ -296,14 +326,19 @@ def save_safetensors(
                 f"Leaf {k!r} spans processes; gather it first (na.distributed.process_allgather) and write "
                 "from one process."
             )
-        x = np.asarray(v)  # (not ascontiguousarray, which makes 0-d arrays 1-d)
-        arrays[k] = x if x.flags.c_contiguous else x.copy(order="C")
-    axes = {
-        leaf.key: [a.name for a in leaf.value.axes]
-        for leaf in leaves_of(tree)
-        if leaf.kind == "named"
-    }
-    st.save_file(arrays, os.fspath(path), metadata={_AXES_KEY: json.dumps(axes)})
+        v = v if hasattr(v, "dtype") else np.asarray(v)  # a Python scalar: a 0-d array
+        dtype = np.dtype(v.dtype)
+        if dtype not in CODES:
+            raise CheckpointDtypeError(
+                f"Leaf {k!r} is {dtype.name}, which save_safetensors cannot write (the safetensors "
+                f"dtypes it writes: {', '.join(d.name for d in CODES)}). Cast it to one of those "
+                "before saving."
+            )
+        entries.append((k, dtype, tuple(int(d) for d in v.shape)))
+        values.append(v)
+    # One array at a time on the host (write_safetensors takes them as it writes).
+    arrays = (np.asarray(v) for v in values)
+    write_safetensors(Path(path), entries, arrays, {_AXES_KEY: json.dumps(names)})
 
 
 def load_safetensors(
@@ -315,6 +350,16 @@ def load_safetensors(
 ) -> Any:
     """Read a ``.safetensors`` file into a tree shaped like ``like`` (see ``from_state_dict``).
 
+    A tensor with axis names in the file's metadata (``save_safetensors`` writes them) is aligned
+    to ``like``'s axes by name, as a NamedArray entry of a state dict is; a tensor without (another
+    framework's file) must have ``like``'s shape.
+
+    Raises:
+        CheckpointNotFoundError: if there is no file at ``path``.
+        CheckpointError: for a file that is not safetensors, is damaged, or holds a dtype not read
+            here.
+        CheckpointAxisError: for a tensor whose saved axis names differ from ``like``'s.
+
     Example:
         >>> import tempfile, jax.numpy as jnp, namedaxes as na
         >>> f = tempfile.mkdtemp() + "/w.safetensors"
@@ -322,7 +367,36 @@ def load_safetensors(
         >>> load_safetensors(f, {"b": jnp.zeros(2)})["b"].tolist()
         [1.0, 1.0]
     """
-    st = _safetensors()
-    return from_state_dict(
-        like, st.load_file(os.fspath(path)), stacked_axis=stacked_axis, cast=cast
-    )
+    where = Path(path)
+    if not where.is_file():
+        raise CheckpointNotFoundError(f"No safetensors file at {str(where)!r}.")
+    file = SafetensorsFile(where)
+    try:
+        state = {k: file.read(t, [slice(None)] * len(t.shape)) for k, t in file.tensors.items()}
+    finally:
+        file.close()
+    names = _saved_names(where, file.metadata, state)
+    return _from_state_dict(like, state, stacked_axis, cast, names)
+
+
+def _saved_names(
+    where: Path, metadata: dict[str, str], state: dict[str, Any]
+) -> dict[str, tuple[str, ...]]:
+    """The axis names ``save_safetensors`` recorded per tensor (none for other writers' files).
+
+    Names recorded for a key the file has no tensor for are ignored: files written before names
+    were recorded per tensor kept a stacked leaf's names under its tree key.
+    """
+    raw = metadata.get(_AXES_KEY)
+    if raw is None:
+        return {}
+    try:
+        saved = json.loads(raw)
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
+        raise CheckpointError(
+            f"{str(where)!r}: the {_AXES_KEY!r} metadata is not a JSON object of axis names; the "
+            "file is damaged, or was not written by save_safetensors."
+        )
+    return {k: tuple(v) for k, v in saved.items() if k in state and isinstance(v, list)}

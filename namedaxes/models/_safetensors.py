@@ -36,6 +36,9 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
     "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64),
+    "U32": np.dtype(np.uint32),
+    "U16": np.dtype(np.uint16),
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
