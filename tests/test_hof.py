@@ -202,6 +202,50 @@ def test_scan_errors():
         na.scan(lambda c, x: (c, named(jnp.zeros(1), ("time",))), "time")(init, xs)
 
 
+def test_carry_returned_in_another_axis_order_is_transposed_back():
+    """A carry with init's axes in another order (as dot returns it) is the same carry by name."""
+    ws = named(jnp.arange(2 * 3 * 3.0).reshape(2, 3, 3) / 10, ("layer", "embed", "out"))
+    init = named(jnp.arange(4 * 3.0).reshape(4, 3), ("batch", "embed"))
+
+    def layer(h, w):  # dot gives (out, batch) here; rename out -> embed
+        return na.rename(na.dot(w, h, axis="embed"), {"out": "embed"})
+
+    out = na.fold(layer, "layer")(init, ws)
+    ref = init.array
+    for w in ws.array:
+        ref = ref @ w
+    assert out.axis_names == ("batch", "embed")
+    close(out.array, ref)
+    carry, ys = na.scan(lambda c, x: (na.rearrange(c + x, ("embed", "batch")), c), "layer")(
+        init, named(jnp.ones((2, 3)), ("layer", "embed"))
+    )
+    assert carry.axis_names == ("batch", "embed") and ys.axis_names == ("layer", "batch", "embed")
+    close(carry.array, init.array + 2.0)
+
+
+def test_carry_that_changes_dtype_or_axis_sizes_is_refused_by_leaf():
+    init = {"h": named(jnp.zeros((2, 3)), ("batch", "embed"))}
+    xs = named(jnp.ones((4, 3)), ("layer", "embed"))
+    with pytest.raises(
+        NamedTypeError,
+        match=r"fold\(\) over axis 'layer': the carry's dtype must stay the same\. At h: init is "
+        r"float32, fn returned bfloat16\. Cast it inside fn, e.g\. \.astype\('float32'\)",
+    ):
+        na.fold(lambda c, x: {"h": (c["h"] + x).astype(jnp.bfloat16)}, "layer")(init, xs)
+    with pytest.raises(
+        NamedTypeError,
+        match=r"fold\(\) over axis 'layer': fn must return a carry with the same structure and axes "
+        r"as init\. At h: init is NamedArray\(batch=2, embed=3\), fn returned "
+        r"NamedArray\(embed=3, batch=1\)",
+    ):
+        na.fold(
+            lambda c, x: {"h": na.rearrange(c["h"], ("embed", "batch"))["batch", 0:1]}, "layer"
+        )(init, xs)
+    # A weakly typed init (a Python scalar) is promoted by lax.scan, as before.
+    total = na.fold(lambda c, x: c + x.array.sum(), "layer")(0.0, xs)
+    close(total, 12.0)
+
+
 # -- stacked layers (the use scan/fold exist for) ----------------------------------------------
 
 

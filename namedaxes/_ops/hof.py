@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._logical._resolve import resolve
 from .._spec import entry_axes
+from ._align import align_to
 from ._common import mapping_in_force, unshard_dims
 
 __all__ = ["check_remat", "fold", "scan", "vmap"]
@@ -291,36 +292,52 @@ def vmap(
     return mapped
 
 
-def _structure(tree: Any) -> tuple[Any, list[Any]]:
-    """Tree structure plus the axes of each NamedArray leaf (plain leaves: ``None``)."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_named_array)
-    return treedef, [leaf.axes if isinstance(leaf, NamedArray) else None for leaf in leaves]
-
-
-def _check_carry(init: Any, carry: Any, caller: str, name: str) -> None:
-    """Raise a clear error when ``fn`` returns a carry shaped differently from ``init``."""
-    want, got = _structure(init), _structure(carry)
-    if want == got:
-        return
-    paths_in = jax.tree_util.tree_flatten_with_path(init, is_leaf=is_named_array)[0]
-    paths_out = jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_named_array)[0]
-    detail = ""
-    if want[0] == got[0]:
-        for (path, a), (_, b) in zip(paths_in, paths_out):
-            axes_a = a.axes if isinstance(a, NamedArray) else None
-            axes_b = b.axes if isinstance(b, NamedArray) else None
-            if axes_a != axes_b:
-                fmt = lambda ax: "a plain leaf" if ax is None else f"NamedArray({format_axes(ax)})"  # noqa: E731
-                detail = (
-                    f" At {format_path(path)}: init is {fmt(axes_a)}, fn returned {fmt(axes_b)}."
-                )
-                break
-    else:
-        detail = f" init has structure {want[0]}, fn returned {got[0]}."
-    raise NamedTypeError(
-        f"{caller}() over axis {name!r}: fn must return a carry with the same structure and axes as "
-        f"init.{detail} Rearrange or rename the carry inside fn to match."
+def _leaf_kind(leaf: Any) -> str:
+    return (
+        f"NamedArray({format_axes(leaf.axes)})" if isinstance(leaf, NamedArray) else "a plain leaf"
     )
+
+
+def _match_carry(init: Any, carry: Any, caller: str, name: str) -> Any:
+    """``carry`` (what ``fn`` returned) in ``init``'s layout, or a clear error when it differs.
+
+    A NamedArray leaf with ``init``'s axes in another order (as ``dot`` may return them) is
+    transposed back: by name it is the same carry. A leaf whose dtype differs (other than JAX's
+    promotion of a weakly typed ``init``) is refused here, naming the leaf, before ``lax.scan``
+    refuses it in its own terms.
+
+    Raises:
+        NamedTypeError: if the structure, an axis name or size, or a dtype differs from ``init``.
+    """
+    fix = "Rearrange, rename or cast the carry inside fn to match."
+    paths_in, tree_in = jax.tree_util.tree_flatten_with_path(init, is_leaf=is_named_array)
+    leaves_out, tree_out = jax.tree_util.tree_flatten(carry, is_leaf=is_named_array)
+    if tree_in != tree_out:
+        raise NamedTypeError(
+            f"{caller}() over axis {name!r}: fn must return a carry with the same structure and axes "
+            f"as init. init has structure {tree_in}, fn returned {tree_out}. {fix}"
+        )
+    matched = []
+    for (path, a), b in zip(paths_in, leaves_out):
+        named_a, named_b = isinstance(a, NamedArray), isinstance(b, NamedArray)
+        if named_a and named_b and a.axes != b.axes and set(a.axes) == set(b.axes):
+            b = NamedArray(align_to(b, a.axes), a.axes)  # same axes, another order
+        elif named_a != named_b or (named_a and a.axes != b.axes):
+            raise NamedTypeError(
+                f"{caller}() over axis {name!r}: fn must return a carry with the same structure and "
+                f"axes as init. At {format_path(path)}: init is {_leaf_kind(a)}, fn returned "
+                f"{_leaf_kind(b)}. {fix}"
+            )
+        in_type = jax.typeof(a.array if named_a else a)
+        out_dtype = getattr(b, "dtype", None)
+        if out_dtype is not None and not in_type.weak_type and out_dtype != in_type.dtype:
+            raise NamedTypeError(
+                f"{caller}() over axis {name!r}: the carry's dtype must stay the same. At "
+                f"{format_path(path)}: init is {in_type.dtype}, fn returned {out_dtype}. Cast it "
+                f"inside fn, e.g. .astype({str(in_type.dtype)!r}), or start from an init of that dtype."
+            )
+        matched.append(b)
+    return jax.tree_util.tree_unflatten(tree_in, matched)
 
 
 def _is_policy(f: Any) -> bool:
@@ -389,7 +406,8 @@ def scan(
     when ``axis`` is an ``Axis``, plain (unnamed) arrays in ``xs`` are scanned over their leading
     dimension too. Everything else in ``xs`` is passed unchanged to every step, and so are the extra
     ``args`` and ``kwargs`` (never scanned). ``fn(carry, x, *args, **kwargs)`` returns
-    ``(carry, y)``; the carry must keep the structure and axes of ``init``. NamedArrays in ``ys``
+    ``(carry, y)``; the carry must keep the structure, axes and dtypes of ``init`` (a NamedArray
+    returned with its axes in another order is transposed back to ``init``'s). NamedArrays in ``ys``
     get ``axis`` back as their first axis, plain arrays get it as dimension 0, and leaves that are
     not arrays come back unchanged. A scanned axis sharded over Explicit mesh axes is replicated
     first (``jax.lax.scan`` needs that; XLA does the same on Auto meshes).
@@ -409,8 +427,8 @@ def scan(
 
     Raises:
         NamedTypeError: if ``remat`` is not a bool, a policy name or a policy; (when called) if
-            ``fn`` does not return a ``(carry, y)`` pair, or its carry differs in structure or axes
-            from ``init``.
+            ``fn`` does not return a ``(carry, y)`` pair, or its carry differs in structure, axis
+            names or sizes, or dtypes from ``init``.
         AxisNotFoundError: (when called) if nothing in ``xs`` has the axis.
         AxisSizeError: (when called) if the axis has different sizes in different leaves.
 
@@ -466,8 +484,7 @@ def _scan(
                     "Return (carry, None) when there is nothing to stack, or use fold()."
                 )
             new_carry, y = out
-            _check_carry(carry, new_carry, caller, name)
-            return new_carry, outs.split(y, "y")
+            return _match_carry(carry, new_carry, caller, name), outs.split(y, "y")
 
         if checkpoint:
             # prevent_cse=False: inside scan, CSE cannot undo the recomputation (JAX's advice).
@@ -497,8 +514,8 @@ def fold(
     over their leading dimension when ``axis`` is an ``Axis``).
 
     Args:
-        fn: ``(carry, x, *args, **kwargs) -> carry``; the carry must keep the structure and axes of
-            ``init``.
+        fn: ``(carry, x, *args, **kwargs) -> carry``; the carry must keep the structure, axes and
+            dtypes of ``init`` (axes in another order are transposed back, as for :func:`scan`).
         axis: The axis to fold over, by name or as an ``Axis``.
         reverse: Fold from the last index to the first.
         unroll: Passed to ``jax.lax.scan``.
@@ -510,7 +527,7 @@ def fold(
 
     Raises:
         NamedTypeError: if ``remat`` is not a bool, a policy name or a policy; (when called) if the
-            returned carry differs in structure or axes from ``init``.
+            returned carry differs in structure, axis names or sizes, or dtypes from ``init``.
         AxisNotFoundError: (when called) if nothing in ``xs`` has the axis.
         AxisSizeError: (when called) if the axis has different sizes in different leaves.
 
