@@ -447,6 +447,6 @@ def choice(
             raise AxisError(
                 f"choice(): p must be a NamedArray over ({format_axes((drawn,))}) alone, got {got}."
             )
-        prob = p.array
+        prob = unshard_dims(p.array, (0,))  # the draw takes a running sum over all of p
     out = jax.random.choice(key, source, _shape(draws), replace=replace, p=prob, axis=i)
     return NamedArray(out, out_axes)

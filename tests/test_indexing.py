@@ -256,6 +256,30 @@ def test_batched_gather_with_new_axes_kept_axes_and_slices():
         x.at[{"vocab": far}].get(moed="fill")
 
 
+def test_batched_gather_reads_a_slice_of_its_batch_axis(mesh_2x4):
+    """A slice on a batch axis (matched pointwise with the index) selects the rows read, as
+    take_along_axis on the sliced array does."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    src = jnp.arange(8 * 8.0).reshape(8, 8)  # (batch, vocab)
+    ids = jnp.asarray(np.random.default_rng(6).integers(0, 6, size=(8, 2)), jnp.int32)
+    starts = jnp.array([1, 0, 3, 2], jnp.int32)
+    with jax.set_mesh(mesh_2x4):
+        x = named(
+            jax.device_put(src, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "vocab")
+        )
+        rev = x[{"batch": slice(None, None, -1), "vocab": named(ids, ("batch", "k"))}]
+        part = x[{"batch": slice(2, 6), "vocab": named(ids[:4], ("batch", "k"))}]
+        window = x[{"batch": slice(1, 8, 2), "vocab": na.ds(named(starts, "batch"), 2)}]
+    same(rev, jnp.take_along_axis(src[::-1], ids, 1), ("batch", "k"))
+    same(part, jnp.take_along_axis(src[2:6], ids[:4], 1), ("batch", "k"))
+    expected = jnp.take_along_axis(src[1::2], starts[:, None] + jnp.arange(2)[None], 1)
+    same(window, expected, ("batch", "vocab"))
+    if mesh_2x4.axis_types[0] == AxisType.Explicit:  # a sliced axis is replicated first
+        assert part.sharding.spec == P(None, None)
+
+
 _COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
 
 
@@ -346,7 +370,7 @@ def test_slice_grad(x):
 def test_slice_errors(x):
     with pytest.raises(
         AxisSizeError,
-        match=r"slice\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1",
+        match=r"slice_axis\(\): start 2 with length 2 runs outside axis 'seq' of size 3 in NamedArray\(batch=2, seq=3, embed=4\). Use a start between 0 and 1",
     ):
         na.slice_axis(x, "seq", 2, 2)
     with pytest.raises(AxisSizeError, match=r"length 5 does not fit axis 'embed' of size 4"):
@@ -357,6 +381,27 @@ def test_slice_errors(x):
         jax.jit(lambda n: na.slice_axis(x, "seq", 0, n))(2)
     with pytest.raises(AxisNotFoundError, match="Axis 'time' not found"):
         na.slice_axis(x, "time", 0, 1)
+    starts = named(jnp.array([0, 1]), "batch")
+    with pytest.raises(
+        NamedTypeError,
+        match=r"slice_axis\(\): start for axis 'seq' must be one integer, got NamedArray\(batch=2\)\. "
+        r"For one value per batch entry use x\[\{'seq': na\.ds\(start, 2\)\}\]",
+    ):
+        na.slice_axis(x, "seq", starts, 2)
+    with pytest.raises(
+        NamedTypeError,
+        match=r"slice_axis\(\): start for axis 'seq' must be an int or a 0-d integer array, got "
+        r"an array of shape \(\) and dtype float32",
+    ):
+        na.slice_axis(x, "seq", jnp.float32(1), 2)
+
+
+def test_slice_axis_takes_a_0d_named_start_like_ds(x):
+    start = na.argmax(named(jnp.array([0.0, 3.0, 1.0]), "c"))  # a 0-d NamedArray
+    same(na.slice_axis(x, "seq", start, 2), x["seq", na.ds(start, 2)].array, x.axis_names)
+    same(na.slice_axis(x, "seq", start, 2), A[:, 1:3], x.axis_names)
+    f = jax.jit(lambda x, s: na.slice_axis(x, "seq", s, 2))
+    same(f(x, start), A[:, 1:3], x.axis_names)
 
 
 # -- .at[...] ---------------------------------------------------------------------------------

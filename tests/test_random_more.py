@@ -169,3 +169,24 @@ def test_sharded_choice_and_parameters(mesh_2x4):
         p.array, jax.random.pareto(KEY, jnp.arange(1.0, 9.0)[None, :], (2, 8)), rtol=1e-6
     )
     assert c.axis_names == ("embed", "s")
+
+
+def test_choice_with_probabilities_sharded_over_the_mesh(mesh_2x4):
+    """p split over a mesh axis is gathered for the draw (a running sum over all of p)."""
+    logits = jnp.arange(8.0) / 4
+    p = jax.device_put(jax.nn.softmax(logits), NamedSharding(mesh_2x4, P("data")))
+    table = jax.device_put(
+        jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh_2x4, P("data", "model"))
+    )
+    with jax.set_mesh(mesh_2x4):
+        probs = na.named(p, "vocab")
+        ids = na.random.choice(KEY, Axis("vocab", 8), {"n": 3}, p=probs)
+        rows = jax.jit(
+            lambda t, q: na.random.choice(
+                KEY, na.named(t, ("vocab", "embed")), {"n": 3}, axis="vocab", p=q
+            )
+        )(table, probs)
+    expected = jax.random.choice(KEY, 8, (3,), p=jax.nn.softmax(logits))
+    np.testing.assert_array_equal(ids.array, expected)
+    np.testing.assert_array_equal(rows.array, jnp.arange(32.0).reshape(8, 4)[expected])
+    assert rows.axis_names == ("n", "embed")

@@ -254,3 +254,40 @@ def test_sharded_reductions_and_cumsum(mesh_2x4):
     assert {s.data.shape for s in running.array.addressable_shards} <= {(8, 3), (4, 3)}
     assert tuple(running.sharding.spec)[1:2] == ("model",)  # the other axis keeps its sharding
     np.testing.assert_allclose(probs.array, jax.nn.softmax(a, axis=1), rtol=1e-5)
+
+
+def test_where_mask_sharded_unlike_x_is_reconciled_by_name(mesh_2x4):
+    """A where= mask meets x elementwise: on Explicit meshes conflicting shardings are resharded by
+    the mapping in force (else a ShardingError), as for x * mask; values as on Auto meshes."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    a = jnp.arange(8 * 8, dtype=jnp.float32).reshape(8, 8) / 10
+    keep = jnp.arange(8) % 3 != 0
+    with jax.set_mesh(mesh_2x4):
+        x = na.named(
+            jax.device_put(a, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "embed")
+        )
+        m = na.named(jax.device_put(keep, NamedSharding(mesh_2x4, P("model"))), "embed")
+        mb = na.named(jax.device_put(keep, NamedSharding(mesh_2x4, P("model"))), "batch")
+        with na.axis_mapping({"batch": "data", "embed": "model"}):
+            total = na.sum(x, "embed", where=mb)  # batch@data in x, batch@model in the mask
+            probs = na.softmax(x, "embed", where=mb)
+            top = na.max(x, "batch", where=mb, initial=-jnp.inf)
+        agreeing = na.mean(x, "embed", where=m)  # embed@model in both: untouched, no mapping needed
+        if explicit:
+            with pytest.raises(
+                na.ShardingError,
+                match=r"sum\(\): the operands' shardings conflict on an Explicit mesh: axis 'batch' "
+                r"is sharded over \('data',\) in x but over \('model',\) in where=",
+            ):
+                na.sum(x, "embed", where=mb)
+    np.testing.assert_allclose(total.array, jnp.sum(a, axis=1, where=keep[:, None]), rtol=1e-6)
+    expected = jax.nn.softmax(a, axis=1, where=keep[:, None])
+    np.testing.assert_allclose(probs.array, expected, rtol=1e-6)
+    np.testing.assert_allclose(top.array, jnp.max(a, axis=0, where=keep[:, None], initial=-jnp.inf))
+    np.testing.assert_allclose(agreeing.array, jnp.mean(a, axis=1, where=keep), rtol=1e-6)
+    if explicit:
+        assert total.sharding.spec == P("data") and probs.sharding.spec == P("data", "model")
+        assert agreeing.sharding.spec == P("data")

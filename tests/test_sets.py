@@ -216,3 +216,63 @@ def test_sharded(mesh_2x4):
     np.testing.assert_array_equal(nz["seq"].array, jnp.nonzero(I, size=8)[1])
     assert spec_of(s) == P("data")  # a reduction keeps the other axis' mesh axis
     assert bool(close)
+
+
+def test_unique_slices_do_not_depend_on_layout():
+    """Slices are compared flattened over the other axes in sorted-name order, whatever x's layout."""
+    s0, s1, s2 = [[0, 1], [0, 0]], [[0, 0], [1, 0]], [[1, 0], [0, 0]]  # (a, b)
+    data = np.array([s0, s1, s0, s2])  # (seq, a, b): three unique slices, s0 twice
+    y = na.named(jnp.asarray(data), ("seq", "a", "b"))
+    # The oracle: NumPy's unique over slices laid out (a, b), the sorted order of the other axes.
+    ev, eidx, einv, ecnt = np.unique(
+        data, axis=0, return_index=True, return_inverse=True, return_counts=True
+    )
+    for perm in [("seq", "a", "b"), ("b", "seq", "a")]:
+        x = na.rearrange(y, perm)
+        v, idx, inv, cnt = na.unique(
+            x, Axis("u", 3), axis="seq", return_index=True, return_inverse=True, return_counts=True
+        )
+        # seq is replaced in place by u; the other axes keep x's layout.
+        assert v.axis_names == tuple("u" if n == "seq" else n for n in perm)
+        np.testing.assert_array_equal(na.rearrange(v, ("u", "a", "b")).array, ev)
+        np.testing.assert_array_equal(idx.array, eidx)
+        np.testing.assert_array_equal(inv.array, np.ravel(einv))
+        np.testing.assert_array_equal(cnt.array, ecnt)
+
+
+def test_bincount_drops_negative_values():
+    labels = na.named(jnp.array([[-1, 0, 2], [-1, 5, 1]], jnp.int8), ("batch", "seq"))  # -1: ignore
+    np.testing.assert_array_equal(na.bincount(labels, Axis("bin", 3)).array, [1, 1, 1])
+    w = na.named(jnp.arange(6.0).reshape(3, 2), ("seq", "batch"))  # weights in another layout
+    np.testing.assert_array_equal(na.bincount(labels, {"bin": 3}, weights=w).array, [2.0, 5.0, 4.0])
+    # More bins than int8 can count to: -1 is still dropped, not sent to a bin.
+    wide = na.bincount(labels, {"bin": 200})
+    assert int(wide.array.sum()) == 4 and wide.array.dtype == jnp.int32
+
+
+def test_array_equal_reconciles_shardings_by_name(mesh_2x4):
+    from jax.sharding import AxisType
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    f = jnp.arange(64.0).reshape(8, 8)
+    with jax.set_mesh(mesh_2x4):
+        a = na.named(
+            jax.device_put(f, NamedSharding(mesh_2x4, P("data", "model"))), ("batch", "seq")
+        )
+        b = na.named(
+            jax.device_put(f, NamedSharding(mesh_2x4, P("model", "data"))), ("batch", "seq")
+        )
+        bt = na.named(
+            jax.device_put(f.T, NamedSharding(mesh_2x4, P("model", "data"))), ("seq", "batch")
+        )
+        with na.axis_mapping({"batch": "data", "seq": "model"}):
+            assert bool(na.array_equal(a, b))
+            assert not bool(na.array_equal(a, b + 1.0))
+        assert bool(na.array_equal(a, bt))  # the same shardings by name, in another layout
+        if explicit:
+            with pytest.raises(
+                na.ShardingError,
+                match=r"array_equal\(\): the operands' shardings conflict on an Explicit mesh: axis "
+                r"'batch' is sharded over \('data',\) in a but over \('model',\) in b",
+            ):
+                na.array_equal(a, b)

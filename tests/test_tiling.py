@@ -110,6 +110,23 @@ def test_errors():
     with pytest.raises(na.AxisError, match=r"roll\(\): 2 shift\(s\) for 1 axis\(es\)"):
         na.roll(x, (1, 2), "q")
     with pytest.raises(
+        na.NamedTypeError,
+        match=r"roll\(\): axes are chosen by name, not by position; got axis=1\. In "
+        r"NamedArray\(batch=4, q=8, k=6\), position 1 is 'q': pass axis='q'",
+    ):
+        na.roll(x, 1, 1)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"roll\(\): shift for axis 'q' must be one integer, got NamedArray\(batch=4\)\. For "
+        r"one value per batch entry use na\.vmap\(lambda r, s: na\.roll\(r, s, 'q'\), 'batch'\)",
+    ):
+        na.roll(x, na.named(jnp.ones(4, jnp.int32), "batch"), "q")
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"roll\(\): shift for axis 'q' must be an int or a 0-d integer array, got 1\.5 \(float\)",
+    ):
+        na.roll(x, {"q": 1.5})
+    with pytest.raises(
         na.AxisSizeError,
         match=r"pad\(\): the width for axis 'q' must be an int >= 0 or a \(before, after\) pair of them, got -1",
     ):
@@ -133,6 +150,14 @@ def test_errors():
         match=r"trace\(\): offset= \(the diagonal offset\) must be a static int, got 1.5",
     ):
         na.trace(x, ("q", "k"), offset=1.5)
+
+
+def test_roll_takes_a_0d_named_shift():
+    x = na.named(A, AXES)
+    shift = na.argmax(na.named(jnp.array([0.0, 3.0, 1.0]), "c"))  # a 0-d NamedArray: 1
+    np.testing.assert_array_equal(na.roll(x, shift, "q").array, jnp.roll(A, 1, axis=1))
+    out = jax.jit(lambda x, s: na.roll(x, {"k": s}))(x, shift)
+    np.testing.assert_array_equal(out.array, jnp.roll(A, 1, axis=2))
 
 
 def test_sharded(mesh_2x4):

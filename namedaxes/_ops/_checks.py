@@ -8,7 +8,7 @@ raises a typed error from ``namedaxes._errors`` that names the op, the offender 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -291,3 +291,42 @@ def check_key(key: Any, caller: str) -> None:
         + ". Make one with jax.random.key(seed) and split it for more: "
         "key, sub = jax.random.split(key)."
     )
+
+
+def scalar_int(caller: str, what: str, value: Any, per_entry: Callable[[NamedArray], str]) -> Any:
+    """``value`` as one integer: a Python int, or a 0-d integer array (possibly traced).
+
+    A 0-d NamedArray (what ``argmax`` and other full reductions return) is unwrapped, as
+    ``x[...]`` and ``ds`` accept it.
+
+    Args:
+        caller: The op's name, for messages.
+        what: What ``value`` is, for messages (e.g. ``"start for axis 'seq'"``).
+        value: The argument to check.
+        per_entry: How to ask for one value per batch entry instead, given the offending
+            NamedArray with axes (for its message).
+
+    Raises:
+        NamedTypeError: if ``value`` has axes or dimensions, or is not an integer.
+    """
+    if is_static_int(value):
+        return int(value)
+    if isinstance(value, NamedArray):
+        if value.ndim:
+            raise NamedTypeError(
+                f"{caller}(): {what} must be one integer, got NamedArray({format_axes(value.axes)}). "
+                f"For one value per batch entry use {per_entry(value)}."
+            )
+        value = value.array
+    shape = None if isinstance(value, type) else getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None or len(shape) != 0 or not jnp.issubdtype(dtype, jnp.integer):
+        got = (
+            f"{value!r} ({type(value).__name__})"
+            if shape is None
+            else f"an array of shape {tuple(shape)} and dtype {np.dtype(dtype)}"
+        )
+        raise NamedTypeError(
+            f"{caller}(): {what} must be an int or a 0-d integer array, got {got}."
+        )
+    return value

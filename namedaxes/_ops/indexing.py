@@ -52,7 +52,7 @@ from .._errors import (
 )
 from .._spec import entry_axes
 from ._align import align_to
-from ._checks import check_static_index, is_static_int, static_index_array
+from ._checks import check_static_index, is_static_int, scalar_int, static_index_array
 from ._common import expect_named, explicit_sharding, unshard_dims
 from .dynamic import ds
 
@@ -81,6 +81,9 @@ class _Plan:
     # One index NamedArray and only slices besides: ``(dimension, index)``, read with one batched
     # gather (see ``_take_along``) instead of the NumPy-style index above.
     along: tuple[int, NamedArray] | None = None
+    # The basic slice of each dimension of x for ``along``, before ``index`` turns batch axes into
+    # positions: ``_take_along`` slices x by it, then matches batch axes pointwise.
+    slices: tuple[slice, ...] = ()
     # A static index outside its axis: raised when the selection is used, unless the caller picked
     # JAX's out-of-bounds handling with an explicit ``mode=``.
     range_error: Exception | None = None
@@ -265,6 +268,7 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
         sources = tuple(i for i, a in enumerate(kept) if a is not None)
         return _Plan(tuple(entries), layout, layout, sources, unshard, range_error=range_error)
 
+    slices = tuple(e if isinstance(e, _builtin_slice) else _builtin_slice(None) for e in entries)
     gathered: tuple[Axis, ...] = ()
     for v in gathers.values():
         gathered = broadcast_axes(gathered, v.axes)
@@ -321,7 +325,7 @@ def _plan(x: NamedArray, selection: dict[int, Any]) -> _Plan:
         along = next(iter(gathers.items()))
         # The one-index gather reads its axis where it is: XLA partitions it (see _take_along).
         unshard = tuple(d for d in unshard if d != along[0])
-    return _Plan(tuple(entries), layout, tuple(out), sources, unshard, along, range_error)
+    return _Plan(tuple(entries), layout, tuple(out), sources, unshard, along, slices, range_error)
 
 
 _GATHER_KWARGS = (
@@ -351,9 +355,8 @@ def _take_along(
             f"accepted: {format_names(_GATHER_KWARGS + ('out_sharding',))}."
         )
     pos, index = plan.along
-    slices = tuple(e if isinstance(e, _builtin_slice) else _builtin_slice(None) for e in plan.index)
-    if any(s != _builtin_slice(None) for s in slices):
-        array = array[slices]
+    if any(s != _builtin_slice(None) for s in plan.slices):
+        array = array[plan.slices]
     kept = [Axis(a.name, d) for a, d in zip(x.axes, array.shape)]
     gathered_size = kept[pos].size
     idx_axes = tuple(a for a in plan.out if index.has_axis(a.name))  # the result's order
@@ -584,8 +587,9 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
     Args:
         x: The array.
         axis: The axis to slice.
-        start: An integer, or a 0-d integer array (possibly traced). A traced start that runs past
-            the end is clamped by JAX so that the slice stays in bounds.
+        start: An integer, or a 0-d integer array or NamedArray (possibly traced, e.g. from
+            ``argmax``). A traced start that runs past the end is clamped by JAX so that the slice
+            stays in bounds. For one start per batch entry use ``x[{axis: ds(start, length)}]``.
         length: The static new size of ``axis``.
 
     Returns:
@@ -594,6 +598,8 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
     Raises:
         AxisNotFoundError: if ``axis`` is not an axis of ``x``.
         AxisSizeError: if ``length`` exceeds the axis, or a static ``start + length`` does.
+        NamedTypeError: if ``length`` is not a static int, or ``start`` is not one integer (it
+            has axes or dimensions, or is not an integer).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -602,34 +608,31 @@ def slice_axis(x: NamedArray, axis: AxisSelector, start: Any, length: int) -> Na
         >>> jax.jit(lambda s: na.slice_axis(x, "seq", s, 3))(4).array
         Array([4, 5, 6], dtype=int32)
     """
-    x = expect_named(x, "slice")
+    x = expect_named(x, "slice_axis")
     i = find_axis(x.axes, axis)
     ax = x.axes[i]
     if not is_static_int(length):
         raise NamedTypeError(
-            f"slice(): length must be a static int (the new size of {ax.name!r}), got {length!r}. "
-            "Only start may be traced."
+            f"slice_axis(): length must be a static int (the new size of {ax.name!r}), got "
+            f"{length!r}. Only start may be traced."
         )
     length = int(length)
     if not 0 <= length <= ax.size:
         raise AxisSizeError(
-            f"slice(): length {length} does not fit axis {ax.name!r} of size {ax.size} in "
+            f"slice_axis(): length {length} does not fit axis {ax.name!r} of size {ax.size} in "
             f"NamedArray({format_axes(x.axes)}). Use a length between 0 and {ax.size}."
         )
-    if is_static_int(start):
-        start = int(start)
-        if not 0 <= start <= ax.size - length:
-            raise AxisSizeError(
-                f"slice(): start {start} with length {length} runs outside axis {ax.name!r} of size "
-                f"{ax.size} in NamedArray({format_axes(x.axes)}). Use a start between 0 and "
-                f"{ax.size - length}."
-            )
-    else:
-        shape = None if isinstance(start, type) else getattr(start, "shape", None)
-        if shape is None or len(shape) != 0:
-            raise NamedTypeError(
-                f"slice(): start must be an int or a 0-d integer array, got {start!r}."
-            )
-        _check_int_dtype(start.dtype, ax, "a start")
+    start = scalar_int(
+        "slice_axis",
+        f"start for axis {ax.name!r}",
+        start,
+        lambda _: f"x[{{{ax.name!r}: na.ds(start, {length})}}]",
+    )
+    if is_static_int(start) and not 0 <= start <= ax.size - length:
+        raise AxisSizeError(
+            f"slice_axis(): start {start} with length {length} runs outside axis {ax.name!r} of "
+            f"size {ax.size} in NamedArray({format_axes(x.axes)}). Use a start between 0 and "
+            f"{ax.size - length}."
+        )
     array = jax.lax.dynamic_slice_in_dim(unshard_dims(x.array, [i]), start, length, axis=i)
     return NamedArray(array, x.axes[:i] + (Axis(ax.name, length),) + x.axes[i + 1 :])

@@ -23,7 +23,7 @@ from .._array import AxisSelection, NamedArray
 from .._axis import Axis, AxisSelector, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
 from ._checks import check_mask, check_nonempty, reject_positional, selected_positions
-from ._common import expect_named, unshard_dims
+from ._common import agree_by_name, expect_named, unshard_dims
 from .elementwise import broadcast_into, canonical_dtype
 
 __all__ = [
@@ -50,6 +50,19 @@ __all__ = [
 _NO_IDENTITY = (jnp.max, jnp.min, jnp.nanmax, jnp.nanmin)
 
 
+def _mask(caller: str, x: NamedArray, where: Any) -> tuple[NamedArray, Any]:
+    """``x`` and its ``where=`` mask laid out against it, the mask checked to be boolean.
+
+    On Explicit meshes the mask meets ``x`` elementwise, so their shardings are reconciled as
+    elementwise operands' are (``agree_by_name``: when they conflict, both are resharded by the
+    mapping in force, else a ``ShardingError`` says so). Otherwise ``x`` comes back unchanged.
+    """
+    check_mask(caller, where)
+    if isinstance(where, NamedArray):
+        x, where = agree_by_name(caller, [x, where], ["x", "where="])
+    return x, broadcast_into(where, x.axes, caller=caller, what="where=")
+
+
 def _reduce(
     caller: str, fn: Callable[..., Any], x: Any, axis: AxisSelection, where: Any, **kwargs: Any
 ) -> NamedArray:
@@ -69,8 +82,7 @@ def _reduce(
             pos,
             f"Pass initial=, the result for an empty axis (e.g. initial={sign}jnp.inf).",
         )
-    check_mask(caller, where)
-    mask = broadcast_into(where, x.axes, caller=caller, what="where=")
+    x, mask = _mask(caller, x, where)
     if mask is not None:
         kwargs["where"] = mask
     out = fn(x.array, axis=pos, **kwargs)
@@ -319,8 +331,7 @@ def _along(
             f"{caller}() needs the axis to normalize over, e.g. {caller}(x, 'vocab')."
         )
     pos = selected_positions(caller, x, axis, verb="normalize")
-    check_mask(caller, where)
-    mask = broadcast_into(where, x.axes, caller=caller, what="where=")
+    x, mask = _mask(caller, x, where)
     return NamedArray(fn(x.array, axis=pos, where=mask), x.axes)
 
 

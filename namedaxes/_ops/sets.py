@@ -15,12 +15,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, find_axis
 from .._errors import AxisError, DuplicateAxisError, NamedTypeError, format_axes
 from ._align import align_to
-from ._common import expect_named, unshard_dims
+from ._common import agree_by_name, expect_named, unshard_dims
 from .creation import single_axis
 from .elementwise import lift_call, where3
 
@@ -189,13 +190,20 @@ def _unique(
         if counts:
             result.append(NamedArray(parts.pop(0), (new,)))
         return result[0] if len(result) == 1 else tuple(result)
-    # Unique slices along one axis: that axis is replaced, in place, by the result axis.
+    # Unique slices along one axis: that axis is replaced, in place, by the result axis. Slices
+    # are sorted lexicographically, flattened row-major: over the other axes in sorted-name order,
+    # not in x's layout, so which slices are kept, their order, inverse and counts are the same
+    # for every layout of x.
     i = find_axis(x.axes, axis)
     old = x.axes[i]
     new = _new_axis(x, size, caller, replaced=old.name)
-    out = _jnp_unique(_replicated(x), fill_value, index, inverse, counts, i, new.size)
+    others = tuple(sorted(x.axes[:i] + x.axes[i + 1 :], key=lambda a: a.name))
+    canonical = align_to(NamedArray(_replicated(x), x.axes), (old,) + others)
+    out = _jnp_unique(canonical, fill_value, index, inverse, counts, 0, new.size)
     parts = list(out) if isinstance(out, tuple) else [out]
-    result = [NamedArray(parts.pop(0), x.axes[:i] + (new,) + x.axes[i + 1 :])]
+    values = NamedArray(parts.pop(0), (new,) + others)
+    in_place = x.axes[:i] + (new,) + x.axes[i + 1 :]
+    result = [NamedArray(align_to(values, in_place), in_place)]
     if index:
         result.append(NamedArray(parts.pop(0), (new,)))
     if inverse:
@@ -223,7 +231,9 @@ def unique(
             rest is ``fill_value`` (the smallest value by default, as in ``jnp.unique``); with
             more, the largest are dropped.
         axis: ``None`` for unique elements over all axes; or one axis, whose unique slices are
-            returned (that axis is replaced, in place, by ``size``).
+            returned (that axis is replaced, in place, by ``size``). Slices are sorted
+            lexicographically, each flattened over the other axes in sorted-name order (not in
+            ``x``'s layout), so the result does not depend on the order of ``x``'s axes.
         return_index: Also return where each unique value first occurs: a ``{axis: indices}``
             dict (with ``axis=None``; "first" is in row-major order of ``x``'s axes), or indices
             along ``axis``.
@@ -319,10 +329,11 @@ def bincount(
 ) -> NamedArray:
     """Count each integer value of ``x`` (over all its axes) into bins ``0..length-1``.
 
-    Values outside the bins are not counted (as ``jnp.bincount`` with ``length``).
+    Values outside the bins, negative ones included, are not counted (``jnp.bincount`` would
+    count negative values in bin 0).
 
     Args:
-        x: A non-negative integer NamedArray.
+        x: An integer NamedArray (e.g. class labels, with ``-1`` for "ignore").
         length: The bins' axis, as an ``Axis`` or ``{name: length}``.
         weights: Optional NamedArray with exactly ``x``'s axes (in any order): each element adds
             its weight instead of 1.
@@ -354,7 +365,13 @@ def bincount(
                 f"the axes of x NamedArray({format_axes(x.axes)})."
             )
         w = jnp.ravel(unshard_dims(align_to(weights, x.axes), tuple(range(x.ndim))))
-    counts = jnp.bincount(jnp.ravel(_replicated(x)), weights=w, length=new.size)
+    flat = jnp.ravel(_replicated(x))
+    if jnp.issubdtype(flat.dtype, jnp.signedinteger):
+        # jnp.bincount clips negative values into bin 0 but drops values >= length: move the
+        # negative ones past the last bin (in a dtype that can hold the length) to drop them too.
+        flat = flat.astype(np.promote_types(flat.dtype, np.int32))
+        flat = jnp.where(flat < 0, new.size, flat)
+    counts = jnp.bincount(flat, weights=w, length=new.size)
     return NamedArray(counts, (new,))
 
 
@@ -411,4 +428,6 @@ def array_equal(a: Any, b: Any, *, equal_nan: bool = False) -> NamedArray:
     b = expect_named(b, "array_equal", "b")
     if sorted(a.axes, key=lambda t: t.name) != sorted(b.axes, key=lambda t: t.name):
         return NamedArray(jnp.asarray(False), ())
+    # Compared elementwise: on Explicit meshes conflicting shardings are reconciled as for `==`.
+    a, b = agree_by_name("array_equal", [a, b], ["a", "b"])
     return NamedArray(jnp.array_equal(a.array, align_to(b, a.axes), equal_nan=equal_nan), ())

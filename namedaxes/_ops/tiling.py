@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, check_unique, find_axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes
-from ._checks import is_static_int
+from ._checks import as_selectors, is_static_int, reject_positional, scalar_int
 from ._common import expect_named, explicit_sharding, unshard_dims
 from .shape import flatten_axes
 
@@ -149,8 +149,8 @@ def roll(
 
     Args:
         x: A NamedArray.
-        shift: An int or 0-d integer array (possibly traced) with ``axis``; a sequence of them
-            with a sequence of axes; or a ``{axis: shift}`` dict with no ``axis``.
+        shift: An int, or a 0-d integer array or NamedArray (possibly traced), with ``axis``; a
+            sequence of them with a sequence of axes; or a ``{axis: shift}`` dict with no ``axis``.
         axis: The axis or axes to roll along (required unless ``shift`` is a dict). Rolling
             without an axis (over the flattened array) depends on axis order, so it is refused.
 
@@ -160,6 +160,8 @@ def roll(
     Raises:
         AxisError: if no axis is given, or shifts and axes differ in number.
         AxisNotFoundError: if an axis is not in ``x``.
+        NamedTypeError: if an axis is given by position, or a shift is not one integer (it has
+            axes or dimensions, or is a float).
 
     Example:
         >>> import jax.numpy as jnp
@@ -181,7 +183,8 @@ def roll(
                 "roll() needs the axis to roll along: roll(x, 1, 'seq') or roll(x, {'seq': 1}). "
                 "Rolling the flattened array would depend on axis order."
             )
-        axes = (axis,) if isinstance(axis, (str, Axis)) else tuple(axis)
+        reject_positional("roll", axis, x.axes)
+        axes = as_selectors("roll", axis)
         shifts = tuple(shift) if isinstance(shift, (tuple, list)) else (shift,) * len(axes)
         if len(shifts) != len(axes):
             raise AxisError(
@@ -191,9 +194,23 @@ def roll(
         per = {find_axis(x.axes, a): s for a, s in zip(axes, shifts)}
     if not per:
         return x
+    per = {
+        d: scalar_int("roll", f"shift for axis {x.axes[d].name!r}", s, _vmapped(x.axes[d]))
+        for d, s in per.items()
+    }
     dims = tuple(per)
     array = jnp.roll(unshard_dims(x.array, dims), tuple(per.values()), axis=dims)
     return NamedArray(array, x.axes)
+
+
+def _vmapped(axis: Axis) -> Any:
+    """The hint for per-entry shifts along ``axis``: map ``roll`` over the shifts' axes."""
+
+    def hint(shift: NamedArray) -> str:
+        over = shift.axis_names[0] if shift.ndim == 1 else shift.axis_names
+        return f"na.vmap(lambda r, s: na.roll(r, s, {axis.name!r}), {over!r})(x, shift)"
+
+    return hint
 
 
 def pad(
