@@ -330,9 +330,9 @@ def test_errors():
         gen(attention_mask=na.named(jnp.ones((1, 3), jnp.int32), ("batch", "position")))
     with pytest.raises(na.GenerationError, match="max_new_tokens must be a positive int, got 0"):
         models.generate(model, p, max_new_tokens=0)
-    with pytest.raises(na.GenerationError, match=r"temperature must be a float >= 0"):
+    with pytest.raises(na.GenerationError, match=r"temperature must be a finite number >= 0"):
         gen(temperature=-1.0)
-    with pytest.raises(na.GenerationError, match=r"top_p must be a float in \(0, 1\]"):
+    with pytest.raises(na.GenerationError, match=r"top_p must be a number in \(0, 1\]"):
         gen(top_p=1.5)
     with pytest.raises(na.GenerationError, match="top_k must be a positive int or None, got 0"):
         gen(top_k=0)
@@ -364,3 +364,80 @@ def test_errors():
         stacked.update(new, new)
     with pytest.raises(na.NamedTypeError, match="length must be a positive int"):
         na.nn.KVCache.zeros({"batch": 1}, kv, hd, 0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5, "0.7", np.ones(2), True])
+def test_temperature_must_be_a_finite_real_number(bad):
+    """NaN would decode greedily and inf sample uniformly: both are refused, as is a non-number."""
+    with pytest.raises(
+        na.GenerationError,
+        match=r"generate: temperature must be a finite number >= 0 \(0 is greedy\), got ",
+    ):
+        models.generate(load("llama"), ids([[1, 2, 3]]), max_new_tokens=2, temperature=bad,
+                        key=jax.random.key(0))  # fmt: skip
+
+
+def test_temperature_takes_numpy_and_jax_scalars():
+    model, p = load("llama"), ids([[1, 2, 3]])
+    want = models.generate(model, p, max_new_tokens=2, temperature=0.7, key=jax.random.key(0))
+    for t in (np.float32(0.7), jnp.float32(0.7), np.asarray(0.7)):
+        got = models.generate(model, p, max_new_tokens=2, temperature=t, key=jax.random.key(0))
+        np.testing.assert_array_equal(got.array, want.array)
+
+
+def test_filter_logits_checks_its_options():
+    """The same checks as generate's: top_p in (0, 1], top_k a positive int (0 used to surface an
+    inner op's error); a traced scalar top_p still works under jit."""
+    x = na.named(jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05])), "vocab")
+    for top_p in (1.5, -0.5, 0.0, float("nan"), jnp.ones(2)):
+        with pytest.raises(
+            na.GenerationError,
+            match=r"filter_logits: top_p must be a number in \(0, 1\] or a traced float scalar "
+            r"or None, got ",
+        ):
+            models.filter_logits(x, top_p=top_p)
+    for top_k in (0, -1, 2.5, True):
+        with pytest.raises(
+            na.GenerationError, match=r"filter_logits: top_k must be a positive int or None, got "
+        ):
+            models.filter_logits(x, top_k=top_k)
+    want = models.filter_logits(x, top_p=0.75).array
+    np.testing.assert_array_equal(models.filter_logits(x, top_p=np.float32(0.75)).array, want)
+    traced = jax.jit(lambda p: models.filter_logits(x, top_p=p).array)(jnp.float32(0.75))
+    np.testing.assert_array_equal(traced, want)
+
+
+def test_a_prompt_or_row_without_tokens_is_refused():
+    """Tokens made from padding logits alone are refused: an empty prompt, a mask row that is all
+    padding."""
+    model = load("llama")
+    empty = na.named(jnp.zeros((1, 0), jnp.int32), ("batch", "position"))
+    with pytest.raises(
+        na.GenerationError,
+        match=r"generate: the prompt NamedArray\(batch=1, position=0\) is empty; .* Give each row "
+        r"at least one token",
+    ):
+        models.generate(model, empty, max_new_tokens=2)
+    mask = na.named(jnp.array([[True, True, True], [False, False, False]]), ("batch", "position"))
+    with pytest.raises(
+        na.GenerationError,
+        match=r"generate: attention_mask has no real token in row 1 \(of the batch flattened\)",
+    ):
+        models.generate(model, ids([[1, 2, 3], [0, 0, 0]]), attention_mask=mask, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("eos_token_id", 512), ("eos_token_id", [2, 2**40]), ("pad_token_id", -1),
+     ("pad_token_id", 9999)],
+)  # fmt: skip
+def test_eos_and_pad_ids_must_be_in_the_vocabulary(option, value):
+    """An eos id outside the vocabulary never matches (2**40 overflowed int32); a pad id outside
+    it would be emitted as a token."""
+    bad = value[-1] if isinstance(value, list) else value
+    with pytest.raises(
+        na.GenerationError,
+        match=rf"generate: {option}={bad} is outside the vocabulary: 'vocab' has 512 entries, so "
+        r"ids must be in \[0, 512\)",
+    ):
+        models.generate(load("llama"), ids([[1, 2, 3]]), max_new_tokens=2, **{option: value})

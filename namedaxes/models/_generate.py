@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,10 @@ def filter_logits(
     Returns:
         A NamedArray with ``logits``' axes.
 
+    Raises:
+        GenerationError: for a ``top_k`` that is not a positive int, or a ``top_p`` that is not a
+            number in ``(0, 1]`` nor a traced float scalar.
+
     Example:
         >>> import jax.numpy as jnp
         >>> import namedaxes as na
@@ -90,8 +95,9 @@ def filter_logits(
         >>> filter_logits(x, top_p=0.75).array
         Array([-0.6931472, -1.2039728,       -inf,       -inf], dtype=float32)
     """
+    top_p = _check_filters("filter_logits", top_k, top_p, traced_top_p=True)
     threshold = None
-    if isinstance(top_p, (int, float)):  # as transformers: 1 - top_p in double, then float32
+    if isinstance(top_p, float):  # as transformers: 1 - top_p in double, then float32
         threshold = 1.0 - top_p if top_p < 1 else None  # top_p = 1 keeps every token
     elif top_p is not None:
         threshold = 1 - top_p
@@ -114,8 +120,67 @@ def _filter(logits: NamedArray, k: int | None, threshold: Any, axis: str) -> Nam
     return logits
 
 
+def _real(value: Any) -> float | None:
+    """``value`` as a Python float when it is a concrete real scalar (a Python, NumPy or 0-d JAX
+    number; not a bool), else ``None``."""
+    if isinstance(value, (bool, np.bool_, jax.core.Tracer)):
+        return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if (
+        isinstance(value, (np.ndarray, jax.Array))
+        and value.ndim == 0
+        and (jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating))
+        and getattr(value, "is_fully_addressable", True)
+    ):
+        return float(value)
+    return None
+
+
+def _check_filters(caller: str, top_k: Any, top_p: Any, *, traced_top_p: bool) -> Any:
+    """Check the sampling filters; return ``top_p`` as a float (``None`` stays, and so does a
+    traced float scalar when ``traced_top_p``).
+
+    Raises:
+        GenerationError: for a ``top_k`` that is not a positive int, or a ``top_p`` outside
+            ``(0, 1]``.
+    """
+    if top_k is not None and (not is_static_int(top_k) or top_k < 1):
+        raise GenerationError(f"{caller}: top_k must be a positive int or None, got {top_k!r}.")
+    if top_p is None:
+        return None
+    if traced_top_p and isinstance(top_p, jax.core.Tracer):
+        if top_p.ndim == 0 and jnp.issubdtype(top_p.dtype, jnp.floating):
+            return top_p  # its range is not known here
+    else:
+        p = _real(top_p)
+        if p is not None and 0 < p <= 1:
+            return p
+    traced = " or a traced float scalar" if traced_top_p else ""
+    raise GenerationError(
+        f"{caller}: top_p must be a number in (0, 1]{traced} or None, got {top_p!r}."
+    )
+
+
+def _check_token_id(name: str, value: Any, vocab: Axis) -> None:
+    if not is_static_int(value):
+        raise GenerationError(
+            f"generate: {name} must be an int or a sequence of ints, got {value!r}."
+            if name == "eos_token_id"
+            else f"generate: {name} must be an int, got {value!r}."
+        )
+    if not 0 <= value < vocab.size:
+        raise GenerationError(
+            f"generate: {name}={value} is outside the vocabulary: {vocab.name!r} has "
+            f"{vocab.size} entries, so ids must be in [0, {vocab.size}). Pass the model's own "
+            "id (its generation_config.json's)."
+        )
+
+
 def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: Any, top_k: Any,
-           top_p: Any, key: Any, eos: tuple[int, ...]) -> None:  # fmt: skip
+           top_p: Any, key: Any, eos: tuple[Any, ...], pad: Any,
+           vocab: Axis) -> tuple[float, float | None]:  # fmt: skip
+    """Check generate's arguments; return ``temperature`` and ``top_p`` as floats."""
     if not isinstance(prompt, NamedArray) or not jnp.issubdtype(prompt.dtype, jnp.integer):
         raise NamedTypeError(
             "generate: prompt must be an integer NamedArray of token ids (batch, position), e.g. "
@@ -125,6 +190,12 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise AxisNotFoundError(
             f"generate: prompt NamedArray({format_axes(prompt.axes)}) has no {POSITION!r} axis. "
             "Rename its sequence axis to 'position'."
+        )
+    if prompt.axis_size(POSITION) == 0:
+        raise GenerationError(
+            f"generate: the prompt NamedArray({format_axes(prompt.axes)}) is empty; the first "
+            "token is predicted from the prompt's last one. Give each row at least one token "
+            "(a bos id)."
         )
     if attention_mask is not None and (
         not isinstance(attention_mask, NamedArray)
@@ -140,37 +211,39 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise GenerationError(
             f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}."
         )
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or temperature < 0
-    ):
+    t = _real(temperature)
+    if t is None or not math.isfinite(t) or t < 0:
         raise GenerationError(
-            f"generate: temperature must be a float >= 0 (0 is greedy), got {temperature!r}."
+            f"generate: temperature must be a finite number >= 0 (0 is greedy), got "
+            f"{temperature!r}."
         )
-    if top_k is not None and (not is_static_int(top_k) or top_k < 1):
-        raise GenerationError(f"generate: top_k must be a positive int or None, got {top_k!r}.")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1
-    ):
-        raise GenerationError(f"generate: top_p must be a float in (0, 1] or None, got {top_p!r}.")
-    if temperature > 0 and key is None:
+    top_p = _check_filters("generate", top_k, top_p, traced_top_p=False)
+    if t > 0 and key is None:
         raise GenerationError(
-            f"generate: temperature={temperature} samples, which needs key=jax.random.key(...); "
+            f"generate: temperature={t} samples, which needs key=jax.random.key(...); "
             "pass temperature=0.0 for greedy decoding."
         )
-    if not all(is_static_int(e) for e in eos):
-        raise GenerationError(
-            f"generate: eos_token_id must be an int or a sequence of ints, got {eos!r}."
-        )
+    for e in eos:
+        _check_token_id("eos_token_id", e, vocab)
+    if pad is not None:
+        _check_token_id("pad_token_id", pad, vocab)
+    return t, top_p
 
 
-def _check_left_padded(mask: NamedArray) -> None:
-    """Refuse a right-padded row (checked on the host when the mask is a concrete local array)."""
+def _check_mask_rows(mask: NamedArray) -> None:
+    """Refuse a right-padded row or a row with no real token (checked on the host when the mask is
+    a concrete local array)."""
     array = mask.array
     if isinstance(array, jax.core.Tracer) or not getattr(array, "is_fully_addressable", True):
         return
     rows = np.asarray(mask.rearrange((..., POSITION)).array).reshape(-1, mask.axis_size(POSITION))
+    empty = np.flatnonzero(~rows.any(axis=1))
+    if empty.size:
+        raise GenerationError(
+            f"generate: attention_mask has no real token in row {int(empty[0])} (of the batch "
+            "flattened): its new tokens would come from padding alone. Give each row at least "
+            "one real token (a bos id), or leave the row out."
+        )
     bad = np.flatnonzero((rows[:, 1:] < rows[:, :-1]).any(axis=1))
     if bad.size:
         raise GenerationError(
@@ -231,7 +304,8 @@ def generate(
         prompt: Integer token ids ``(batch, position)`` (any batch axes; ``(position,)`` too).
         max_new_tokens: How many tokens to add.
         attention_mask: Boolean, the prompt's axes, ``True`` at real tokens (left padding).
-        temperature: ``0`` for greedy, else the softmax temperature.
+        temperature: ``0`` for greedy, else the softmax temperature (a finite real number: a
+            Python, NumPy or 0-d JAX scalar).
         top_k: Sample among the ``top_k`` most likely tokens.
         top_p: Sample among the most likely tokens whose probability exceeds ``top_p``.
         key: A PRNG key; needed when ``temperature > 0``.
@@ -249,8 +323,10 @@ def generate(
         AxisIndexError: if the prompt holds a token id outside ``[0, vocab_size)`` (checked on the
             host before anything runs: the compiled programs cannot raise).
         GenerationError: for a bad option (non-positive ``max_new_tokens``, ``top_k``, a
-            ``top_p`` outside ``(0, 1]``, sampling without ``key``) or a model with learned
-            positions too short for the prompt plus the new tokens.
+            negative or non-finite ``temperature``, a ``top_p`` outside ``(0, 1]``, sampling
+            without ``key``, an eos or pad id outside ``[0, vocab_size)``), an empty prompt or an
+            ``attention_mask`` row with no real token (or padding after its tokens), or a model
+            with learned positions too short for the prompt plus the new tokens.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -269,10 +345,10 @@ def generate(
             f"generate needs a namedaxes.models.Transformer, got {type(model).__name__}."
         )
     eos = _eos_ids(eos_token_id)
-    _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p, key, eos)
-    check_ids(prompt, model.embed.Vocab, "generate: prompt")
-    if pad_token_id is not None and not is_static_int(pad_token_id):
-        raise GenerationError(f"generate: pad_token_id must be an int, got {pad_token_id!r}.")
+    vocab = model.embed.Vocab
+    temperature, top_p = _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p,
+                                key, eos, pad_token_id, vocab)  # fmt: skip
+    check_ids(prompt, vocab, "generate: prompt")
     pad_id = int(pad_token_id if pad_token_id is not None else eos[0] if eos else 0)
     n = prompt.axis_size(POSITION)
     cfg = model.config
@@ -284,7 +360,7 @@ def generate(
             "prompt."
         )
     if attention_mask is not None:
-        _check_left_padded(attention_mask)
+        _check_mask_rows(attention_mask)
     mesh, (prompt, attention_mask, key) = _placed(model, prompt, attention_mask, key)
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         # Rows added so that the mapping can split the batch: copies of the last row, dropped
@@ -304,7 +380,7 @@ def generate(
                        sample=sample, top_p=top_p is not None and top_p < 1 and sample)  # fmt: skip
         dynamic = (
             jnp.asarray(temperature if sample else 1.0, jnp.float32),
-            jnp.asarray(1.0 - float(top_p) if top_p is not None else 0.0, jnp.float32),
+            jnp.asarray(1.0 - top_p if top_p is not None else 0.0, jnp.float32),
             key if sample else jax.random.key(0),
             jnp.asarray(eos or (-1,), jnp.int32),  # -1 matches no token
             jnp.asarray(pad_id, jnp.int32),
