@@ -667,3 +667,69 @@ def test_gpt2_file_without_prefix_and_with_mask_buffers(tmp_path):
     old, new = models.from_hf(folder), models.from_hf(FIXTURES / "gpt2")
     for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
         np.testing.assert_array_equal(a, b)
+
+
+SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+             num_kv_heads=1, head_dim=8)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("rope_theta", 0.0, r"rope_theta must be a finite number > 0, got 0\.0\."),
+        ("rope_theta", -5.0, r"rope_theta must be a finite number > 0, got -5\.0\."),
+        ("norm_eps", -1.0, r"norm_eps must be a finite number >= 0, got -1\.0\."),
+        ("norm_eps", float("nan"), r"norm_eps must be a finite number >= 0, got nan\."),
+        ("embed_scale", float("nan"), r"embed_scale must be a finite number > 0, got nan\."),
+        ("attention_scale", float("inf"), r"attention_scale must be a finite number > 0 or None"),
+        ("norm_weight_offset", "1", r"norm_weight_offset must be a finite number, got '1'\."),
+        ("router_aux_loss_coef", -1, r"router_aux_loss_coef must be a finite number >= 0"),
+        ("tie_word_embeddings", "no", r"tie_word_embeddings must be True or False, got 'no'\."),
+        ("norm_after", "yes", r"norm_after must be True or False, got 'yes'\."),
+        ("gated_mlp", 2, r"gated_mlp must be True or False, got 2\."),
+        ("model_type", "lama", r"model_type 'lama' is not supported \(did you mean 'llama'\?\)\. "
+         r"Supported model types: gemma, gpt2, llama, mistral, mixtral, olmo2, qwen2, qwen2_moe, "
+         r"qwen3, qwen3_moe\."),
+    ],
+)  # fmt: skip
+def test_config_refuses_values_that_build_a_broken_model(field, value, message):
+    """A RoPE base of 0 gave NaN logits, tie_word_embeddings="no" (truthy) tied the head, and an
+    unknown model_type failed only at save_hf: each is refused where the config is made."""
+    fields = {"model_type": "llama", **SMALL, field: value}
+    with pytest.raises(na.ModelConfigError, match=rf"^TransformerConfig\.{message}"):
+        models.TransformerConfig(**fields)
+
+
+def test_config_numbers_are_stored_as_floats():
+    cfg = models.TransformerConfig("gemma", **SMALL, rope_theta=np.float32(500), embed_scale=4)
+    assert (cfg.rope_theta, cfg.embed_scale) == (500.0, 4.0)
+    assert type(cfg.rope_theta) is float and type(cfg.embed_scale) is float
+    assert cfg.attention_scale is None and cfg.capacity_factor is None
+
+
+def test_expert_options_on_a_dense_model_are_refused():
+    """capacity_factor and moe_dispatch say how experts run: on a model without experts they
+    did nothing."""
+    for option in ({"capacity_factor": 1.25}, {"moe_dispatch": "capacity"}):
+        given = ", ".join(f"{k}={v!r}" for k, v in option.items())
+        with pytest.raises(
+            na.ModelConfigError,
+            match=rf"^TransformerConfig: {given} applies to experts, but this llama model has none "
+            r"\(num_experts=0\): its MLPs are dense\. Leave the option out\.$",
+        ):
+            models.from_hf(FIXTURES / "llama", **option)
+    model = models.Transformer(models.TransformerConfig("llama", **SMALL), key=jax.random.key(0))
+    with pytest.raises(na.ModelConfigError, match=r"moe_dispatch='dense' applies to experts"):
+        model.with_options(moe_dispatch="dense")
+
+
+def test_from_hf_dtype_that_is_not_a_dtype():
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^from_hf dtype='bf17' is not a dtype\. Pass e\.g\. jnp\.float32 or 'bfloat16'\.$",
+    ):
+        models.from_hf(FIXTURES / "llama", dtype="bf17")
+    with pytest.raises(
+        na.NamedTypeError, match=r"^from_hf dtype must be a floating dtype, got int32\."
+    ):
+        models.from_hf(FIXTURES / "llama", dtype=jnp.int32)

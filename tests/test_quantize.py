@@ -163,6 +163,24 @@ def test_what_a_quantized_model_refuses_and_keeps():
     assert ring.layers.stacked.mlp.up.weight is small.layers.stacked.mlp.up.weight
 
 
+def test_a_rule_that_names_no_layer_axis_is_refused():
+    """A typo in a rule's name picked nothing and left the head unquantized without a word."""
+    model = load("llama")
+    with pytest.raises(
+        na.QuantizationError,
+        match=r"^quantize: the rule 'vocabb' -> True \(did you mean 'vocab'\?\) names no axis of "
+        r"the model's layers, whose axes are 'embed', 'head_dim', 'heads', 'kv_heads', 'mlp', "
+        r"'vocab', so it would pick nothing\. Name an axis the layers have \(or drop the rule\)\.$",
+    ):
+        models.quantize(model, "int8", rules={"vocabb": True})
+    with pytest.raises(na.QuantizationError, match=r"the rule 'experts' -> False names no axis"):
+        models.quantize(model, "int8", rules=[("*", True), ("experts", False)])
+    # "*" and the names the layers have are taken
+    small = models.quantize(model, "int8", rules=[("vocab", True), ("*", False)])
+    assert isinstance(small.lm_head.weight, na.nn.QuantizedArray)
+    assert not isinstance(small.layers.stacked.mlp.up.weight, na.nn.QuantizedArray)
+
+
 # -- a mixture of experts -------------------------------------------------------------------------
 
 MIXTRAL = models.TransformerConfig(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -15,7 +17,21 @@ from ..nn._moe import DISPATCHES, SCORINGS
 from ..nn._pipeline import check_options
 from ..nn._stacked import check_gradient_checkpointing
 
-__all__ = ["RUNTIME_FIELDS", "TransformerConfig", "runtime_options"]
+__all__ = ["MODEL_TYPES", "RUNTIME_FIELDS", "TransformerConfig", "runtime_options"]
+
+#: The Hugging Face ``model_type`` of each family (``_families.FAMILIES`` has one entry for each).
+MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "olmo2",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gpt2",
+)
 
 #: The runtime options: fields that say how the model runs, not what it is (no parameter depends
 #: on them). ``from_hf`` takes each as a keyword argument and ``Transformer.with_options`` changes
@@ -34,6 +50,28 @@ RUNTIME_FIELDS = (
 )
 NORMS = ("rms", "layer")
 QK_NORMS = (None, "head", "projection")
+# The fields that are True or False (a string such as "no" would be truthy).
+FLAGS = (
+    "norm_after",
+    "gated_mlp",
+    "mlp_bias",
+    "qkv_bias",
+    "out_bias",
+    "learned_positions",
+    "tie_word_embeddings",
+    "norm_topk_prob",
+)
+# The real-number fields: (name, lowest value allowed, whether the lowest is excluded, None
+# allowed). NaN and infinities are refused for all (NaN passes every comparison check).
+NUMBERS = (
+    ("norm_eps", 0.0, False, False),
+    ("norm_weight_offset", -math.inf, False, False),
+    ("rope_theta", 0.0, True, False),
+    ("attention_scale", 0.0, True, True),
+    ("embed_scale", 0.0, True, False),
+    ("router_aux_loss_coef", 0.0, False, False),
+    ("capacity_factor", 0.0, True, True),
+)
 
 
 @dataclass(frozen=True)
@@ -133,8 +171,13 @@ class TransformerConfig:
     ``Transformer.with_options`` for a model already built.
 
     Raises:
-        ModelConfigError: for sizes that are not positive, ``num_kv_heads`` not dividing
-            ``num_heads``, an unknown norm, q/k norm, activation, runtime option value.
+        ModelConfigError: for a ``model_type`` without a family, sizes that are not positive,
+            ``num_kv_heads`` not dividing ``num_heads``, a flag (``tie_word_embeddings``,
+            ``norm_after``, ``gated_mlp``, the biases...) that is not ``True``/``False``, a
+            ``norm_eps``, ``rope_theta``, ``embed_scale`` or ``attention_scale`` that is not a
+            finite positive number (or another real field not finite, or negative where it
+            cannot be), an unknown norm, q/k norm, activation, runtime option value, or
+            ``capacity_factor``/``moe_dispatch`` on a model without experts.
 
     Example:
         >>> from namedaxes.models import TransformerConfig
@@ -191,6 +234,18 @@ class TransformerConfig:
     hf_generation_config: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ModelConfigError(
+                f"TransformerConfig.model_type {self.model_type!r} is not supported"
+                f"{did_you_mean(str(self.model_type), MODEL_TYPES)}. Supported model types: "
+                f"{', '.join(sorted(MODEL_TYPES))}."
+            )
+        for name in FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ModelConfigError(
+                    f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}."
+                )
+        self._check_numbers()
         sizes = (
             "vocab_size",
             "hidden_size",
@@ -298,11 +353,33 @@ class TransformerConfig:
                     f"TransformerConfig.{name} must be one of {options}, got "
                     f"{getattr(self, name)!r}."
                 )
-        c = self.capacity_factor
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or c <= 0):
-            raise ModelConfigError(
-                f"TransformerConfig.capacity_factor must be a positive number or None, got {c!r}."
+        if not n and (self.capacity_factor is not None or self.moe_dispatch != "auto"):
+            given = (
+                f"capacity_factor={self.capacity_factor!r}"
+                if self.capacity_factor is not None
+                else f"moe_dispatch={self.moe_dispatch!r}"
             )
+            raise ModelConfigError(
+                f"TransformerConfig: {given} applies to experts, but this {self.model_type} "
+                "model has none (num_experts=0): its MLPs are dense. Leave the option out."
+            )
+
+    def _check_numbers(self) -> None:
+        """Each real-number field finite and in its range, stored as a Python float."""
+        for name, low, strict, optional in NUMBERS:
+            v = getattr(self, name)
+            if optional and v is None:
+                continue
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < low or (strict and v == low):
+                rule = (
+                    "a finite number"
+                    if low == -math.inf
+                    else f"a finite number {'>' if strict else '>='} {low:g}"
+                )
+                more = " or None" if optional else ""
+                raise ModelConfigError(f"TransformerConfig.{name} must be {rule}{more}, got {v!r}.")
+            object.__setattr__(self, name, float(v))  # a NumPy scalar would not write to JSON
 
     @property
     def grouped(self) -> bool:

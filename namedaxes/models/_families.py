@@ -5,7 +5,8 @@ fields, with the defaults of that family's ``transformers`` config class), a wri
 and a table saying which Hugging Face module each module of :class:`Transformer` is stored as, and
 in which layout (``"linear"``: ``torch.nn.Linear``, weight ``(out, in)``; ``"conv1d"``: GPT-2's
 ``Conv1D``, weight ``(in, out)``; ``"norm"``; ``"embedding"``; ``"experts"``: the experts of a
-layer in one tensor, ``(experts, out, in)``). Adding a family is adding one entry to ``FAMILIES``.
+layer in one tensor, ``(experts, out, in)``). Adding a family is adding one entry to ``FAMILIES``
+(its reader, writer and architecture) and its name to ``_config.MODEL_TYPES``.
 
 Mixtures of experts are stored either one tensor per expert (``...experts.{e}.w1.weight``, what
 ``save_pretrained`` writes by default and what older files hold; ``{e}`` is the expert index) or
@@ -23,7 +24,7 @@ from typing import Any
 
 from .._errors import ModelConfigError
 from ..nn import RopeScaling
-from ._config import TransformerConfig
+from ._config import MODEL_TYPES, TransformerConfig
 
 __all__ = ["FAMILIES", "Family", "Module", "family_of"]
 
@@ -565,7 +566,7 @@ FAMILIES: dict[str, Family] = {
         if name == "gpt2"
         else (".rotary_emb.inv_freq",),
     )
-    for name in _ARCH
+    for name in MODEL_TYPES  # TransformerConfig accepts these model types
 }
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
@@ -32,6 +31,7 @@ from .._partitioning._jit_args import check_live
 from .._partitioning._plan import check_matched
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
+from ..nn._precision import float_dtype
 from ._config import TransformerConfig, runtime_options
 from ._families import family_of
 from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
@@ -298,6 +298,7 @@ def from_hf(
         CheckpointAxisError: for a tensor whose shape disagrees with ``config.json`` (named, with
             both shapes).
         MeshError: for a mapping without a mesh.
+        NamedTypeError: for a ``dtype`` that is not a floating dtype (or not a dtype at all).
         UnmatchedMappingError: with ``strict=True``, for a mapping entry that matches no axis of
             the model (named, with the closest axis name and the model's axes).
         ModelConfigError: for an option that is not a runtime option (the message lists them).
@@ -318,10 +319,7 @@ def from_hf(
     folder = _folder(path)
     also = ("mapping", "mesh", "dtype", "strict")  # a typo of these lands in options too
     config = runtime_options(config_from_hf(folder), options, "from_hf", also)
-    if dtype is not None:
-        dtype = jnp.dtype(dtype)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise NamedTypeError(f"from_hf dtype must be a floating dtype, got {dtype}.")
+    dtype = float_dtype(dtype, "from_hf dtype=", "from_hf dtype must be")
     abstract = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
     checkpoint = Checkpoint(folder)
     try:

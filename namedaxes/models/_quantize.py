@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 
 from .. import nn
-from .._errors import QuantizationError
+from .._errors import QuantizationError, did_you_mean, format_names
 from ..nn._precision import as_rules, picks
 from ..nn._quantized import FORMATS
 
@@ -61,7 +61,9 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
         The quantized model (the arrays of the layers left alone are shared, not copied).
 
     Raises:
-        QuantizationError: for an unknown format or a model that is already quantized.
+        QuantizationError: for an unknown format, a model that is already quantized, or a rule
+            whose name (other than ``"*"``) is no axis of any of the model's layers (named, with
+            the closest axis name and the layers' axes).
         NamedTypeError: for a rule that is not ``(name, bool)``.
 
     Example:
@@ -92,6 +94,8 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
             "(quantize returns a new model and leaves its argument as it was)."
         )
 
+    _check_rules_match(rules, model)
+
     def one(node: Any) -> Any:
         if not _layer(node):
             return node
@@ -102,3 +106,16 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
         return eqx.tree_at(lambda layer: layer.weight, node, weight)
 
     return jax.tree.map(one, model, is_leaf=_layer)
+
+
+def _check_rules_match(rules: tuple[tuple[str, bool], ...], model: Any) -> None:
+    """Refuse a rule that names no axis of any layer: it would pick nothing, silently."""
+    layers = [x for x in jax.tree.leaves(model, is_leaf=_layer) if _layer(x)]
+    names = {name for layer in layers for name in _names(layer)[0]}
+    for name, yes in rules:
+        if name != "*" and name not in names:
+            raise QuantizationError(
+                f"quantize: the rule {name!r} -> {yes}{did_you_mean(name, sorted(names))} names no "
+                f"axis of the model's layers, whose axes are {format_names(sorted(names))}, so it "
+                "would pick nothing. Name an axis the layers have (or drop the rule)."
+            )
