@@ -404,3 +404,22 @@ def test_mapping_typo_fails_on_plain_arrays_too(mesh_2x4):
         na.shard({"w": jnp.ones(8)}, {"batch": "dta"})
     with pytest.raises(na.ShardingError, match=r"names mesh axis 'dta'"):
         na.pspec_for({"w": jnp.ones(8)}, {"batch": "dta"}, mesh=mesh_2x4)
+
+
+def test_a_donated_argument_that_had_to_move_is_released(axis_type):
+    """Donation frees the caller's buffer even when named_jit first moved the input onto the
+    mapping's placement (the program consumed the moved copy); the stale array names itself when
+    reused, as any donated array does."""
+    mesh = make_mesh((8,), ("data",), axis_type)
+    f = na.named_jit(lambda x: x * 2, in_axis_resources={"batch": "data"}, donate_args=(True,))
+    with jax.set_mesh(mesh):
+        for _ in range(2):  # the first call and the cached fast path
+            x = named(jnp.arange(8.0), "batch")  # on one device: moved before the call
+            y = f(x)
+            assert x.array.is_deleted()
+            np.testing.assert_array_equal(np.asarray(y.array), 2 * np.arange(8.0))
+        with pytest.raises(NamedTypeError, match=r"was donated to an earlier call"):
+            f(x)
+        kept = na.shard(named(jnp.arange(8.0), "batch"), {"batch": "data"})
+        f(kept)  # already placed: JAX donates it itself
+        assert kept.array.is_deleted()

@@ -39,6 +39,7 @@ from ._jit_args import (
     check_donation,
     donation_flags,
     frozen_mapping,
+    release_moved,
     unhashable_static,
 )
 from ._jit_entries import (
@@ -184,16 +185,18 @@ class NamedJitWrapped(Generic[P, R]):
                 if mesh is not compiled.mesh and mesh != compiled.mesh:
                     compiled = None
             if compiled is not None:
-                dyn = layout.get_dyn(leaves)
-                if compiled.in_targets is not None:
-                    dyn = place_inputs_fast(dyn, compiled)
+                dyn = given = layout.get_dyn(leaves)
                 if layout.donate:
                     check_donation(layout, dyn, args, kwargs)
+                if compiled.in_targets is not None:
+                    dyn = place_inputs_fast(dyn, compiled)
                 if trace_key_is_neutral():  # see _call_slow
                     out = compiled.jitted(*dyn)
                 else:
                     with neutral_trace_key():
                         out = compiled.jitted(*dyn)
+                if layout.donate:
+                    release_moved(layout, given, dyn)
                 info = compiled.single
                 return (info if info is not None else compiled.out_info(dyn)).rebuild(out)
         with self._lock:
@@ -213,10 +216,11 @@ class NamedJitWrapped(Generic[P, R]):
                 lru_put(self._fast, fast_key, (layout, by_statics), self._cache_size)
             else:
                 lru_put(self._fast, fast_key, (layout, compiled), self._cache_size)
-        if compiled.in_targets is not None or compiled.shaped_targets:
-            dyn = self._place_inputs(layout, compiled, dyn, leaves)
+        given = dyn
         if layout.donate:
             check_donation(layout, dyn, args, kwargs)
+        if compiled.in_targets is not None or compiled.shaped_targets:
+            dyn = self._place_inputs(layout, compiled, dyn, leaves)
         # Each entry (its own jax.jit) is keyed by the mapping its program runs under: named_jit's
         # own axis_resources, else the visible mapping. The mapping is kept out of JAX's trace key
         # here, so a program with its own mapping is not traced again for each mapping around it.
@@ -226,6 +230,8 @@ class NamedJitWrapped(Generic[P, R]):
                     out = compiled.jitted(*dyn)
             else:
                 out = compiled.jitted(*dyn)
+        if layout.donate:
+            release_moved(layout, given, dyn)
         return compiled.out_info(dyn).rebuild(out)
 
     def lower(self, *args: P.args, **kwargs: P.kwargs) -> Any:

@@ -129,6 +129,16 @@ def check_donation(layout: Layout, dyn: Any, args: Any, kwargs: Any) -> None:
                 )
 
 
+def release_moved(layout: Layout, given: Any, placed: Any) -> None:
+    """Delete the caller's donated arrays that were moved before the call: the program consumed
+    the moved copies, and a donated buffer must not outlive the call (as with ``jax.jit``)."""
+    for i in layout.donate:
+        x = given[i]
+        if placed[i] is not x and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            if not x.is_deleted():
+                x.delete()
+
+
 def donation_flags(tree: Any, prefix: Any, what: str, of: str) -> list[bool]:
     """One bool per leaf of ``tree`` from a pytree prefix of bools (or of ``leaf -> bool``)."""
     if prefix is None:
