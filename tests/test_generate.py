@@ -385,6 +385,14 @@ def test_temperature_takes_numpy_and_jax_scalars():
         np.testing.assert_array_equal(got.array, want.array)
 
 
+def test_key_must_be_a_prng_key():
+    model, p = load("llama"), ids([[1, 2, 3]])
+    for key in (5, jnp.zeros(3, jnp.uint32), jax.random.split(jax.random.key(0))):
+        with pytest.raises(na.GenerationError, match=r"generate: key must be a PRNG key such as"):
+            models.generate(model, p, max_new_tokens=2, temperature=0.7, key=key)
+    models.generate(model, p, max_new_tokens=2, temperature=0.7, key=jax.random.PRNGKey(0))
+
+
 def test_filter_logits_checks_its_options():
     """The same checks as generate's: top_p in (0, 1], top_k a positive int (0 used to surface an
     inner op's error); a traced scalar top_p still works under jit."""

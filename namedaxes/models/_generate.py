@@ -162,6 +162,15 @@ def _check_filters(caller: str, top_k: Any, top_p: Any, *, traced_top_p: bool) -
     )
 
 
+def _is_key(key: Any) -> bool:
+    """A typed key (``jax.random.key``) or a raw ``uint32[2]`` one (``jax.random.PRNGKey``)."""
+    if not isinstance(key, jax.Array):
+        return False
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key.ndim == 0
+    return key.dtype == jnp.uint32 and key.shape == (2,)
+
+
 def _check_token_id(name: str, value: Any, vocab: Axis) -> None:
     if not is_static_int(value):
         raise GenerationError(
@@ -222,6 +231,11 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise GenerationError(
             f"generate: temperature={t} samples, which needs key=jax.random.key(...); "
             "pass temperature=0.0 for greedy decoding."
+        )
+    if key is not None and not _is_key(key):
+        raise GenerationError(
+            f"generate: key must be a PRNG key such as jax.random.key(0), got {key!r} "
+            f"({type(key).__name__})."
         )
     for e in eos:
         _check_token_id("eos_token_id", e, vocab)
