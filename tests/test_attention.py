@@ -357,3 +357,43 @@ def test_dot_product_attention_runs_the_kernel_by_name():
             x = na.named(jnp.ones((2, 16), jnp.float64), ("position", "head_dim"))
             y = na.named(jnp.ones((2, 16), jnp.float64), ("key_position", "head_dim"))
             na.nn.dot_product_attention(x, y, y, implementation="pallas")
+
+
+def test_heads_pair_by_name_not_by_layout():
+    """Several query-only (or key-only) heads axes would pair with the key/value heads in the order
+    they are laid out: that is an error; one heads axis, or the key/value heads shared by name,
+    give one result whatever the layout."""
+    ks = jax.random.split(jax.random.key(5), 2)
+    q = na.random.normal(ks[0], {"position": 3, "a": 2, "c": 2, "head_dim": 8})
+    k = na.random.normal(ks[1], {"key_position": 3, "kv": 2, "head_dim": 8})
+    match = (
+        r"the query has several heads axes \(a=2, c=2\), which flatten into heads that pair with "
+        r"the other side's \(kv=2\) by position, so the pairing would follow the order of those "
+        r"axes in the array. Flatten them into one axis \(flatten_axes\(query, \('a', 'c'\), "
+        r"'heads'\)\)"
+    )
+    for query in (q, q.rearrange(("position", "c", "a", "head_dim"))):
+        with pytest.raises(na.AxisSizeError, match=match):
+            na.nn.dot_product_attention(query, k, k)
+    k2 = k.rename({"kv": "g1"}).broadcast_axis(na.Axis("g2", 2))
+    with pytest.raises(na.AxisSizeError, match=r"the key has several heads axes \(g1=2, g2=2\)"):
+        na.nn.dot_product_attention(na.flatten_axes(q, ("a", "c"), "heads"), k2, k2)
+    # By name: 'kv' shared (a batch axis of the kernel), or a single key/value head.
+    named_q = q.rename({"a": "kv"})
+    flipped = named_q.rearrange(("c", "position", "head_dim", "kv"))
+    want = na.nn.dot_product_attention(named_q, k, k)
+    got = na.nn.dot_product_attention(flipped, k, k).rearrange(want.axis_names)
+    np.testing.assert_allclose(got.array, want.array, rtol=1e-6)
+    k1 = k["kv", 0:1]
+    want = na.nn.dot_product_attention(q, k1, k1)
+    got = na.nn.dot_product_attention(q.rearrange(("c", "a", "head_dim", "position")), k1, k1)
+    np.testing.assert_allclose(got.rearrange(want.axis_names).array, want.array, rtol=1e-6)
+
+
+def test_causal_must_be_a_bool():
+    q, k, v = qkv(1, 2, 2, 2, 2, 4)
+    with pytest.raises(na.NamedTypeError, match=r"causal must be True or False, got 'no'"):
+        na.nn.dot_product_attention(q, k, v, causal="no")
+    E, H, D = na.Axis("embed", 8), na.Axis("heads", 2), na.Axis("head_dim", 4)
+    with pytest.raises(na.NamedTypeError, match=r"Attention causal must be True or False, got 1"):
+        na.nn.Attention(E, H, D, key=jax.random.key(0), causal=1)

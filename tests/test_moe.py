@@ -130,6 +130,22 @@ def test_padding_skips_experts_statistics_and_capacity():
         np.testing.assert_allclose(stats.load_balancing_loss(), aux, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dispatch", ["dense", "ragged", "capacity"])
+def test_capacity_without_position_counts_tokens_by_name_not_layout(dispatch):
+    """Without a position axis every token is one capacity group, first come first served in the
+    row-major order of the token axes sorted by name: (batch, seq) in either layout."""
+    moe = build(dispatch=dispatch, capacity_factor=0.5)
+    x = X.rename({"position": "seq"})
+    flipped = x.rearrange(("seq", "embed", "batch"))
+    (y, stats), (y2, stats2) = run(moe, x), run(moe, flipped)
+    assert y2.axis_names == ("seq", "embed", "batch")
+    np.testing.assert_allclose(y2.rearrange(y.axis_names).array, y.array, atol=1e-6)
+    np.testing.assert_array_equal(stats2.counts.array, stats.counts.array)
+    want, counts, _ = oracle(moe, na.flatten_axes(x, ("batch", "seq"), "position"))
+    np.testing.assert_allclose(y.array.reshape(want.shape), want, atol=1e-5)
+    np.testing.assert_array_equal(stats.counts.array, counts)
+
+
 def test_ragged_and_dense_have_the_same_gradients():
     def loss(moe, x):
         y, stats = moe(x)

@@ -1,6 +1,7 @@
 """namedaxes.nn layers: values against the plain-JAX computation with the same parameters, and errors."""
 
 import functools
+import re
 
 import equinox as eqx
 import jax
@@ -206,13 +207,25 @@ def test_dropout_matches_bernoulli_mask():
     x = data(B, T, E)
     k = jax.random.key(7)
     y = na.nn.Dropout(0.25)(x, key=k)
-    keep = jax.random.bernoulli(k, 0.75, (2, 5, 8))
+    keep = jax.random.bernoulli(k, 0.75, (2, 8, 5)).transpose(
+        0, 2, 1
+    )  # drawn (batch, embed, position)
     close(y.array, jnp.where(keep, x.array / 0.75, 0.0))
     # One mask shared along `position`.
     y = na.nn.Dropout(0.25, broadcast_axes="position")(x, key=k)
     keep = jax.random.bernoulli(k, 0.75, (2, 8))[:, None, :]
     assert y.axis_names == x.axis_names
     close(y.array, jnp.where(keep, x.array / 0.75, 0.0))
+
+
+def test_dropout_mask_follows_names_not_layout():
+    x = data(B, T, E)
+    drop, k = na.nn.Dropout(0.5), jax.random.key(0)
+    y = drop(x, key=k)
+    for order in (("embed", "batch", "position"), ("position", "embed", "batch")):
+        y2 = drop(x.rearrange(order), key=k)
+        assert y2.axis_names == order
+        np.testing.assert_array_equal(y2.rearrange(y.axis_names).array, y.array)
 
 
 def test_dropout_inference_and_errors():
@@ -848,6 +861,27 @@ def test_rope_scaling_errors():
     rope = na.nn.RotaryEmbedding(Axis("head_dim", 4))
     with pytest.raises(na.NamedTypeError, match=r"positions as an integer NamedArray"):
         rope(na.ones({"position": 2, "head_dim": 4}), na.ones({"position": 2}))
+
+
+def test_rotary_theta_and_norm_eps_must_be_finite_and_in_range():
+    for theta in (0.0, -1.0, float("nan"), float("inf"), "1e4", True):
+        with pytest.raises(
+            na.LayerError,
+            match=rf"RotaryEmbedding theta must be a finite number > 0 \(the base of the "
+            rf"frequencies, e.g. 10000.0\), got {re.escape(repr(theta))}\.",
+        ):
+            na.nn.RotaryEmbedding(Axis("head_dim", 4), theta=theta)
+    for norm in (na.nn.LayerNorm, na.nn.RmsNorm):
+        for eps in (-1.0, float("nan"), float("inf"), None):
+            with pytest.raises(
+                na.LayerError,
+                match=rf"{norm.__name__} eps must be a finite number >= 0 \(added under the "
+                rf"square root\), got {re.escape(repr(eps))}\.",
+            ):
+                norm(E, eps=eps)
+        assert norm(E, eps=0).eps == 0.0
+    with pytest.raises(na.LayerError, match=r"RmsNorm eps must be a finite number >= 0"):
+        na.nn.Attention(E, H4, D4, key=KEY, qk_norm=True, norm_eps=-1e-6)
 
 
 def test_rms_norm_weight_offset_scales_by_one_plus_weight():

@@ -369,6 +369,39 @@ def test_float8_policy_parse_and_errors():
         na.nn.Precision(matmul="float8", matmul_rules=[("vocab", "yes")])
 
 
+def test_policy_dtypes_are_ones_layers_compute_in_and_float8_options_need_matmul():
+    """float8/float4 are not dtypes to keep or compute in (matmul="float8" is), float64 needs
+    x64, and scaling / matmul_rules without a matmul format would do nothing: all refused."""
+    for spec in ("c=float8_e4m3fn", "compute=float4_e2m1fn", "o=float8_e5m2"):
+        field = {"c": "compute", "o": "output"}.get(spec.split("=")[0], "compute")
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"Precision {field}=float[48]_\w+ is not a dtype layers keep or compute in: use "
+            r"float32, bfloat16 or float16 \(float64 with jax_enable_x64\). For float8 matmuls "
+            r"pass matmul='float8'",
+        ):
+            na.nn.precision(spec).__enter__()
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"Precision param=float64 needs 64-bit floats, which are off here. Turn them on",
+    ):
+        na.nn.Precision.parse("p=float64")
+    with jax.enable_x64():
+        assert na.nn.Precision.parse("p=float64").param == jnp.float64
+    for given, policy in (
+        ("scaling='row'", dict(scaling="row")),
+        ("matmul_rules", dict(matmul_rules={"vocab": True})),
+    ):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"Precision {given} sets how low-precision matmuls run, but matmul is None: it "
+            rf"would do nothing. Pass matmul='float8' too, or drop {given.split('=')[0]}.",
+        ):
+            na.nn.Precision(compute="bfloat16", **policy)
+    assert na.nn.Precision().scaling is None and repr(na.nn.Precision()) == "Precision('')"
+    assert na.nn.Precision(matmul="fp8", scaling="tensor") == na.nn.Precision(matmul="float8")
+
+
 class BigramLM(eqx.Module):
     """A token's next-token logits from its own embedding, through a gated MLP (float8 by the
     default rules) and the tied head (not)."""

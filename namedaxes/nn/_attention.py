@@ -112,9 +112,10 @@ class Attention(eqx.Module):
 
     Raises:
         AxisSizeError: if ``KVHeads.size`` does not divide ``Heads.size``.
-        LayerError: for an unknown ``qk_norm``, context option, a ``sliding_window``
-            below 1 or without ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named
-            like ``Heads``.
+        LayerError: for an unknown ``qk_norm`` or context option, a ``sliding_window`` below 1
+            or without ``causal``, a ``rotary`` over another axis, or ``KVHeads`` named like
+            ``Heads``.
+        NamedTypeError: if an axis argument is not an ``Axis``, or ``causal`` not a bool.
 
     Example:
         >>> import jax
@@ -184,6 +185,8 @@ class Attention(eqx.Module):
                     f"{Heads.name}={Heads.size} (each key/value head serves a group of query "
                     "heads)."
                 )
+        if not isinstance(causal, bool):
+            raise NamedTypeError(f"Attention causal must be True or False, got {causal!r}.")
         if qk_norm not in QK_NORMS or isinstance(qk_norm, int) and not isinstance(qk_norm, bool):
             raise LayerError(
                 f"Attention qk_norm must be one of {', '.join(map(repr, QK_NORMS))}, got "

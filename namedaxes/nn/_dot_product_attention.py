@@ -4,7 +4,8 @@ The named axes are mapped onto ``jax.nn.dot_product_attention``'s ``(batch, seq,
 head_dim)`` layout: every axis the query, key and value share (besides ``heads`` and
 ``head_dim``) is flattened into the kernel's batch; the query's ``heads`` axis (and any other
 query-only axis besides ``position``) into its heads; the key's and value's own axes (``kv_heads``)
-into its key/value heads. Causal, sliding-window and padding options, and grouped-query heads, go
+into its key/value heads, which pair with the query heads by position (so a side may not have
+several heads axes whose order would decide the pairing). Causal, sliding-window and padding options, and grouped-query heads, go
 to the kernel as such (see ``_attention_kernels``). Under a mapping that shards the batch, heads or
 query position axes the kernel runs per shard (``shard_map`` by name); split query positions are
 context parallelism (``_context_parallel``).
@@ -76,13 +77,28 @@ def _classify(q: NamedArray, k: NamedArray, v: NamedArray, head: str, kpos: str,
     kv_heads = tuple([heads] if q.has_axis(heads) and k.has_axis(heads) else []) + tuple(
         n for n in k.axis_names if not q.has_axis(n) and n not in (kpos, head)
     )
-    n = math.prod(q.axis_size(a) for a in q_heads)
-    kv = math.prod(k.axis_size(a) for a in kv_heads)
+    qa, ka = [q.resolve_axis(a) for a in q_heads], [k.resolve_axis(a) for a in kv_heads]
+    n, kv = math.prod(a.size for a in qa), math.prod(a.size for a in ka)
+    # Flattened heads pair by position: several unnamed heads axes on a side would pair in the
+    # order they are laid out (a leading `heads` pairs by name when the kv heads divide it).
+    rest_q = [a for a in qa if a.name != heads and a.size > 1]
+    rest_k = [a for a in ka if a.name != heads and a.size > 1]
+    if len(rest_k) > 1 or len(rest_q) > 1 and (q.axis_size(heads) if q.has_axis(heads) else 1) % kv:
+        side, axes, paired, to = (
+            ("key", rest_k, qa, "kv_heads") if len(rest_k) > 1 else ("query", qa, ka, heads)
+        )
+        axes, paired = (sorted(x, key=lambda a: a.name) for x in (axes, paired))  # not layout
+        raise AxisSizeError(
+            f"{_WHAT}: the {side} has several heads axes ({format_axes(axes)}), which flatten into "
+            f"heads that pair with the other side's ({format_axes(paired)}) by position, so the "
+            "pairing would follow the order of those axes in the array. Flatten them into one axis "
+            f"(flatten_axes({side}, {tuple(a.name for a in axes)!r}, {to!r})), or give the query "
+            "the key/value heads axis by name (axes the query shares with the key pair by name)."
+        )
     if n % kv:
         raise AxisSizeError(
-            f"{_WHAT}: the key/value heads ({format_axes(k.resolve_axis(a) for a in kv_heads)}) "
-            f"must divide the query heads ({format_axes(q.resolve_axis(a) for a in q_heads)}): "
-            "each key/value head serves a group of query heads."
+            f"{_WHAT}: the key/value heads ({format_axes(ka)}) must divide the query heads "
+            f"({format_axes(qa)}): each key/value head serves a group of query heads."
         )
     return _Layout(batch, pos, q_heads, kv_heads, head, kpos)
 
@@ -388,7 +404,9 @@ def dot_product_attention(
     and the key and value their own heads axis (``kv_heads``, K dividing N), and query head ``h``
     attends with key/value head ``h // (N // K)``, without repeating the keys. Any other query-only
     axis is part of the query heads (``(kv_heads, q_per_kv)`` queries are grouped-query attention
-    too).
+    too). Flattened heads pair by position, so two or more query-only axes besides ``heads`` with
+    K > 1 (unless K divides ``heads``), or two or more key-only heads axes, raise rather than pair
+    in the order they are laid out: flatten them into one axis, or share the axis by name.
 
     Structured options go to the kernel natively: ``causal`` (a query at key position ``i`` sees
     keys ``j <= i``), ``sliding_window=w`` (keys ``i - w < j <= i``; causal), padding as
@@ -476,7 +494,8 @@ def dot_product_attention(
         AxisNotFoundError: if ``head_axis``/``key_position`` is missing, or the mask or padding has
             an axis it may not have.
         AxisSizeError: if ``head_axis`` differs in size between query and key, the value's key
-            positions differ from the key's, or the key/value heads do not divide the query heads.
+            positions differ from the key's, the key/value heads do not divide the query heads,
+            or several heads axes would pair in their layout order (above).
         DuplicateAxisError: if the query has ``key_position``.
         NamedTypeError: if an option has the wrong type.
         AttentionKernelError: if ``implementation`` or a context option is unknown, names a
@@ -533,6 +552,8 @@ def dot_product_attention(
         )
     why = "names the key positions; query positions need another name"
     expect_free(query, (kpos_name,), _WHAT, why)
+    if not isinstance(causal, bool):
+        raise NamedTypeError(f"{_WHAT}: causal must be True or False, got {causal!r}.")
     if sliding_window is not None:
         if (
             not isinstance(sliding_window, int)

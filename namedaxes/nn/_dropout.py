@@ -23,6 +23,8 @@ class Dropout(eqx.Module):
     layer, or per call) the input is returned unchanged and no key is needed;
     ``equinox.nn.inference_mode(model)`` flips the ``inference`` field of every Dropout in a model.
     ``broadcast_axes`` share one mask along those axes (e.g. the same mask at every ``position``).
+    The mask is drawn over the other axes in sorted-name order (as ``namedaxes.random.categorical``
+    draws), so a key drops the same elements whatever the layout of ``x``.
 
     Args:
         rate: The drop probability, ``0 <= rate < 1``.
@@ -79,7 +81,10 @@ class Dropout(eqx.Module):
             )
         for name in self.broadcast_axes:
             x.resolve_axis(name)  # AxisNotFoundError listing x's axes
-        mask_axes = tuple(a for a in x.axes if a.name not in self.broadcast_axes)
+        # Draw in sorted-name order, so the mask depends on names, not on x's layout.
+        mask_axes = sorted(
+            (a for a in x.axes if a.name not in self.broadcast_axes), key=lambda a: a.name
+        )
         keep = bernoulli(key, mask_axes, 1.0 - self.rate)
-        # x on the left keeps x's axis order.
+        # x on the left keeps x's axis order (the mask is broadcast by name).
         return x * (keep.astype(x.dtype) * (1.0 / (1.0 - self.rate)))

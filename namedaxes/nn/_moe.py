@@ -152,8 +152,10 @@ class MoE(eqx.Module):
     sum to 1 with ``normalize=True``, as Mixtral does). With ``capacity_factor=c`` each expert
     takes at most ``ceil(c * top_k * n / E)`` of the choices made by the ``n`` tokens of a sequence
     (each index of the input's axes other than ``position`` and ``Embed``; the whole input without
-    a ``position`` axis), in position order; the rest are dropped (those tokens get less, or
-    nothing, from the experts). Without it (default) nothing is dropped.
+    a ``position`` axis), first come first served: in position order, and without a ``position``
+    axis in the row-major order of the token axes sorted by name (``(batch, seq)`` whatever the
+    layout); the rest are dropped (those tokens get less, or nothing, from the experts). Without
+    it (default) nothing is dropped.
 
     Dispatch: ``"ragged"`` sorts the choices by expert and runs each projection as one grouped
     matmul (``jax.lax.ragged_dot``); ``"grouped"`` does the same with
@@ -329,10 +331,11 @@ class MoE(eqx.Module):
         expect_free(x, names, "MoE", "is an axis the layer creates")
         embed = tuple(a.name for a in self.Embed)
         tokens = [a for a in x.axes if a.name not in embed]
-        if self.position in {a.name for a in tokens}:  # capacity groups: one sequence each
-            tokens = [a for a in tokens if a.name != self.position] + [
-                x.resolve_axis(self.position)
-            ]
+        if self.capacity_factor is not None:
+            # Capacity is first come, first served within a group (one sequence each, in position
+            # order; else every token): order the tokens by name, so what is dropped does not
+            # depend on the layout. Dropless routing treats every token alike in any order.
+            tokens.sort(key=lambda a: (a.name == self.position, a.name))
         mask = _mask(where, tokens)
         xc = rearrange(compute(x), [a.name for a in tokens] + list(embed))
         weights = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import equinox as eqx
@@ -9,6 +11,7 @@ import jax.numpy as jnp
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
+from .._errors import LayerError
 from .._ops.creation import full, zeros
 from .._ops.elementwise import rsqrt
 from .._ops.reductions import mean
@@ -41,6 +44,11 @@ class _Norm(eqx.Module):
         weight_offset: float = 0.0,
     ) -> None:
         name = type(self).__name__
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+            raise LayerError(
+                f"{name} eps must be a finite number >= 0 (added under the square root), got "
+                f"{eps!r}."
+            )
         self.axis = as_axes(axis, f"{name} axis")
         self.eps = float(eps)
         self.weight_offset = float(weight_offset)
@@ -85,6 +93,9 @@ class LayerNorm(_Norm):
         use_bias: Learn a shift (``bias``); else ``bias`` is ``None``.
         dtype: The parameters' float dtype.
 
+    Raises:
+        LayerError: if ``eps`` is not a finite number >= 0.
+
     Example:
         >>> import jax.numpy as jnp
         >>> import namedaxes as na
@@ -125,6 +136,9 @@ class RmsNorm(_Norm):
         use_bias: Learn a shift (``bias``); off by default.
         dtype: The parameters' float dtype.
         weight_offset: Added to ``weight`` to give the scale.
+
+    Raises:
+        LayerError: if ``eps`` is not a finite number >= 0.
 
     Example:
         >>> import jax.numpy as jnp

@@ -48,6 +48,9 @@ _FIELDS = {
 }
 MATMUL_FORMATS = {"float8": "float8", "fp8": "float8"}
 SCALINGS = ("tensor", "row")
+# What parameters, computation and outputs may be in (float64 only where JAX has it: x64 on).
+# Narrower formats are not a dtype to compute in: float8 is matmul="float8", scaled.
+POLICY_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 MATMUL_RULES: tuple[tuple[str, bool], ...] = (
     ("vocab", False),
@@ -150,16 +153,21 @@ class Precision:
         param: Parameters are created in this dtype (by layers built with ``dtype=None``).
         compute: Layers cast their parameters and inputs to this dtype before computing.
         output: Layers cast their results to this dtype (``None``: results stay in ``compute``).
+            Each of the three is ``float32``, ``bfloat16``, ``float16``, ``float64`` (with
+            ``jax_enable_x64`` on) or ``None``.
         matmul: ``None``, or ``"float8"`` (also ``"fp8"``) for float8 matmuls.
-        scaling: ``"tensor"`` or ``"row"``: how float8 matmuls scale their operands.
-        matmul_rules: Which layers' matmuls go to ``matmul``, before the defaults: ``(axis name,
-            True/False)`` pairs or a ``{name: bool}`` dict, ``"*"`` naming every layer (e.g.
-            ``{"vocab": True}`` adds the output head; ``[("mlp", True), ("*", False)]`` keeps only
-            the MLPs).
+        scaling: ``"tensor"`` (default) or ``"row"``: how float8 matmuls scale their operands;
+            only with ``matmul``.
+        matmul_rules: Which layers' matmuls go to ``matmul`` (only with it), before the
+            defaults: ``(axis name, True/False)`` pairs or a ``{name: bool}`` dict, ``"*"``
+            naming every layer (e.g. ``{"vocab": True}`` adds the output head; ``[("mlp",
+            True), ("*", False)]`` keeps only the MLPs).
 
     Raises:
-        NamedTypeError: if a dtype is not a floating dtype, ``matmul`` or ``scaling`` is none of
-            the above, or a rule is not ``(name, bool)``.
+        NamedTypeError: if a dtype is none of the above (float8 and float4 included: pass
+            ``matmul="float8"``), or float64 with ``jax_enable_x64`` off; if ``matmul`` or
+            ``scaling`` is none of the above, ``scaling`` or ``matmul_rules`` are given without
+            ``matmul``, or a rule is not ``(name, bool)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -175,7 +183,7 @@ class Precision:
     compute: Any = None
     output: Any = None
     matmul: str | None = None
-    scaling: str = "tensor"
+    scaling: str | None = None  # "tensor" once there is a matmul format
     matmul_rules: Any = ()
 
     def __post_init__(self) -> None:
@@ -184,6 +192,8 @@ class Precision:
             if isinstance(value, str):
                 value = _ALIASES.get(value.strip().lower(), value.strip())
             dtype = float_dtype(value, f"Precision {f}=", f"Precision {f} must be")
+            if dtype is not None:
+                _check_policy_dtype(f, dtype)
             object.__setattr__(self, f, dtype)
         matmul = self.matmul
         if matmul is not None:
@@ -194,14 +204,20 @@ class Precision:
                     "None for matmuls in the compute dtype)."
                 )
         scaling = self.scaling.strip().lower() if isinstance(self.scaling, str) else None
-        if scaling not in SCALINGS:
+        if self.scaling is not None and scaling not in SCALINGS:
             raise NamedTypeError(
                 f"Precision scaling={self.scaling!r} is not a scaling. Pass 'tensor' (one scale "
                 "per tensor) or 'row' (one per token and per output channel)."
             )
-        object.__setattr__(self, "matmul", matmul)
-        object.__setattr__(self, "scaling", scaling)
         rules = as_rules(self.matmul_rules, "Precision matmul_rules")
+        if matmul is None and (scaling is not None or rules):
+            given = f"scaling={self.scaling!r}" if scaling is not None else "matmul_rules"
+            raise NamedTypeError(
+                f"Precision {given} sets how low-precision matmuls run, but matmul is None: it "
+                f"would do nothing. Pass matmul='float8' too, or drop {given.partition('=')[0]}."
+            )
+        object.__setattr__(self, "matmul", matmul)
+        object.__setattr__(self, "scaling", scaling or ("tensor" if matmul else None))
         object.__setattr__(self, "matmul_rules", rules)
 
     @classmethod
@@ -249,7 +265,7 @@ class Precision:
         ]
         if self.matmul is not None:
             parts.append(f"matmul={self.matmul}")
-        if self.scaling != "tensor":
+        if self.scaling not in (None, "tensor"):
             parts.append(f"scaling={self.scaling}")
         rules = f", matmul_rules={self.matmul_rules!r}" if self.matmul_rules else ""
         return f"Precision({','.join(parts)!r}{rules})"
@@ -275,6 +291,20 @@ class Precision:
     def cast_to_output(self, tree: Any) -> Any:
         """Floating arrays (and NamedArrays) of ``tree`` cast to ``output`` (else ``compute``)."""
         return _cast(tree, self.output if self.output is not None else self.compute)
+
+
+def _check_policy_dtype(field: str, dt: jnp.dtype) -> None:
+    if dt.name not in POLICY_DTYPES:
+        raise NamedTypeError(
+            f"Precision {field}={dt.name} is not a dtype layers keep or compute in: use float32, "
+            "bfloat16 or float16 (float64 with jax_enable_x64). For float8 matmuls pass "
+            "matmul='float8' (e.g. 'params=float32,compute=bfloat16,matmul=float8')."
+        )
+    if jax.dtypes.canonicalize_dtype(dt) != dt:  # JAX would silently give float32
+        raise NamedTypeError(
+            f"Precision {field}={dt.name} needs 64-bit floats, which are off here. Turn them on "
+            "(jax.config.update('jax_enable_x64', True)) or use float32."
+        )
 
 
 def _cast_leaf(x: Any, dtype: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +153,7 @@ class RotaryEmbedding(eqx.Module):
         scaling: A :class:`RopeScaling` (``None``: plain RoPE).
 
     Raises:
-        LayerError: if ``HeadDim`` has an odd size.
+        LayerError: if ``HeadDim`` has an odd size, or ``theta`` is not a finite number > 0.
 
     Example:
         >>> import jax.numpy as jnp
@@ -181,6 +182,15 @@ class RotaryEmbedding(eqx.Module):
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise NamedTypeError(
                 f"RotaryEmbedding scaling must be a RopeScaling or None, got {scaling!r}."
+            )
+        if (
+            isinstance(theta, bool)
+            or not isinstance(theta, numbers.Real)
+            or not (math.isfinite(theta) and theta > 0)
+        ):
+            raise LayerError(
+                f"RotaryEmbedding theta must be a finite number > 0 (the base of the frequencies, "
+                f"e.g. 10000.0), got {theta!r}."
             )
         self.HeadDim = HeadDim
         self.theta = float(theta)
