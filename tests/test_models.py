@@ -676,8 +676,8 @@ SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1, 
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("rope_theta", 0.0, r"rope_theta must be a finite number > 0, got 0\.0\."),
-        ("rope_theta", -5.0, r"rope_theta must be a finite number > 0, got -5\.0\."),
+        ("rope_theta", 0.0, r"rope_theta must be a finite number > 1, got 0\.0\."),
+        ("rope_theta", -5.0, r"rope_theta must be a finite number > 1, got -5\.0\."),
         ("norm_eps", -1.0, r"norm_eps must be a finite number >= 0, got -1\.0\."),
         ("norm_eps", float("nan"), r"norm_eps must be a finite number >= 0, got nan\."),
         ("embed_scale", float("nan"), r"embed_scale must be a finite number > 0, got nan\."),

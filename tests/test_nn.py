@@ -864,10 +864,10 @@ def test_rope_scaling_errors():
 
 
 def test_rotary_theta_and_norm_eps_must_be_finite_and_in_range():
-    for theta in (0.0, -1.0, float("nan"), float("inf"), "1e4", True):
+    for theta in (0.0, 1.0, -1.0, float("nan"), float("inf"), "1e4", True):
         with pytest.raises(
             na.LayerError,
-            match=rf"RotaryEmbedding theta must be a finite number > 0 \(the base of the "
+            match=rf"RotaryEmbedding theta must be a finite number > 1 \(the base of the "
             rf"frequencies, e.g. 10000.0\), got {re.escape(repr(theta))}\.",
         ):
             na.nn.RotaryEmbedding(Axis("head_dim", 4), theta=theta)

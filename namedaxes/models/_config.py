@@ -66,7 +66,7 @@ FLAGS = (
 NUMBERS = (
     ("norm_eps", 0.0, False, False),
     ("norm_weight_offset", -math.inf, False, False),
-    ("rope_theta", 0.0, True, False),
+    ("rope_theta", 1.0, True, False),
     ("attention_scale", 0.0, True, True),
     ("embed_scale", 0.0, True, False),
     ("router_aux_loss_coef", 0.0, False, False),

@@ -186,10 +186,10 @@ class RotaryEmbedding(eqx.Module):
         if (
             isinstance(theta, bool)
             or not isinstance(theta, numbers.Real)
-            or not (math.isfinite(theta) and theta > 0)
+            or not (math.isfinite(theta) and theta > 1)
         ):
             raise LayerError(
-                f"RotaryEmbedding theta must be a finite number > 0 (the base of the frequencies, "
+                f"RotaryEmbedding theta must be a finite number > 1 (the base of the frequencies, "
                 f"e.g. 10000.0), got {theta!r}."
             )
         self.HeadDim = HeadDim
