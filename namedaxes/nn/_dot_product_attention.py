@@ -1,14 +1,10 @@
 """``dot_product_attention``: attention over named axes, run by a fused kernel chosen by name.
 
 The named axes are mapped onto ``jax.nn.dot_product_attention``'s ``(batch, seq, heads,
-head_dim)`` layout: every axis the query, key and value share (besides ``heads`` and
-``head_dim``) is flattened into the kernel's batch; the query's ``heads`` axis (and any other
-query-only axis besides ``position``) into its heads; the key's and value's own axes (``kv_heads``)
-into its key/value heads, which pair with the query heads by position (so a side may not have
-several heads axes whose order would decide the pairing). Causal, sliding-window and padding options, and grouped-query heads, go
-to the kernel as such (see ``_attention_kernels``). Under a mapping that shards the batch, heads or
-query position axes the kernel runs per shard (``shard_map`` by name); split query positions are
-context parallelism (``_context_parallel``).
+head_dim)`` layout (``_attention_layout``). Causal, sliding-window and padding options, and
+grouped-query heads, go to the kernel as such (see ``_attention_kernels``). Under a mapping that
+shards the batch, heads or query position axes the kernel runs per shard (``shard_map`` by name);
+split query positions are context parallelism (``_context_parallel``).
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes, entry_of
 from . import _attention_kernels as kernels
 from . import _context_parallel as cp
+from ._attention_layout import Layout, classify, to_layout
 from ._common import expect_axes, expect_free, mesh_entries, spec_by_name
 from ._context_layout import LAYOUTS
 from ._precision import current_precision, upcast
@@ -47,88 +44,6 @@ from ._precision import current_precision, upcast
 __all__ = ["dot_product_attention"]
 
 _WHAT = "dot_product_attention"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """Which named axes become the kernel's batch, query heads and key/value heads."""
-
-    batch: tuple[str, ...]
-    position: str | None  # the query's position axis, if it has one (else one query)
-    q_heads: tuple[str, ...]
-    kv_heads: tuple[str, ...]
-    head: str
-    kpos: str
-
-
-def _classify(q: NamedArray, k: NamedArray, v: NamedArray, head: str, kpos: str, position: str,
-              heads: str) -> _Layout | None:  # fmt: skip
-    """The kernel layout, or ``None`` when the value's axes differ from the key's."""
-    if k.axes != v.axes and (
-        set(k.axis_names) != set(v.axis_names) or any(v.axis_size(a.name) != a.size for a in k.axes)
-    ):
-        return None
-    in_k = set(k.axis_names)
-    pos = position if q.has_axis(position) else None
-    batch = tuple(n for n in q.axis_names if n in in_k and n not in (head, heads))
-    q_heads = tuple([heads] if q.has_axis(heads) else []) + tuple(
-        n for n in q.axis_names if n not in in_k and n not in (pos, head, heads)
-    )
-    kv_heads = tuple([heads] if q.has_axis(heads) and k.has_axis(heads) else []) + tuple(
-        n for n in k.axis_names if not q.has_axis(n) and n not in (kpos, head)
-    )
-    qa, ka = [q.resolve_axis(a) for a in q_heads], [k.resolve_axis(a) for a in kv_heads]
-    n, kv = math.prod(a.size for a in qa), math.prod(a.size for a in ka)
-    # Flattened heads pair by position: several unnamed heads axes on a side would pair in the
-    # order they are laid out (a leading `heads` pairs by name when the kv heads divide it).
-    rest_q = [a for a in qa if a.name != heads and a.size > 1]
-    rest_k = [a for a in ka if a.name != heads and a.size > 1]
-    if len(rest_k) > 1 or len(rest_q) > 1 and (q.axis_size(heads) if q.has_axis(heads) else 1) % kv:
-        side, axes, paired, to = (
-            ("key", rest_k, qa, "kv_heads") if len(rest_k) > 1 else ("query", qa, ka, heads)
-        )
-        axes, paired = (sorted(x, key=lambda a: a.name) for x in (axes, paired))  # not layout
-        raise AxisSizeError(
-            f"{_WHAT}: the {side} has several heads axes ({format_axes(axes)}), which flatten into "
-            f"heads that pair with the other side's ({format_axes(paired)}) by position, so the "
-            "pairing would follow the order of those axes in the array. Flatten them into one axis "
-            f"(flatten_axes({side}, {tuple(a.name for a in axes)!r}, {to!r})), or give the query "
-            "the key/value heads axis by name (axes the query shares with the key pair by name)."
-        )
-    if n % kv:
-        raise AxisSizeError(
-            f"{_WHAT}: the key/value heads ({format_axes(ka)}) must divide the query heads "
-            f"({format_axes(qa)}): each key/value head serves a group of query heads."
-        )
-    return _Layout(batch, pos, q_heads, kv_heads, head, kpos)
-
-
-def _to_layout(
-    x: NamedArray,
-    groups: tuple[tuple[str, ...], ...],
-    sizes: dict[str, int],
-    full: tuple[bool, ...],
-) -> jax.Array:
-    """``x`` as one array dimension per group of names (flattened in group order).
-
-    A group ``x`` has only some axes of is broadcast over the rest; a group it has none of is a
-    dimension of size 1 unless ``full`` asks for its whole size.
-    """
-    names = [n for g in groups for n in g if x.has_axis(n)]
-    arr = rearrange(x, names).array if names else x.array
-    shape: list[int] = []
-    source: list[int] = []
-    for g, want_full in zip(groups, full):
-        some = any(x.has_axis(n) for n in g)
-        for n in g:
-            shape.append(sizes[n] if (some or want_full) else 1)
-            source.append(x.axis_size(n) if x.has_axis(n) else 1)
-    arr = jnp.broadcast_to(arr.reshape(source), shape)
-    out_shape, i = [], 0
-    for g in groups:
-        out_shape.append(math.prod(shape[i : i + len(g)]))
-        i += len(g)
-    return arr.reshape(out_shape)
 
 
 def _offset_value(query_offset: Any) -> int | jax.Array | None:
@@ -156,7 +71,7 @@ class _KVSelect:
 
 
 def _local_attention(
-    impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
+    impl: str, layout: Layout, scale: float, causal: bool, window: int | None,
     select: _KVSelect | None, context: cp.Context | None, q: NamedArray, k: NamedArray,
     v: NamedArray, mask: NamedArray | None, key_mask: NamedArray | None,
     key_lengths: NamedArray | None, offset: Any,
@@ -173,9 +88,9 @@ def _local_attention(
     s = k.axis_size(layout.kpos)
     groups_q = (layout.batch, pos, layout.q_heads, (layout.head,))
     groups_k = (layout.batch, (layout.kpos,), layout.kv_heads, (layout.head,))
-    qa = _to_layout(q, groups_q, sizes, (True,) * 4)
-    ka = _to_layout(k, groups_k, sizes, (True,) * 4)
-    va = _to_layout(v, groups_k, sizes, (True,) * 4)
+    qa = to_layout(q, groups_q, sizes, (True,) * 4)
+    ka = to_layout(k, groups_k, sizes, (True,) * 4)
+    va = to_layout(v, groups_k, sizes, (True,) * 4)
     if select is not None:
         names = select.mesh_axes
         i = jax.lax.axis_index(entry_of(names)) // select.per_kv
@@ -183,13 +98,13 @@ def _local_attention(
         va = jax.lax.dynamic_slice_in_dim(va, i, 1, axis=2)
     real = length = general = None
     if key_mask is not None:
-        real = _to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
+        real = to_layout(key_mask, (layout.batch, (layout.kpos,)), sizes, (True, True))
     elif key_lengths is not None:
-        length = _to_layout(key_lengths, (layout.batch,), sizes, (True,)).astype(jnp.int32)
+        length = to_layout(key_lengths, (layout.batch,), sizes, (True,)).astype(jnp.int32)
     if mask is not None:
         groups = (layout.batch, layout.q_heads, pos, (layout.kpos,))
         whole = dict(sizes, **{a.name: a.size for a in mask.axes})  # every key position
-        general = _to_layout(mask, groups, whole, (False,) * 4)
+        general = to_layout(mask, groups, whole, (False,) * 4)
     if context is not None:
         out = cp.attend(
             impl, context, qa, ka, va, scale=scale, causal=causal, window=window,
@@ -229,7 +144,7 @@ class _ContextOptions:
 
 
 def _kernel_specs(
-    impl: str, layout: _Layout, q: NamedArray, k: NamedArray, v: NamedArray, causal: bool,
+    impl: str, layout: Layout, q: NamedArray, k: NamedArray, v: NamedArray, causal: bool,
     options: _ContextOptions,
 ) -> _Placement | None:  # fmt: skip
     """Where the kernel runs split: batch axes, the leading query/key-value heads axes and the
@@ -283,7 +198,7 @@ def _kernel_specs(
 
 
 def _run_kernel(
-    impl: str, layout: _Layout, scale: float, causal: bool, window: int | None,
+    impl: str, layout: Layout, scale: float, causal: bool, window: int | None,
     options: _ContextOptions, arrays: tuple[Any, ...],
 ) -> NamedArray:  # fmt: skip
     q, k, v = arrays[:3]
@@ -575,7 +490,7 @@ def dot_product_attention(
         )
     scale = q_head.size**-0.5 if scale is None else float(scale)
 
-    layout = _classify(query, key, value, head, kpos_name, pos_name, heads_name)
+    layout = classify(query, key, value, head, kpos_name, pos_name, heads_name)
     if layout is None:
         if implementation not in (None, "xla"):
             raise AttentionKernelError(
