@@ -613,3 +613,34 @@ def test_transformer_split_over_context_equals_unsharded(shape, names, extra, st
                 assert all(SEQ not in a for a in arrays), (op, arrays)
     balanced = strategy == "ring" and SEQ % (2 * sizes["context"]) == 0
     assert laid_out == (8 if balanced else 0)  # once, whatever the number of layers
+
+
+def _plain_causal(q, k, v):
+    s = jnp.einsum("btnd,bsnd->bnts", q, k) * q.shape[-1] ** -0.5
+    t = q.shape[1]
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, -1), v)
+
+
+@pytest.mark.parametrize("balance", [None, "zigzag"], ids=["in-order", "zigzag"])
+def test_context_over_mesh_axes_listed_out_of_mesh_order(axis_type, balance):
+    """position over ("model", "data") on a (data, model) mesh: blocks are numbered with the
+    first listed axis major, and the ring's sends must follow that numbering (jax.lax.ppermute
+    reads its pairs in mesh order: the ring sent blocks to the wrong shards, and the zig-zag
+    layout permuted positions wrongly)."""
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    ks = jax.random.split(jax.random.key(0), 3)
+    shape = {"batch": 1, "position": 32, "heads": 2, "head_dim": 8}
+    q = na.random.normal(ks[0], shape)
+    k, v = (na.random.normal(key, shape).rename({"position": "key_position"}) for key in ks[1:])
+    want = _plain_causal(q.array, k.array, v.array)
+    entry = ("model", "data")
+    with jax.set_mesh(mesh), na.axis_mapping({"position": entry, "key_position": entry}):
+        q, k, v = na.shard((q, k, v))
+        attend = functools.partial(
+            na.nn.dot_product_attention, causal=True, context_strategy="ring",
+            context_balance=balance,
+        )  # fmt: skip
+        got = jax.jit(attend)(q, k, v)
+    assert got.sharding.spec[got.axis_names.index("position")] == entry
+    np.testing.assert_allclose(np.asarray(got.array), np.asarray(want), atol=2e-6)

@@ -340,3 +340,21 @@ def test_pipeline_search_pipelines_only_for_memory():
     bubbles = [p.pipeline[0]["bubble"] for p in fits]
     assert bubbles == sorted(bubbles)
     assert fits[0].notes == ("4 stages x 32 microbatches of 2 rows: bubble 8.6%",)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "circular"])
+def test_stages_over_mesh_axes_listed_out_of_mesh_order(axis_type, schedule):
+    """layer over ("model", "data") on a (data, model) mesh: stage i is block i of that entry
+    (first listed axis major), and the hand-off to the next stage must follow it (it followed the
+    mesh order: wrong values, no error)."""
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    embed = na.Axis("embed", 8)
+    stack = na.nn.Stacked(
+        na.Axis("layer", 8), lambda k: na.nn.MLP(embed, {"mlp": 16}, key=k), key=jax.random.key(0)
+    )
+    x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": 8})
+    want = stack(x)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": ("model", "data")}):
+        piped, xs = na.shard((stack.with_pipeline(schedule=schedule, microbatches=8, repeats=1), x))
+        got = jax.jit(lambda s, x: s(x))(piped, xs)
+    np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-6)

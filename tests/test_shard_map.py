@@ -251,3 +251,18 @@ def test_mapping_mesh_axis_typo_is_an_error_without_named_arguments(mesh_2x4):
             r"Mesh\(data=2, model=4\) has axes 'data', 'model'",
         ):
             na.shard_map(lambda a: a * 2, mapping={"batch": "dta"})(jnp.ones(8))
+
+
+@pytest.mark.parametrize("entry", [("data", "model"), ("model", "data")])
+def test_ppermute_numbers_blocks_as_axis_index_does(mesh_2x4, entry):
+    """A name over two mesh axes in either listed order: shift=1 moves block i (as axis_index and
+    the spec number it, first listed axis major) to block i + 1."""
+    x = na.named(jnp.arange(8.0), "batch")
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": entry}):
+
+        def body(x):
+            return na.ppermute(x, "batch", shift=1), x * 0 + na.axis_index("batch").astype(x.dtype)
+
+        shifted, index = na.shard_map(body)(na.shard(x))
+    np.testing.assert_array_equal(np.asarray(index.array), np.arange(8.0))
+    np.testing.assert_array_equal(np.asarray(shifted.array), np.roll(np.arange(8.0), 1))

@@ -36,6 +36,7 @@ __all__ = [
     "pmax",
     "pmean",
     "pmin",
+    "permute_blocks",
     "ppermute",
     "psum",
     "psum_scatter",
@@ -301,8 +302,38 @@ def ppermute(
         return x
     name = entry_of(mesh_axes)
     if isinstance(x, NamedArray):
-        return NamedArray(jax.lax.ppermute(x.array, name, pairs), x.axes)
-    return jax.tree_util.tree_map(lambda v: jax.lax.ppermute(v, name, pairs), x)
+        return NamedArray(permute_blocks(x.array, name, pairs), x.axes)
+    return jax.tree_util.tree_map(lambda v: permute_blocks(v, name, pairs), x)
+
+
+def permute_blocks(x: Any, axes: str | tuple[str, ...], pairs: Sequence[tuple[int, int]]) -> Any:
+    """``jax.lax.ppermute`` with blocks numbered as ``jax.lax.axis_index(axes)`` numbers them.
+
+    For several mesh axes, ``axis_index`` (like a ``PartitionSpec`` entry, ``all_gather`` and
+    ``all_to_all``) counts blocks with the first listed axis major, but ``ppermute`` reads its
+    pairs in the mesh's axis order: an entry listed out of mesh order, ``("model", "data")`` on a
+    ``("data", "model")`` mesh, sent blocks to the wrong devices. Every ring in the library goes
+    through here.
+    """
+    if isinstance(axes, str):
+        return jax.lax.ppermute(x, axes, pairs)
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(mesh.axis_names)
+    in_mesh = tuple(sorted(axes, key=names.index))
+    if in_mesh == tuple(axes):
+        return jax.lax.ppermute(x, axes, pairs)
+    sizes = dict(zip(names, mesh.axis_sizes))
+
+    def renumbered(block: int) -> int:
+        coords = {}
+        for a in reversed(axes):  # the listed order: the last axis is the minor one
+            block, coords[a] = divmod(block, sizes[a])
+        out = 0
+        for a in in_mesh:
+            out = out * sizes[a] + coords[a]
+        return out
+
+    return jax.lax.ppermute(x, axes, [(renumbered(s), renumbered(d)) for s, d in pairs])
 
 
 def all_to_all(

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from .._array import NamedArray, is_named_array
 from .._errors import AxisSizeError, format_axes, format_names
 from .._mesh import context_mesh
+from .._partitioning._collectives import permute_blocks
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
 from ._common import mesh_entries, spec_by_name
@@ -60,13 +61,13 @@ def exchange(x: jax.Array, axis: Any, shards: int, dim: int, *, inverse: bool = 
     first, second = jnp.split(x, 2, axis=dim)
     even_first = jax.lax.axis_index(axis) % 2 == 0
     if not inverse:
-        a = jax.lax.ppermute(first, axis, even)
-        b = jax.lax.ppermute(second, axis, odd)
+        a = permute_blocks(first, axis, even)
+        b = permute_blocks(second, axis, odd)
         return jnp.where(even_first, jnp.concatenate([a, b], dim), jnp.concatenate([b, a], dim))
     evens = jnp.where(even_first, first, second)
     odds = jnp.where(even_first, second, first)
-    a = jax.lax.ppermute(evens, axis, [(j, i) for i, j in even])
-    b = jax.lax.ppermute(odds, axis, [(j, i) for i, j in odd])
+    a = permute_blocks(evens, axis, [(j, i) for i, j in even])
+    b = permute_blocks(odds, axis, [(j, i) for i, j in odd])
     return jnp.concatenate([a, b], dim)
 
 

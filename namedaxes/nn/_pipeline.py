@@ -61,6 +61,7 @@ from .._errors import (
 from .._logical._context import axis_mapping, current_rules
 from .._mesh import context_mesh, explicit_axes
 from .._ops.shape import flatten_axes, rearrange, unflatten_axis
+from .._partitioning._collectives import permute_blocks
 from .._partitioning._shard import constrain
 from .._spec import entry_axes, entry_of
 from ._common import mesh_entries
@@ -480,7 +481,7 @@ def _loop(
         h = _where(s == 0, fresh, state)
         blk, kb = block(r)
         h, y = run_stage(blk, kb, h, *_pick(extra, j), j)
-        recv = jax.tree.map(lambda a: jax.lax.ppermute(a, pipe.axis, ring), h)
+        recv = jax.tree.map(lambda a: permute_blocks(a, pipe.axis, ring), h)
         if v > 1:
             # What the last stage sent at this tick reaches stage 0 and waits for its next round.
             k_back = t - (p - 1)

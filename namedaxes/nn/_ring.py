@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._partitioning._collectives import permute_blocks
 from ..kernels import _flash_attention as flash
 from . import _attention_kernels as kernels
 from ._context_layout import Piece, pieces
@@ -50,7 +51,7 @@ class Ring:
 def _pass_on(cfg: Ring, *xs: Any) -> tuple[Any, ...]:
     """Each array to the next shard around the ring (``None`` stays ``None``)."""
     perm = [(d, (d + 1) % cfg.shards) for d in range(cfg.shards)]
-    return tuple(None if x is None else jax.lax.ppermute(x, cfg.axis, perm) for x in xs)
+    return tuple(None if x is None else permute_blocks(x, cfg.axis, perm) for x in xs)
 
 
 def _sees(causal: bool, window: int | None, offset: Any, t: int, s: int) -> Any:
