@@ -145,3 +145,58 @@ def test_errors():
         flash_attention(q, k, v, blocks=(16, 24))
     with pytest.raises(na.KernelError, match=r"positive int window, got 0"):
         flash_attention(q, k, v, window=0)
+
+
+def test_settings_are_integers_of_the_documented_kinds():
+    """A bool or float window, a float or non-scalar offset, and blocks that are not a pair are
+    refused by the kernel and its reference alike (no truncation, no JAX error); NumPy integers
+    are integers."""
+    q, k, v, *_ = operands()
+    bad = {
+        "window": [(dict(window=True), r"positive int window, got True"),
+                   (dict(window=2.0), r"positive int window, got 2.0")],
+        "offset": [(dict(causal=True, offset=1.7), r"integer offset .* got 1.7; pass the key"),
+                   (dict(causal=True, offset=jnp.array([1, 2])), r"integer offset .* got Array"),
+                   (dict(causal=True, offset=jnp.float32(2)), r"integer offset .* got Array")],
+    }  # fmt: skip
+    for fn in (flash_attention, flash_attention_reference):
+        for kw, match in bad["window"] + bad["offset"]:
+            with pytest.raises(na.KernelError, match=match):
+                fn(q, k, v, **kw)
+    for blocks in (16, (16, 16, 16), (32, True), [16, 16]):
+        with pytest.raises(na.KernelError, match=r"blocks of two powers of 2 .*\(queries, keys\)"):
+            flash_attention(q, k, v, blocks=blocks)
+    with pytest.raises(na.KernelError, match=r"at least one key/value head"):
+        flash_attention(q[:, :, :0], k[:, :, :0], v[:, :, :0])
+    kw = dict(window=np.int64(5), offset=np.int32(3), blocks=(np.int64(16), 16))
+    out, lse = flash_attention(q, k, v, **kw)
+    want, want_lse = flash_attention_reference(q, k, v, window=5, offset=3)
+    close(out, want)
+    close(lse, want_lse)
+
+
+@pytest.mark.parametrize("t, s", [(0, S), (T, 0), (0, 0)], ids=["no queries", "no keys", "none"])
+def test_no_queries_or_no_keys_give_what_the_reference_gives(t, s):
+    """Zero-length queries or keys run no kernel: the reference's empty output, or with no keys
+    every query's 0 and float32's lowest log-sum-exp, and zero gradients."""
+    q, k, v, *_ = operands()
+    q, k, v = q[:, :t], k[:, :s], v[:, :s]
+
+    def loss(fn):
+        def f(q, k, v):
+            out, lse = fn(q, k, v, causal=True, offset=2)
+            return jnp.sum(out) + jnp.sum(jnp.where(lse > LOWEST, lse, 0.0))
+
+        return jax.value_and_grad(f, argnums=(0, 1, 2))
+
+    out, lse = flash_attention(q, k, v, causal=True, offset=2)
+    want, want_lse = flash_attention_reference(q, k, v, causal=True, offset=2)
+    assert out.shape == want.shape == (B, t, N, H) and lse.shape == want_lse.shape == (B, N, t)
+    assert not np.asarray(out).any() and (np.asarray(lse) == LOWEST).all()
+    np.testing.assert_array_equal(want_lse, lse)
+    (value, grads), (want_value, want_grads) = (
+        loss(fn)(q, k, v) for fn in (flash_attention, flash_attention_reference)
+    )
+    assert value == want_value == 0
+    for a, b in zip(grads, want_grads):
+        assert a.shape == b.shape and not np.asarray(a).any() and not np.asarray(b).any()

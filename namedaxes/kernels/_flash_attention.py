@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -67,7 +69,8 @@ def options(
 ) -> Options:  # fmt: skip
     """Checks the operands and settles the static settings (tiles: ``blocks``, else
     ``GPU_BLOCKS``, each clipped to a small length; interpret mode off GPUs by default)."""
-    _check(q, k, v, window, blocks)
+    _check(q, k, v)
+    window, blocks = _window(window), _blocks(blocks)
     t, s = q.shape[1], k.shape[1]
     bq, bk = blocks or GPU_BLOCKS
     interpret = jax.default_backend() != "gpu" if interpret is None else bool(interpret)
@@ -77,24 +80,72 @@ def options(
     )  # fmt: skip
 
 
-def _check(q: Any, k: Any, v: Any, window: Any, blocks: Any) -> None:
+def _int(x: Any) -> int | None:
+    """``x`` as an int when it is an integer (Python's, NumPy's or a concrete array's of shape
+    ``()``; not a bool), else ``None``."""
+    if isinstance(x, bool) or getattr(x, "dtype", None) == np.bool_:
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _check(q: Any, k: Any, v: Any) -> None:
+    """Checks the operands' ranks, shapes and dtypes."""
     shapes = f"q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} {v.dtype}"
     problem = None
     if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
         problem = "needs q (B, T, N, H) and k, v of one shape (B, S, K, H)"
-    elif q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] % k.shape[2]:
-        problem = "needs one batch and head size, and key/value heads K dividing query heads N"
+    elif q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        problem = "needs one batch size and one head size H for q, k and v"
+    elif k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        problem = "needs at least one key/value head, and key/value heads K dividing query heads N"
     elif len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in (F32, jnp.bfloat16, jnp.float16):
         problem = "needs q, k and v of one dtype: float32, bfloat16 or float16"
-    elif window is not None and (not isinstance(window, int) or window < 1):
-        problem = f"needs a positive int window, got {window!r}"
-    elif blocks is not None and not (
-        len(blocks) == 2
-        and all(isinstance(b, int) and b >= 16 and b & (b - 1) == 0 for b in blocks)
-    ):
-        problem = f"needs blocks of two powers of 2 of at least 16, got {blocks!r}"
     if problem:
         raise KernelError(f"flash_attention {problem}; got {shapes}.")
+
+
+def _window(window: Any) -> int | None:
+    """``window`` as an int: ``None``, or a positive integer (Python's or NumPy's)."""
+    size = _int(window)
+    if window is not None and (size is None or size < 1):
+        raise KernelError(
+            f"flash_attention needs a positive int window, got {window!r}; pass the number of "
+            "keys each query sees, or None for no window."
+        )
+    return size
+
+
+def _blocks(blocks: Any) -> tuple[int, int] | None:
+    """``blocks`` as two ints: ``None``, or two powers of 2 of at least 16."""
+    if blocks is None:
+        return None
+    tiles = [_int(b) for b in blocks] if isinstance(blocks, tuple) else []
+    sizes = [b for b in tiles if b is not None and b >= 16 and b & (b - 1) == 0]
+    if len(sizes) != 2 or len(tiles) != 2:
+        raise KernelError(
+            f"flash_attention needs blocks of two powers of 2 of at least 16, got {blocks!r}; "
+            f"pass (queries, keys) per tile, e.g. {GPU_BLOCKS}."
+        )
+    return sizes[0], sizes[1]
+
+
+def _offset(offset: Any) -> jax.Array:
+    """``offset`` as an int32 scalar: an int, or an integer array of shape ``()`` (traced too)."""
+    if isinstance(offset, jax.Array | np.ndarray):
+        ok = offset.shape == () and jnp.issubdtype(offset.dtype, jnp.integer)
+    else:
+        value = _int(offset)
+        ok = value is not None and -(2**31) <= value < 2**31
+    if not ok:
+        raise KernelError(
+            f"flash_attention needs an integer offset (an int in int32's range, or an integer "
+            f"array of shape (), traced is fine), got {offset!r}; pass the key position of "
+            "query 0."
+        )
+    return _i32(offset)
 
 
 def _head(x: jax.Array) -> jax.Array:
@@ -274,6 +325,8 @@ def forward(
     """The output ``(B, T, N, H)`` (in ``out_dtype``, default the value's) and the log-sum-exp
     ``(B, N, T)`` in float32 of one call."""
     b, t, n, h = q.shape
+    if not b * t * n * k.shape[1]:  # nothing to attend: no query sees a key (0 and LOWEST)
+        return jnp.zeros(q.shape, out_dtype or v.dtype), jnp.full((b, n, t), LOWEST, F32)
     qp, kp, vp = _operands(o, q, k, v)
     tp = qp.shape[1]
     out, lse = _call(
@@ -294,6 +347,8 @@ def backward(
     d_out``, ``ds = p * (d_out @ v.T - delta) * scale``, ``dq = ds @ k``, ``dk = ds.T @ q``."""
     b, t, n, h = q.shape
     s, kv = k.shape[1], k.shape[2]
+    if not b * t * n * s:  # no query sees a key: no gradient
+        return jnp.zeros(q.shape, F32), jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32)
     qp, kp, vp = _operands(o, q, k, v)
     dop = _head(pad_to(d_out.astype(q.dtype), 1, o.bq))
     lse, delta = (pad_to(x.astype(F32), 2, o.bq) for x in (lse, delta))
@@ -334,20 +389,24 @@ def flash_attention(
         v: ``(B, S, K, H)`` values, the query's dtype (float32, bfloat16 or float16).
         scale: Multiplies the scores; default ``H ** -0.5``.
         causal: Query ``t`` sees keys ``j <= t + offset``.
-        offset: The key position of query 0 (an int or an int32 scalar, traced is fine; may be
-            negative or past the keys). Only ``causal`` and ``window`` read it.
-        window: Keys ``t + offset - window < j <= t + offset`` (implies ``causal``).
-        blocks: ``(queries, keys)`` per tile, powers of 2 of at least 16 (clipped to short
-            lengths); default ``GPU_BLOCKS``.
+        offset: The key position of query 0 (an int, or an integer array of shape ``()``,
+            traced is fine; may be negative or past the keys). Only ``causal`` and ``window``
+            read it.
+        window: Keys ``t + offset - window < j <= t + offset`` (a positive int; implies
+            ``causal``).
+        blocks: A tuple ``(queries, keys)`` per tile, powers of 2 of at least 16 (clipped to
+            short lengths); default ``GPU_BLOCKS``.
         interpret: Pallas interpret mode; default: off GPUs (slow, for tests).
 
     Returns:
-        ``out`` ``(B, T, N, H)`` in the query's dtype (0 for a query that sees no key) and
-        ``lse`` ``(B, N, T)`` in float32 (float32's lowest finite value for such a query).
+        ``out`` ``(B, T, N, H)`` in the query's dtype (0 for a query that sees no key, as with
+        no keys at all, ``S = 0``) and ``lse`` ``(B, N, T)`` in float32 (float32's lowest finite
+        value for such a query), as the reference.
 
     Raises:
         KernelError: for operands of the wrong rank, shapes or dtypes, a window that is not a
-            positive int, or tiles that are not powers of 2 of at least 16.
+            positive int, an offset that is not an integer scalar, or blocks that are not two
+            powers of 2 of at least 16.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -362,7 +421,7 @@ def flash_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o = options(q, k, v, scale=scale, causal=causal, window=window, blocks=blocks,
                 interpret=interpret)  # fmt: skip
-    return _flash(o, q, k, v, _i32(offset))
+    return _flash(o, q, k, v, _offset(offset))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -405,8 +464,9 @@ def flash_attention_reference(
         v: ``(B, S, K, H)`` values.
         scale: Multiplies the scores; default ``H ** -0.5``.
         causal: Query ``t`` sees keys ``j <= t + offset``.
-        offset: The key position of query 0.
-        window: Keys ``t + offset - window < j <= t + offset`` (implies ``causal``).
+        offset: The key position of query 0 (an int or an integer array of shape ``()``).
+        window: Keys ``t + offset - window < j <= t + offset`` (a positive int; implies
+            ``causal``).
 
     Returns:
         ``(out (B, T, N, H) in the query's dtype, lse (B, N, T) float32)``, as
@@ -423,11 +483,12 @@ def flash_attention_reference(
     b, t, n, h = q.shape
     s, kv = k.shape[1], k.shape[2]
     scale = h**-0.5 if scale is None else scale
+    window, offset = _window(window), _offset(offset)  # as the kernel's checks
     qg = q.astype(F32).reshape(b, t, kv, n // kv, h)
     scores = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(F32), precision=_HIGHEST) * scale
     ok = jnp.ones((t, s), bool)
     if causal or window is not None:
-        at = jnp.arange(t, dtype=jnp.int32)[:, None] + _i32(offset)
+        at = jnp.arange(t, dtype=jnp.int32)[:, None] + offset
         key = jnp.arange(s, dtype=jnp.int32)[None, :]
         ok = key <= at
         if window is not None:
