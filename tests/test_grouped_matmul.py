@@ -173,6 +173,43 @@ def test_errors():
         grouped_matmul(lhs, rhs, sizes, implementation="triton")
 
 
+def test_known_negative_group_sizes_are_refused_by_both_products():
+    """Concrete negative sizes (which ragged_dot and the kernel read differently) are a
+    KernelError naming them; traced ones cannot be read (the docstring says so)."""
+    lhs, rhs, _ = operands(jnp.float32)
+    sizes = jnp.asarray([5, -1, 20, 0, 0, 13], jnp.int32)
+    scale = jnp.ones((G, N))
+    with pytest.raises(
+        na.KernelError, match=r"^grouped_matmul needs group sizes of at least 0 \(rows per group\), "
+        r"not \[5, -1, 20, 0, 0, 13\]; got lhs"
+    ):  # fmt: skip
+        grouped_matmul(lhs, rhs, sizes)
+    with pytest.raises(na.KernelError, match=r"scaled_grouped_matmul needs group sizes .*, not "):
+        scaled_grouped_matmul(lhs, rhs.astype(jnp.int8), np.asarray(sizes), scale)
+
+
+def test_scaled_grouped_matmul_checks_its_operands():
+    """The quantized product shares grouped_matmul's check, plus col_scale (G, N): mismatched
+    contraction, a group size short, scales of the wrong width and integer rows are refused."""
+    lhs, rhs, _ = operands(jnp.float32)
+    values, sizes, scale = rhs.astype(jnp.int8), jnp.zeros(G, jnp.int32), jnp.ones((G, N))
+    cases = [
+        ((lhs[:, :-1], values, sizes, scale), r"needs lhs's K to be rhs's K .* lhs \(45, 23\)"),
+        (
+            (lhs, values, sizes[:-1], scale),
+            r"needs .* one group size per matrix .* group_sizes \(5,\)",
+        ),
+        ((lhs, values, sizes, scale[:, :-1]), r"needs col_scale \(G, N\).* col_scale \(6, 39\)"),
+        ((lhs.astype(jnp.int32), values, sizes, scale), r"needs floating lhs and col_scale"),
+        ((lhs, values, sizes.astype(jnp.float32), scale), r"needs integer group_sizes"),
+    ]
+    for args, match in cases:
+        with pytest.raises(na.KernelError, match=r"^scaled_grouped_matmul " + match):
+            scaled_grouped_matmul(*args)
+    with pytest.raises(na.KernelError, match=r"scaled_grouped_matmul: tiling=\(16, 24, 16\)"):
+        scaled_grouped_matmul(lhs, values, sizes, scale, tiling=(16, 24, 16))
+
+
 def test_mosaic_fails_closed_off_hopper_gpus():
     lhs, rhs, _ = operands(jnp.bfloat16)
     with pytest.raises(

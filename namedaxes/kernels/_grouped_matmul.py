@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -93,7 +94,9 @@ def grouped_matmul(
     Args:
         lhs: ``(M, K)`` rows sorted by group.
         rhs: ``(G, K, N)``, one matrix per group, the same dtype as ``lhs``.
-        group_sizes: ``(G,)`` integer rows per group, summing to at most ``M``.
+        group_sizes: ``(G,)`` integer rows per group, at least 0 and summing to at most ``M``
+            (negative sizes are refused where they are known, not inside ``jit``, where they
+            are traced).
         implementation: ``"pallas"``, ``"mosaic"``, ``"megablox"`` or ``None`` (as above).
         tiling: ``(rows, contraction, columns)`` per tile, powers of 2 of at least 16 (clipped to
             small operands; multiples of 64 for ``"mosaic"``); default ``GPU_TILING``
@@ -106,8 +109,8 @@ def grouped_matmul(
 
     Raises:
         KernelError: for operands of the wrong rank, mismatched shapes or dtypes, integer
-            operands, an unknown implementation or one this JAX or device lacks, or a tiling that
-            is not three powers of 2 of at least 16.
+            operands, known negative group sizes, an unknown implementation or one this JAX or
+            device lacks, or a tiling that is not three powers of 2 of at least 16.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -199,28 +202,56 @@ def _mosaic_check(dtype: Any, interpret: bool, tiling: Any) -> None:
     _mosaic()  # fails here, not in the backward pass, where it is missing
 
 
-def _check(lhs: Any, rhs: Any, sizes: Any, tiling: Any) -> None:
+def _check(lhs: Any, rhs: Any, sizes: Any, tiling: Any, col_scale: Any = None) -> None:
+    """Checks the operands of :func:`grouped_matmul`, or with ``col_scale`` those of
+    :func:`scaled_grouped_matmul` (whose ``rhs`` may be narrow: any real dtype), and the tiling."""
+    scaled = col_scale is not None
+    caller = "scaled_grouped_matmul" if scaled else "grouped_matmul"
     shapes = f"lhs {lhs.shape} {lhs.dtype}, rhs {rhs.shape} {rhs.dtype}, group_sizes {sizes.shape}"
+    if scaled:
+        shapes += f", col_scale {col_scale.shape} {col_scale.dtype}"
     problem = None
-    if lhs.ndim != 2 or rhs.ndim != 3 or sizes.ndim != 1:
-        problem = "needs lhs (M, K), rhs (G, K, N) and group_sizes (G,)"
+    if lhs.ndim != 2 or rhs.ndim != 3 or sizes.ndim != 1 or (scaled and col_scale.ndim != 2):
+        problem = "needs lhs (M, K), rhs (G, K, N) and group_sizes (G,)" + (
+            ", col_scale (G, N)" if scaled else ""
+        )
     elif lhs.shape[1] != rhs.shape[1] or rhs.shape[0] != sizes.shape[0]:
         problem = "needs lhs's K to be rhs's K and one group size per matrix of rhs"
-    elif lhs.dtype != rhs.dtype or not jnp.issubdtype(lhs.dtype, jnp.floating):
+    elif scaled and col_scale.shape != (rhs.shape[0], rhs.shape[2]):
+        problem = "needs col_scale (G, N): one scale per matrix of rhs and column"
+    elif not scaled and (lhs.dtype != rhs.dtype or not jnp.issubdtype(lhs.dtype, jnp.floating)):
         problem = "needs lhs and rhs of one floating dtype (cast one to the other)"
+    elif scaled and not (
+        jnp.issubdtype(lhs.dtype, jnp.floating)
+        and jnp.issubdtype(col_scale.dtype, jnp.floating)
+        and (jnp.issubdtype(rhs.dtype, jnp.floating) or jnp.issubdtype(rhs.dtype, jnp.integer))
+    ):
+        problem = "needs floating lhs and col_scale, and rhs of real numbers (int8, float8, ...)"
     elif not jnp.issubdtype(sizes.dtype, jnp.integer):
         problem = "needs integer group_sizes"
+    elif (negative := _negative(sizes)) is not None:
+        problem = f"needs group sizes of at least 0 (rows per group), not {negative}"
     if problem:
-        raise KernelError(f"grouped_matmul {problem}; got {shapes}.")
+        raise KernelError(f"{caller} {problem}; got {shapes}.")
     if tiling is not None and not (
         isinstance(tiling, tuple)
         and len(tiling) == 3
         and all(isinstance(t, int) and t >= 16 and t & (t - 1) == 0 for t in tiling)
     ):
         raise KernelError(
-            f"grouped_matmul: tiling={tiling!r} must be three powers of 2 of at least 16, "
+            f"{caller}: tiling={tiling!r} must be three powers of 2 of at least 16, "
             f"(rows, contraction, columns), e.g. {GPU_TILING}."
         )
+
+
+def _negative(sizes: Any) -> str | None:
+    """The group sizes when some is negative and all are known here, else ``None``. Traced
+    sizes (inside ``jit``) and sizes spread over processes cannot be read: they are the
+    caller's to keep non-negative."""
+    if isinstance(sizes, jax.core.Tracer) or not getattr(sizes, "is_fully_addressable", True):
+        return None
+    host = np.asarray(sizes)
+    return str(host.tolist()) if (host < 0).any() else None
 
 
 def _bounds(sizes: jax.Array, m: int, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -389,11 +420,15 @@ def scaled_grouped_matmul(
 
     Args:
         lhs: ``(M, K)`` rows sorted by group, floating.
-        rhs: ``(G, K, N)`` narrow values (int8, float8) or any dtype.
-        group_sizes: ``(G,)`` integer rows per group.
-        col_scale: ``(G, N)`` per group and output column.
+        rhs: ``(G, K, N)`` narrow values (int8, float8) or any real dtype.
+        group_sizes: ``(G,)`` integer rows per group, as :func:`grouped_matmul`'s.
+        col_scale: ``(G, N)`` floating, per group and output column.
         tiling: As :func:`grouped_matmul`'s.
         interpret: Pallas interpret mode; default: off GPUs.
+
+    Raises:
+        KernelError: as :func:`grouped_matmul` (one check), and for a ``col_scale`` that is not
+            ``(G, N)`` floating.
 
     Example:
         >>> import jax.numpy as jnp
@@ -403,6 +438,7 @@ def scaled_grouped_matmul(
         >>> out[:, 0]
         Array([2., 8., 8.], dtype=float32)
     """
+    _check(lhs, rhs, group_sizes, tiling, col_scale)
     return _scaled(lhs, rhs, group_sizes.astype(jnp.int32), col_scale, tiling, interpret)
 
 
