@@ -346,8 +346,42 @@ def test_float8_is_chosen_by_the_names_of_a_layers_axes():
     assert formats(vocab, head) == formats(vocab, emb, unembed) == both
     only_heads = na.nn.Precision(compute="bfloat16", matmul="fp8",
                                  matmul_rules=[("heads", True), ("*", False)])  # fmt: skip
-    assert formats(only_heads, mlp) == set()
     assert formats(only_heads, na.nn.Linear(Embed, Heads, key=KEY)) == both
+    all_but_mlps = na.nn.Precision(compute="bfloat16", matmul="fp8",
+                                   matmul_rules=[("mlp", False), ("*", True)])  # fmt: skip
+    assert formats(all_but_mlps, mlp) == set()
+
+
+def test_a_float8_rule_that_names_no_layers_axis_is_refused_when_the_block_ends():
+    """A typo in matmul_rules would pick nothing: the block under the policy refuses, when it
+    ends, a rule naming no axis of the layers that asked the policy in it (as models.quantize
+    does for its rules), with the closest name; "*" is every layer, and a block in which no
+    layer ran checks nothing."""
+    head = na.nn.Linear(Embed, Vocab, key=KEY, use_bias=False)
+    mlp = na.nn.Linear(Embed, {"mlp": 32}, key=KEY)
+    x = na.ones({"batch": 2, "embed": Embed.size})
+
+    def both(x):
+        return head(x), mlp(x)
+
+    typo = na.nn.Precision(compute="bfloat16", matmul="float8", matmul_rules={"vocabb": True})
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"^Precision matmul_rules: the rule 'vocabb' -> True \(did you mean 'vocab'\?\) "
+        r"names no axis of the layers that ran under the policy, whose matmuls' axes are "
+        r"'embed', 'mlp', 'vocab', so it picked nothing. Name an axis the layers have",
+    ):
+        with na.nn.precision(typo):
+            jax.eval_shape(both, x)
+    loss = jax.jit(na.nn.precision(typo)(lambda layer, x: layer(x).sum().scalar()))
+    with pytest.raises(na.AxisNotFoundError, match=r"the rule 'vocabb' -> True \(did you mean"):
+        loss.trace(head, x)  # refused where the policy is read: at trace time
+    fine = na.nn.Precision(compute="bfloat16", matmul="float8",
+                           matmul_rules=[("vocab", True), ("*", False)])  # fmt: skip
+    with na.nn.precision(fine):
+        assert [y.dtype for y in jax.eval_shape(both, x)] == [jnp.bfloat16] * 2
+    with na.nn.precision(typo):
+        pass  # no layer asked: nothing to check
 
 
 def test_float8_policy_parse_and_errors():

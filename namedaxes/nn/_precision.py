@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from .._array import NamedArray
-from .._errors import NamedTypeError
+from .._errors import AxisNotFoundError, NamedTypeError, did_you_mean, format_names
 
 __all__ = ["MATMUL_RULES", "Precision", "current_precision", "picks", "precision"]
 
@@ -161,7 +161,8 @@ class Precision:
         matmul_rules: Which layers' matmuls go to ``matmul`` (only with it), before the
             defaults: ``(axis name, True/False)`` pairs or a ``{name: bool}`` dict, ``"*"``
             naming every layer (e.g. ``{"vocab": True}`` adds the output head; ``[("mlp",
-            True), ("*", False)]`` keeps only the MLPs).
+            True), ("*", False)]`` keeps only the MLPs). A rule naming no axis of the layers run
+            under the policy is refused when its :func:`precision` block ends.
 
     Raises:
         NamedTypeError: if a dtype is none of the above (float8 and float4 included: pass
@@ -273,11 +274,17 @@ class Precision:
     def float8(self, names: Any) -> bool:
         """Whether a layer whose matmul has the axes ``names`` runs it in float8 here.
 
+        Layers ask the policy in force; while it is in force (a :func:`precision` block) their
+        names are what the block checks ``matmul_rules`` against when it ends.
+
         Example:
             >>> p = Precision(compute="bfloat16", matmul="float8")
             >>> p.float8(("embed", "mlp")), p.float8(("embed", "vocab"))
             (True, False)
         """
+        seen = _SEEN.get()
+        if seen is not None and seen[0] is self:
+            seen[1].update(names)
         return self.matmul == "float8" and picks(self.matmul_rules, names)
 
     def cast_to_param(self, tree: Any) -> Any:
@@ -330,6 +337,11 @@ _POLICY: contextvars.ContextVar[Precision] = contextvars.ContextVar(
 # so a function traced under one policy is traced again under another (per thread, following the
 # `with` blocks run in it, like JAX's own contexts).
 _TRACE_KEY = jax.make_user_context(None)
+# The policy of the innermost `precision` block and the axis names of the layers that asked it
+# (Precision.float8) while in force: the rules are checked against them when the block ends.
+_SEEN: contextvars.ContextVar[tuple[Precision, set[str]] | None] = contextvars.ContextVar(
+    "namedaxes_precision_seen", default=None
+)
 
 
 def as_precision(policy: Precision | str | None) -> Precision:
@@ -369,11 +381,18 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
     traces by, so a jitted function called under another policy is traced again (and the trace
     of each policy reused). ``None`` turns a policy off.
 
+    When the block ends, each of the policy's ``matmul_rules`` (but ``"*"``) must have named an
+    axis of some layer that asked the policy in it, as ``models.quantize`` checks its rules
+    against the model's layers: a rule that names none (a typo) would pick nothing. A block in
+    which no layer asked (a jitted function's trace reused) checks nothing.
+
     Args:
         policy: A :class:`Precision`, a string for :meth:`Precision.parse`, or ``None``.
 
     Raises:
         NamedTypeError: if ``policy`` is none of these.
+        AxisNotFoundError: when the block ends, for a rule of ``matmul_rules`` that names no axis
+            of the layers that ran (or were traced) in it, with the closest name.
 
     Example:
         >>> import jax
@@ -385,12 +404,30 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
         (dtype('float32'), dtype('float32'))
     """
     policy = as_precision(policy)
-    token = _POLICY.set(policy)
+    seen: set[str] = set()
+    token, seen_token = _POLICY.set(policy), _SEEN.set((policy, seen))
     try:
         with _TRACE_KEY(None if policy == _NONE else policy):
             yield policy
     finally:
+        _SEEN.reset(seen_token)
         _POLICY.reset(token)
+    _check_rules_matched(policy, seen)  # only when the block ended without an error
+
+
+def _check_rules_matched(policy: Precision, seen: set[str]) -> None:
+    """Refuse a rule that named no axis of the layers that asked ``policy`` (``seen``): it picked
+    nothing, silently. Nothing seen (no layer ran, or a reused trace): nothing to check."""
+    if not seen:
+        return
+    for name, yes in policy.matmul_rules:
+        if name != "*" and name not in seen:
+            raise AxisNotFoundError(
+                f"Precision matmul_rules: the rule {name!r} -> {yes}"
+                f"{did_you_mean(name, sorted(seen))} names no axis of the layers that ran under "
+                f"the policy, whose matmuls' axes are {format_names(sorted(seen))}, so it picked "
+                "nothing. Name an axis the layers have (or drop the rule)."
+            )
 
 
 # -- what layers call -----------------------------------------------------------------------------
