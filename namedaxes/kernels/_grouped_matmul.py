@@ -34,7 +34,7 @@ IMPLEMENTATIONS = ("pallas", "mosaic", "megablox")
 
 F32 = jnp.float32
 # (rows, contraction, columns) per tile on GPUs: powers of 2, as Triton needs. Untuned: the GPU
-# session's benchmark (benchmarks/moe_dispatch.py --tiling) decides.
+# session's benchmark (benchmarks/grouped_matmul.py, every implementation and tiling) decides.
 GPU_TILING = (64, 64, 128)
 TPU_TILING = (128, 128, 128)
 # Mosaic GPU's (rows, contraction, columns) per block, then the pipeline depth and the column
