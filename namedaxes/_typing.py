@@ -199,13 +199,93 @@ def _verify(
                 )
 
 
+def _home(fn: Any) -> Any:
+    """The plain function whose globals and closure give ``fn``'s string annotations meaning.
+
+    Follows what ``inspect.signature`` follows: partials, bound methods, ``__wrapped__`` and a
+    callable object's ``__call__``. ``None`` when there is no such function (a C callable).
+    """
+    for _ in range(100):  # a bound on odd chains (a __wrapped__ that wraps itself)
+        if isinstance(fn, types.FunctionType) and not hasattr(fn, "__wrapped__"):
+            return fn
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif not isinstance(fn, type) and isinstance(type(fn).__call__, types.FunctionType):
+            fn = type(fn).__call__
+        else:
+            return None
+    return None
+
+
+def _annotations(sig: inspect.Signature) -> dict[str, Any]:
+    """The raw annotations of ``sig``'s parameters (by name) and result (``"return"``)."""
+    raw = {n: p.annotation for n, p in sig.parameters.items() if p.annotation is not p.empty}
+    if sig.return_annotation is not sig.empty:
+        raw["return"] = sig.return_annotation
+    return raw
+
+
+def _resolve(name: str, raw: dict[str, Any], home: Any) -> dict[str, Any]:
+    """``raw`` with string annotations evaluated, one at a time, where ``home`` was defined.
+
+    A string that does not resolve (a name imported only under ``TYPE_CHECKING``, a class local
+    to another function) is skipped, as other annotations are, unless it mentions
+    ``NamedArray``: that one was meant to be checked.
+    """
+    namespace: dict[str, Any] = dict(getattr(home, "__globals__", {}))
+    code, cells = getattr(home, "__code__", None), getattr(home, "__closure__", None) or ()
+    for var, cell in zip(code.co_freevars if code else (), cells, strict=True):
+        try:
+            namespace[var] = cell.cell_contents
+        except ValueError:  # a nonlocal not assigned yet
+            pass
+    hints, skipped = {}, []
+    for key, ann in raw.items():
+        if not isinstance(ann, str):
+            hints[key] = ann
+            continue
+        what = "the result" if key == "return" else f"parameter {key!r}"
+        try:
+            hints[key] = eval(ann, namespace)  # what typing.get_type_hints does, one by one
+        except Exception as e:  # any failure means "cannot resolve"
+            skipped.append(f"{ann!r} of {what}")
+            if "NamedArray" in ann:
+                raise NamedTypeError(
+                    f"check_axes() cannot resolve the annotation {ann!r} of {what} of {name}() "
+                    f"({type(e).__name__}: {e}). Make the names it uses importable where "
+                    f"{name}() is defined (not only under TYPE_CHECKING)."
+                ) from None
+    if not any(_ours(a) for a in hints.values()):
+        raise _nothing_to_check(name, skipped)
+    return hints
+
+
+def _nothing_to_check(name: str, skipped: list[str]) -> NamedTypeError:
+    unresolved = f" (annotations it cannot resolve: {', '.join(skipped)})" if skipped else ""
+    return NamedTypeError(
+        f"check_axes(): {name}() has no NamedArray[...] annotation on its parameters or "
+        f"result{unresolved}, so there is nothing to check. Name the axes, e.g. "
+        "x: NamedArray['batch embed'], or leave out @check_axes."
+    )
+
+
 def check_axes(fn: F) -> F:
     """Check at call time that arguments and the result match their ``NamedArray[...]`` annotations.
 
     Parameters (and the return value) annotated with ``NamedArray["..."]`` — directly or inside an
-    ``Optional``/``Union`` — are checked with ``isinstance``; other annotations are ignored. Within
-    one call, an axis named in several annotations must have one size everywhere. Checks run when
-    the function runs, so under ``jax.jit`` they cost nothing after tracing.
+    ``Optional``/``Union`` — are checked with ``isinstance``; other annotations are ignored, even
+    ones that cannot be resolved (a name imported only under ``TYPE_CHECKING``). Within one call,
+    an axis named in several annotations must have one size everywhere. Checks run when the
+    function runs, so under ``jax.jit`` they cost nothing after tracing.
+
+    ``fn`` may be any callable with a signature: a function, a method, a ``functools.partial``,
+    or an object with an annotated ``__call__`` (an equinox Module). String annotations (``from
+    __future__ import annotations``) are resolved on the first call, so they may name what is
+    defined later.
 
     Args:
         fn: The function to wrap.
@@ -214,8 +294,10 @@ def check_axes(fn: F) -> F:
         The wrapped function.
 
     Raises:
-        NamedTypeError: if ``fn`` is not a function with a signature; (when called) if an argument
-            or the result has the wrong axes or dtype.
+        NamedTypeError: if ``fn`` is not a callable with a signature, or none of its parameters
+            nor its result is annotated with ``NamedArray[...]`` (for string annotations: on
+            the first call); (when called) if an argument or the result has the wrong axes or
+            dtype, or an annotation that mentions ``NamedArray`` cannot be resolved.
         AxisSizeError: (when called) if one axis name has two sizes across the checked values.
 
     Example:
@@ -239,20 +321,25 @@ def check_axes(fn: F) -> F:
             "@na.check_axes above a def, or wrap one: na.check_axes(my_function)."
         )
     try:
-        sig = inspect.signature(fn)
+        sig = inspect.signature(fn)  # unwraps partials, methods and a callable's __call__
     except (TypeError, ValueError):  # builtins and some C callables have none
         raise NamedTypeError(
             f"check_axes() cannot read the signature of {fn!r}, so it has no annotations to check. "
             "Wrap it in a def with NamedArray[...] annotations."
         ) from None
-    name = getattr(fn, "__name__", "function")
+    home = _home(fn)
+    name = getattr(fn, "__name__", None) or getattr(home, "__qualname__", type(fn).__name__)
+    raw = _annotations(sig)
+    # Strings are resolved on the first call; without any, nothing to check is known now.
+    if not any(isinstance(a, str) or _ours(a) for a in raw.values()):
+        raise _nothing_to_check(name, [])
     hints: dict[str, Any] | None = None
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal hints
         if hints is None:  # resolved on first call so forward references can be defined later
-            hints = typing.get_type_hints(fn)
+            hints = _resolve(name, raw, home)
         bound = sig.bind(*args, **kwargs)
         sizes: dict[str, tuple[int, str]] = {}
         for pname, value in bound.arguments.items():

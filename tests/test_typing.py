@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
 
 import namedaxes as na
 from namedaxes import NamedArray
+
+if TYPE_CHECKING:  # for type checkers only: the name never exists at run time
+    from optax import GradientTransformation
 
 X = na.named(jnp.ones((2, 3)), ("batch", "embed"))
 
@@ -175,3 +182,117 @@ def test_varargs_are_checked_one_by_one():
         na.NamedTypeError, match=r"total\(\) argument \*xs\[1\] is NamedArray\(embed=2\)"
     ):
         total(ok, na.named(jnp.ones(2), "embed"))
+
+
+def test_check_axes_skips_annotations_it_cannot_resolve():
+    """Other annotations are ignored, even ones that do not resolve at run time (this module has
+    ``from __future__ import annotations``): a TYPE_CHECKING import, a class local to a function."""
+
+    class Config:
+        pass
+
+    @na.check_axes
+    def step(
+        x: NamedArray["batch embed"],
+        opt: GradientTransformation | None = None,
+        cfg: Config | None = None,
+    ) -> NamedArray["batch"]:
+        return x.sum("embed")
+
+    assert step(X).axis_names == ("batch",)
+    with pytest.raises(
+        na.NamedTypeError, match=r"^step\(\) argument 'x' is NamedArray\(batch=2\),"
+    ):
+        step(X.sum("embed"))
+
+    Tokens = NamedArray["batch position"]  # a local alias the function uses: found in its closure
+
+    @na.check_axes
+    def count(ids: Tokens) -> int:
+        return sum(isinstance(ids, Tokens) for _ in range(2))
+
+    with pytest.raises(
+        na.NamedTypeError, match=r"count\(\) argument 'ids' is NamedArray\(batch=2, embed=3\)"
+    ):
+        count(X)
+
+
+def test_check_axes_refuses_an_unresolvable_named_array_annotation():
+    @na.check_axes
+    def step(x: NamedArray["batch"] | GradientTransformation) -> int:
+        return 0
+
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^check_axes\(\) cannot resolve the annotation "
+        r"\"NamedArray\['batch'\] \| GradientTransformation\" of parameter 'x' of step\(\) "
+        r"\(NameError: name 'GradientTransformation' is not defined\)\. Make the names it uses "
+        r"importable where step\(\) is defined \(not only under TYPE_CHECKING\)\.$",
+    ):
+        step(X)
+
+
+class Layer(eqx.Module):
+    def __call__(self, x: NamedArray["batch embed"]) -> NamedArray["batch"]:
+        return x.sum("embed")
+
+
+class Plain:
+    def __call__(self, x: NamedArray["batch embed"], scale: float) -> NamedArray["batch"]:
+        return x.sum("embed") * scale
+
+
+def test_check_axes_reads_the_signature_of_callable_objects_and_partials():
+    """An equinox Module (or any object) is checked by its __call__, a partial by what is left."""
+    wrong = X.sum("embed")
+    layer = na.check_axes(Layer())
+    assert layer(X).axis_names == ("batch",)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^Layer\.__call__\(\) argument 'x' is NamedArray\(batch=2\), which does not match "
+        r"NamedArray\['batch embed'\]: missing axes 'embed'\.$",
+    ):
+        layer(wrong)
+    with pytest.raises(
+        na.NamedTypeError, match=r"^Plain\.__call__\(\) argument 'x' is NamedArray\(batch=2\)"
+    ):
+        na.check_axes(Plain())(wrong, 2.0)
+    scaled = na.check_axes(functools.partial(Plain().__call__, scale=2.0))
+    assert float(scaled(X).array[0]) == 6.0
+    with pytest.raises(
+        na.NamedTypeError, match=r"^Plain\.__call__\(\) argument 'x' is NamedArray\(batch=2\)"
+    ):
+        scaled(wrong)
+
+
+def test_check_axes_refuses_a_function_with_nothing_to_check():
+    nothing = (
+        r"^check_axes\(\): {}\(\) has no NamedArray\[\.\.\.\] annotation on its parameters or "
+        r"result, so there is nothing to check\. Name the axes, e\.g\. x: "
+        r"NamedArray\['batch embed'\], or leave out @check_axes\.$"
+    )
+    with pytest.raises(na.NamedTypeError, match=nothing.format("unannotated")):
+
+        @na.check_axes
+        def unannotated(x):
+            return x
+
+    @na.check_axes
+    def plain(x: NamedArray) -> int:  # a string here (future import): resolved on the first call
+        return 0
+
+    with pytest.raises(na.NamedTypeError, match=nothing.format("plain")):
+        plain(X)
+
+    Ann = NamedArray["batch"]  # a local alias its body never uses: not in its closure
+
+    @na.check_axes
+    def keep(x: Ann) -> int:
+        return 0
+
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^check_axes\(\): keep\(\) has no NamedArray\[\.\.\.\] annotation on its parameters "
+        r"or result \(annotations it cannot resolve: 'Ann' of parameter 'x'\), so there is",
+    ):
+        keep(X)
