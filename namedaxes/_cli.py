@@ -4,8 +4,11 @@
 ``"tree"`` key and optionally ``"step"``, ``"args"`` and ``"rules"`` (``--rules`` wins over the
 factory's, even ``--rules '{}'``: everything replicated). Such a dict with any other key is
 refused as a misspelling; return ``{"tree": state}`` for a state that itself has a ``"tree"``
-key. Exit status: 0; 1 when a ``--budget`` is given and the plan does not fit, or, with
-``--search``, no mapping does; 2 on bad input (the message says what to fix).
+key. ``--search`` chooses the rules itself: it refuses ``--rules`` and does not use the
+factory's. ``--top`` is how many plans the search shows (default 3) or, without ``--search``, how
+many of the largest leaves the plan lists (``plan``'s ``top``, default 10). Exit status: 0; 1 when
+a ``--budget`` is given and the plan does not fit, or, with ``--search``, no mapping does; 2 on
+bad input (the message says what to fix).
 """
 
 from __future__ import annotations
@@ -125,29 +128,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--rules", help='JSON: {"embed": "data"} or [["embed", "data"], ...]')
     p.add_argument("--budget", help="bytes per device: 16GiB, 512MB, or an int")
-    p.add_argument("--search", action="store_true", help="search mappings instead of planning one")
-    p.add_argument("--top", type=int, default=3, help="plans to show with --search (default 3)")
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="search mappings instead of planning one (it chooses the rules: no --rules)",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        help="with --search: plans to show (default 3); without: largest leaves to list "
+        "(default 10)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     opts = parser.parse_args(argv)
     try:
         inputs = _load(opts.factory)
         mesh = _mesh(opts.mesh)
         rules = _rules(opts.rules)  # an empty AxisRules is falsy but given: check for None
-        if rules is None:
-            rules = inputs.get("rules")
         step, args = inputs.get("step"), tuple(inputs.get("args") or ())
         if opts.search:
+            if rules is not None:
+                raise PlanError(
+                    f"--rules {opts.rules!r} with --search: the search chooses the rules. Drop "
+                    "--rules to search, or --search to plan those rules."
+                )
+            top = 3 if opts.top is None else opts.top
             found = plan_search(
-                inputs["tree"], mesh, step=step, args=args, budget=opts.budget, top=opts.top
+                inputs["tree"], mesh, step=step, args=args, budget=opts.budget, top=top
             )
             _show(found, opts.json)
             fits = found[0].fits
         else:
             if rules is None:
+                rules = inputs.get("rules")
+            if rules is None:
                 raise PlanError(
                     "plan needs --rules (or 'rules' from the factory), or --search to find some."
                 )
-            result = plan(inputs["tree"], mesh, rules, step=step, args=args, budget=opts.budget)
+            more = {} if opts.top is None else {"top": opts.top}  # else plan's own default
+            result = plan(
+                inputs["tree"], mesh, rules, step=step, args=args, budget=opts.budget, **more
+            )
             _show(result, opts.json)
             fits = result.fits
     except PlanDoesNotFitError as e:  # the search's "does not fit": exit 1, as for one plan

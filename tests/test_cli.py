@@ -126,6 +126,10 @@ def test_search_json(model_dir, capsys):
             "'data=two' is not 'axis=size'",
         ),
         (
+            ["na_cli_model:state", "--mesh", "data:2,model:4", "--rules", RULES],
+            "'data' is no platform. Write the mesh axes with '=': 'data=2,model=4'",
+        ),
+        (
             ["na_cli_model:needs_args", "--mesh", "data=2", "--rules", RULES],
             "must be callable with no arguments",
         ),
@@ -152,6 +156,25 @@ def test_errors_exit_2_with_a_message(model_dir, capsys, argv, message):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_search_refuses_rules(model_dir, capsys):
+    """The search chooses the rules: --rules beside --search was silently ignored."""
+    argv = ["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--search"]
+    assert main([*argv, "--rules", RULES]) == 2
+    assert capsys.readouterr().err == (
+        'error: --rules \'{"mlp": "model"}\' with --search: the search chooses the rules. '
+        "Drop --rules to search, or --search to plan those rules.\n"
+    )
+
+
+def test_top_without_search_lists_that_many_leaves(model_dir, capsys):
+    """--top is plan's own top without --search (it had no effect); plan's default is 10."""
+    argv = ["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--rules", "{}", "--json"]
+    assert main([*argv, "--top", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["largest"] == []
+    assert main(argv) == 0
+    assert len(json.loads(capsys.readouterr().out)["largest"]) == 1  # params/w and opt/m: 1 kind
 
 
 def test_search_that_fits_nothing_exits_1(model_dir, capsys):

@@ -292,6 +292,27 @@ def test_parse_target():
         parse_target("tpu-v9-8:data=8")
 
 
+def test_mesh_axes_written_with_colons_say_to_write_equals():
+    """'data:32,model:8' (parse_mesh_from_string's form) read 'data' as axes of platform 'data'."""
+    with pytest.raises(
+        na.CompileTargetError,
+        match=r"^Cannot read 'data:32,model:8': text with ':' is a compile target "
+        r"'PLATFORM:axis=size,\.\.\.', and 'data' is no platform\. Write the mesh axes with '=': "
+        r"'data=32,model=8' \(or 'cpu:data=32,model=8' to compile on simulated CPU devices\)\.$",
+    ):
+        parse_target("data:32,model:8")
+    with pytest.raises(
+        na.CompileTargetError,
+        match=r"^Cannot read the mesh axes 'data:4,model:2' of compile target "
+        r"'cpu:data:4,model:2': 'data:4' is not 'axis=size' with a positive integer size\. "
+        r"Write the mesh axes with '=': 'data=4,model=2'\.$",
+    ):
+        parse_target("cpu:data:4,model:2")
+    tree = {"w": na.named(jax.ShapeDtypeStruct((8,), "float32"), ("embed",))}
+    with pytest.raises(na.CompileTargetError, match=r"Write the mesh axes with '=': 'data=8'"):
+        na.analysis.plan(tree, "data:8", {"embed": "data"})
+
+
 _HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 

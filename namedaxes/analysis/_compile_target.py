@@ -109,29 +109,50 @@ class CompileTarget:
         return math.prod(self.sizes.values())
 
 
-def parse_axis_sizes(text: str, *, what: str = "mesh") -> dict[str, int]:
+# "data:32,model:8": parse_mesh_from_string's form, which a mesh given as text here spells with "=".
+_COLON_AXES = re.compile(r"\s*[A-Za-z_]\w*\s*:\s*\d+\s*(,\s*[A-Za-z_]\w*\s*:\s*\d+\s*)*")
+
+
+def _with_equals(text: str) -> str | None:
+    """``"data=32,model=8"`` for mesh axes written ``"data:32,model:8"``, else ``None``."""
+    if _COLON_AXES.fullmatch(text) is None:
+        return None
+    return ",".join("".join(part.split()).replace(":", "=") for part in text.split(","))
+
+
+def parse_axis_sizes(text: str, *, what: str | None = None) -> dict[str, int]:
     """``"data=32,model=8"`` as ``{"data": 32, "model": 8}``.
 
+    Args:
+        text: The mesh axes.
+        what: How the error messages name ``text``; default ``mesh 'TEXT'``.
+
     Raises:
-        CompileTargetError: naming the bad part, for anything but ``name=int`` pairs.
+        CompileTargetError: naming the bad part, for anything but ``name=int`` pairs (for
+            ``data:32,model:8``, saying to write ``data=32,model=8``).
 
     Example:
         >>> parse_axis_sizes("data=4,model=2")
         {'data': 4, 'model': 2}
     """
+    what = what or f"mesh {text!r}"
     sizes: dict[str, int] = {}
     for part in text.split(","):
         name, eq, size = part.strip().partition("=")
         name = name.strip()
         if not eq or not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
+            fixed = _with_equals(text)
+            fix = (
+                f"Write the mesh axes with '=': {fixed!r}."
+                if fixed
+                else "Write the mesh axes as e.g. 'data=32,model=8'."
+            )
             raise CompileTargetError(
-                f"Cannot read {what} {text!r}: {part.strip()!r} is not 'axis=size' with a positive "
-                "integer size. Write the mesh axes as e.g. 'data=32,model=8'."
+                f"Cannot read {what}: {part.strip()!r} is not 'axis=size' with a positive "
+                f"integer size. {fix}"
             )
         if name in sizes:
-            raise CompileTargetError(
-                f"Cannot read {what} {text!r}: mesh axis {name!r} appears twice."
-            )
+            raise CompileTargetError(f"Cannot read {what}: mesh axis {name!r} appears twice.")
         sizes[name] = int(size)
     return sizes
 
@@ -162,14 +183,21 @@ def parse_target(text: str) -> CompileTarget:
             f"Cannot read compile target {text!r}: expected 'PLATFORM:axis=size,...', e.g. "
             "'cpu:data=32,model=8' or 'tpu-v5e-256:data=32,model=8'."
         )
-    sizes = parse_axis_sizes(axes, what=f"compile target {text!r}")
-    if where == "cpu":
-        return CompileTarget(text, "cpu", sizes)
-    if not where.startswith("tpu-"):
+    if where != "cpu" and not where.startswith("tpu-"):  # the platform first: 'data:32' has none
+        fixed = _with_equals(text)
+        if fixed is not None:
+            raise CompileTargetError(
+                f"Cannot read {text!r}: text with ':' is a compile target 'PLATFORM:axis=size,...', "
+                f"and {where.strip()!r} is no platform. Write the mesh axes with '=': {fixed!r} (or "
+                f"'cpu:{fixed}' to compile on simulated CPU devices)."
+            )
         raise CompileTargetError(
             f"Unknown compile target platform {where!r} in {text!r}. Use 'cpu' (simulated CPU "
             "devices) or a TPU slice such as 'tpu-v5e-256'."
         )
+    sizes = parse_axis_sizes(axes, what=f"the mesh axes {axes!r} of compile target {text!r}")
+    if where == "cpu":
+        return CompileTarget(text, "cpu", sizes)
     topology, devices = _tpu_topology(where[4:], text)
     target = CompileTarget(text, "tpu", sizes, topology)
     if target.num_devices != devices:
