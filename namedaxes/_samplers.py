@@ -14,6 +14,7 @@ import jax
 
 from ._array import NamedArray
 from ._axis import AxisSpec, to_axes
+from ._errors import AxisError, format_names
 from ._ops._checks import check_key, dtype_arg
 from ._ops._common import unshard_dims
 from ._ops.elementwise import broadcast_into
@@ -59,6 +60,7 @@ SAMPLERS: dict[str, tuple[Any, tuple[str, ...], str]] = {
 
 # The dtypes jax.random accepts: integers for poisson, any number for rademacher, else floats.
 _DTYPE_KINDS = {"poisson": "integer", "rademacher": None}
+_GUMBEL_MODES = (None, "low", "high", "highest")
 
 
 def _draw(
@@ -180,13 +182,15 @@ def gumbel(
         key: A PRNG key.
         axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
         dtype: A float dtype; JAX's default when ``None``.
-        mode: ``jax.random.gumbel``'s sampling mode (``"low"`` or ``"high"``).
+        mode: ``jax.random.gumbel``'s sampling mode: ``"low"``, ``"high"`` or ``"highest"``
+            (more precision in the tails, at more cost); JAX's default when ``None``.
 
     Returns:
         A NamedArray with exactly ``axes``.
 
     Raises:
         NamedTypeError: if ``key`` is not one PRNG key or ``dtype`` is not of the right kind.
+        AxisError: if ``mode`` is not one of the modes above.
 
     Example:
         >>> import jax
@@ -194,6 +198,11 @@ def gumbel(
         >>> na.random.gumbel(jax.random.key(0), {"batch": 2, "embed": 3})
         NamedArray(float32, batch=2, embed=3)
     """
+    if mode not in _GUMBEL_MODES:
+        raise AxisError(
+            f"gumbel() mode must be one of {format_names(m for m in _GUMBEL_MODES if m)} or "
+            f"None (JAX's default), got {mode!r}."
+        )
     return _draw("gumbel", key, axes, {}, dtype, mode=mode)
 
 

@@ -87,6 +87,18 @@ def test_samplers_take_jax_random_keyword_parameters_and_have_real_signatures():
         na.random.poisson(KEY, AXES, rate=3.0)
 
 
+def test_gumbel_mode_is_checked():
+    """A mode JAX does not know was JAX's bare ValueError."""
+    high = na.random.gumbel(KEY, AXES, mode="highest")
+    np.testing.assert_array_equal(high.array, jax.random.gumbel(KEY, (2, 3), mode="highest"))
+    with pytest.raises(
+        na.AxisError,
+        match=r"^gumbel\(\) mode must be one of 'low', 'high', 'highest' or None \(JAX's "
+        r"default\), got 'med'\.$",
+    ):
+        na.random.gumbel(KEY, AXES, mode="med")
+
+
 def test_axes_and_dtypes():
     def check(key):
         assert na.random.gamma(key, {"a": 2}, 1.0, dtype=jnp.float16).dtype == jnp.float16
