@@ -385,7 +385,8 @@ def load_text(
         cache_dir: Where caches live; default ``default_cache_dir()``.
 
     Raises:
-        TextDataError: if the corpus has no text, or a split ends up empty.
+        TextDataError: if the corpus has no text, a split ends up empty, or ``vocab_size`` is not
+            an int above 256.
     """
     corpus = discover(data)
     tokenizer_file = None
@@ -393,8 +394,10 @@ def load_text(
         tokenizer_file = Path(tokenizer).expanduser().resolve()
         if not tokenizer_file.is_file():
             raise TextDataError(f"--tokenizer {tokenizer}: no such file (a tokenizer.json).")
-    elif not 257 <= vocab_size <= 2**32:
-        raise TextDataError(f"vocab_size {vocab_size} must be above 256 (the bytes) for BPE.")
+    elif not _is_int(vocab_size) or not 257 <= vocab_size <= 2**32:
+        raise TextDataError(
+            f"vocab_size {vocab_size!r} must be an int above 256 (the bytes) for BPE."
+        )
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = _cache_key(corpus, tokenizer_file, vocab_size)
     folder = root / key
@@ -505,7 +508,14 @@ class TextData:
 
         Returns a global NamedArray ``(batch, position)`` of int32 ids placed by ``mapping`` on
         ``mesh`` (defaults: those in force); this process reads only the rows it holds.
+
+        Raises:
+            TextDataError: if ``step`` or ``seed`` is not an int >= 0, or the training split is
+                shorter than ``length``.
         """
+        for what, value in (("step", step), ("seed", seed)):
+            if not _is_int(value) or value < 0:  # both seed the windows' NumPy streams
+                raise TextDataError(f"train_batch(): {what} must be an int >= 0, got {value!r}.")
         num_starts = _num_starts(self.train, length, "training")
 
         def starts(rows: np.ndarray) -> np.ndarray:
@@ -537,6 +547,10 @@ class TextData:
             return r * (num_starts - 1) // max(total - 1, 1)
 
         return _windows(self.heldout, starts, batch, length, mapping, mesh)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _num_starts(tokens: np.ndarray, length: int, split: str) -> int:

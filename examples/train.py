@@ -15,6 +15,7 @@ What it shows:
   * a jitted training step whose parameters stay sharded 1/8 per device.
 """
 
+import argparse
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -66,7 +67,11 @@ def train_step(model: Mlp2, x: na.NamedArray, y: na.NamedArray, lr: float = 0.1)
     return model, loss
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # No settings: the parser gives --help (which would otherwise train) and refuses unknown flags.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     mesh = na.mesh.create_mesh((2, 4), ("data", "model"))
     print(f"mesh: {dict(mesh.shape)} on {mesh.devices.size} devices")
 

@@ -424,6 +424,17 @@ def save_for_transformers(model: Any, text: Any, folder: str) -> None:
 # -- the command line ------------------------------------------------------------------------------
 
 
+def positive(text: str) -> int:
+    """An argparse type: an int >= 1 (every 0 steps divides by zero; 0 rows or tokens mean nothing)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -432,12 +443,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="model preset (default: small on CPUs, 100m on GPUs and TPUs)",
     )
     parser.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    parser.add_argument("--batch", type=int, help="rows per step (default: the preset's)")
-    parser.add_argument("--seq", type=int, help="tokens per row (default: the preset's)")
+    parser.add_argument("--batch", type=positive, help="rows per step (default: the preset's)")
+    parser.add_argument("--seq", type=positive, help="tokens per row (default: the preset's)")
     parser.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
-    parser.add_argument("--eval-every", type=int, help="held-out loss every N steps")
+    parser.add_argument("--eval-every", type=positive, help="held-out loss every N steps")
     parser.add_argument(
-        "--eval-batches", type=int, default=8, help="held-out batches per evaluation"
+        "--eval-batches", type=positive, default=8, help="held-out batches per evaluation"
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="fixes the initial model and every batch"
@@ -449,7 +460,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--mesh",
         help="mesh sizes, e.g. data=2,model=4 or stage=2,data=2,model=2 (pipelined; default: every "
-        "device on data)",
+        "accelerator on data, or the 8 simulated CPU devices as data=2,model=4)",
     )
     parser.add_argument(
         "--explicit", action="store_true", help="an Explicit mesh (sharding in types)"
@@ -468,7 +479,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--checkpoint-dir",
         help="save there and resume from its latest step (needs the [checkpoint] extra)",
     )
-    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--checkpoint-every", type=positive, default=100, help="save every N steps")
     parser.add_argument("--save-hf", metavar="DIR", help="export the trained model and tokenizer")
     parser.add_argument("--samples", type=int, default=3, help="held-out prompts to continue")
     add_compile_cache_option(parser)

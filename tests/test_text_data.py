@@ -319,6 +319,22 @@ def test_heldout_batches_spread_evenly_over_the_heldout_tokens(text, mesh_2x4):
         text.heldout_batch(2, batches=2, batch=4, length=LENGTH, mapping=MAPPING, mesh=mesh_2x4)
 
 
+def test_bad_batch_and_vocabulary_settings_fail_with_the_fix(text, corpus_dir, tmp_path):
+    """A negative step or seed was NumPy's "expected non-negative integer"; a float vocabulary
+    reached the tokenizer trainer's TypeError."""
+    for kwargs, bad in (({"step": -1}, "step must be an int >= 0, got -1"),
+                        ({"step": 1.5}, "step must be an int >= 0, got 1.5"),
+                        ({"step": 0, "seed": -2}, "seed must be an int >= 0, got -2")):  # fmt: skip
+        with pytest.raises(td.TextDataError, match=rf"^train_batch\(\): {bad}\.$"):
+            text.train_batch(**kwargs, batch=8, length=LENGTH, mapping={})
+    with pytest.raises(
+        td.TextDataError,
+        match=r"^vocab_size 300\.5 must be an int above 256 \(the bytes\) for BPE\.$",
+    ):
+        td.load_text(corpus_dir[0], vocab_size=300.5, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()  # refused before building anything
+
+
 def test_windows_longer_than_a_split_fail_with_the_fix(text, mesh_2x4):
     too_long = len(text.heldout) + 1
     with pytest.raises(

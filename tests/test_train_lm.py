@@ -219,13 +219,28 @@ def test_compile_cache_option(tmp_path, monkeypatch):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
-def test_mesh_follows_the_devices_and_the_flag():
+def test_mesh_follows_the_devices_and_the_flag(capsys):
     auto = train_lm.make_mesh(None, explicit=False)
     assert dict(auto.shape) == {"data": 2, "model": 4}  # 8 CPU devices
     assert set(auto.axis_types) == {AxisType.Auto}
     given = train_lm.make_mesh("data=4,model=2", explicit=True)
     assert dict(given.shape) == {"data": 4, "model": 2}
     assert set(given.axis_types) == {AxisType.Explicit}
+    with pytest.raises(SystemExit):
+        train_lm.parse_args(["--help"])
+    assert (
+        "default: every accelerator on data, or the 8 simulated CPU devices as data=2,model=4"
+        in (" ".join(capsys.readouterr().out.split()))
+    )
+
+
+@pytest.mark.parametrize("flag", ["--eval-every", "--checkpoint-every", "--eval-batches"])
+def test_periods_and_counts_are_positive(flag, capsys):
+    """0 reached `(step + 1) % 0` (ZeroDivisionError) after the data and model were built."""
+    assert getattr(train_lm.parse_args([flag, "5"]), flag[2:].replace("-", "_")) == 5
+    with pytest.raises(SystemExit):
+        train_lm.parse_args([flag, "0"])
+    assert f"argument {flag}: '0' is not a positive integer" in capsys.readouterr().err
 
 
 def test_vocabulary_is_rounded_up_to_split_over_any_model_axis():
