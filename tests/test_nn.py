@@ -514,6 +514,46 @@ def test_attention_errors():
         attn(na.ones({"batch": 2, "seq": 3, "embed": 8}))
 
 
+def test_kv_cache_key_mask_must_mark_the_new_keys():
+    """A key_mask written into the cache is checked against the new keys: 3 marks for 4 keys left
+    key 3 never attended, 6 marked unwritten slots real, 0.5 became True, 'position' failed
+    inside updated_slice()."""
+    heads, head_dim = Axis("heads", 2), Axis("head_dim", 4)
+    attn = na.nn.Attention(E, heads, head_dim, key=KEY)
+    cache = na.nn.KVCache.zeros({"batch": 1}, heads, head_dim, 6)
+    x = data(Axis("batch", 1), Axis("position", 4), E)
+    mask = lambda *a: named(jnp.ones([1] * (len(a) - 1) + [4], bool), a)
+    where = r"KVCache.update \(Attention's key_mask with cache=\): key_mask "
+    for n in (3, 6):
+        with pytest.raises(
+            na.AxisSizeError,
+            match=where + rf"NamedArray\(batch=1, key_position={n}\) has key_position={n}, but "
+            r"the 4 new keys need key_position=4",
+        ):
+            attn(x, cache=cache, key_mask=named(jnp.ones((1, n), bool), ("batch", "key_position")))
+    with pytest.raises(na.AxisSizeError, match=r"has batch=2, but the 4 new keys need batch=1"):
+        attn(x, cache=cache, key_mask=named(jnp.ones((2, 4), bool), ("batch", "key_position")))
+    with pytest.raises(
+        na.NamedTypeError,
+        match=where + r"must be a boolean NamedArray\(batch=1, key_position=4\), True at the new "
+        r"real keys, got NamedArray\(float32, key_position=4\)",
+    ):
+        attn(x, cache=cache, key_mask=named(jnp.array([1.0, 0.5, 1, 1]), "key_position"))
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=where + r"NamedArray\(batch=1, position=4\) must mark the 4 new keys over "
+        r"\(batch=1, key_position=4\).* Rename or drop 'position'",
+    ):
+        attn(x, cache=cache, key_mask=mask("batch", "position"))
+    with pytest.raises(na.NamedTypeError, match=r"got a plain array of shape \(4,\)"):
+        cache.update(*[cache.read()[0]["key_position", :4]] * 2, jnp.ones(4, bool))
+    # A mask without the batch axes is the same for every row.
+    real = named(jnp.array([True, False, True, True]), "key_position")
+    _, out = attn(x, cache=cache, key_mask=real)
+    assert out.mask.array.tolist() == [[True, False, True, True, False, False]]
+    assert out.index == 4
+
+
 # -- Stacked ------------------------------------------------------------------------------------
 
 

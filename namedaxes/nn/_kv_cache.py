@@ -9,7 +9,14 @@ import jax.numpy as jnp
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec, to_axes
-from .._errors import AxisSizeError, LayerError, NamedTypeError, format_axes
+from .._errors import (
+    AxisNotFoundError,
+    AxisSizeError,
+    LayerError,
+    NamedTypeError,
+    format_axes,
+    format_names,
+)
 from .._ops._checks import is_static_int
 from .._ops.creation import full, zeros
 from .._ops.dynamic import updated_slice
@@ -164,7 +171,8 @@ class KVCache(eqx.Module):
             keys: ``(batch..., key_position=n, kv_heads, head_dim)``: the new positions' keys.
             values: Like ``keys``.
             key_mask: Boolean ``(batch..., key_position=n)``, ``False`` at padding (default:
-                every new key is real).
+                every new key is real): ``key_position`` of the new keys' size, any of the cache's
+                batch axes (those it lacks are broadcast).
 
         Returns:
             The cache with the keys written (in this view's layer), ``mask`` marking them and
@@ -172,7 +180,10 @@ class KVCache(eqx.Module):
 
         Raises:
             AxisNotFoundError / AxisSizeError: if the new keys lack an axis of the cache or have
-                other sizes; a static ``index`` with ``n`` new positions that overrun ``length``.
+                other sizes; a static ``index`` with ``n`` new positions that overrun ``length``;
+                a ``key_mask`` with an axis the cache's ``mask`` lacks, or other sizes than the
+                new keys'.
+            NamedTypeError: if ``key_mask`` is not a boolean NamedArray.
             LayerError: if the cache holds several layers and this is not a view of one.
         """
         name = self._layer_name()
@@ -200,11 +211,51 @@ class KVCache(eqx.Module):
             start[name] = self.layer
             keys = keys.broadcast_axis(Axis(name, 1)) if not keys.has_axis(name) else keys
             values = values.broadcast_axis(Axis(name, 1)) if not values.has_axis(name) else values
+        written = full({KEY_POSITION: n}, True) if key_mask is None else self._new_mask(key_mask, n)
         new_keys = updated_slice(self.keys, start, keys.astype(self.keys.dtype))
         new_values = updated_slice(self.values, start, values.astype(self.values.dtype))
-        written = full({KEY_POSITION: n}, True) if key_mask is None else key_mask
         mask = updated_slice(self.mask, {KEY_POSITION: self.index}, written)
         return KVCache(new_keys, new_values, mask, self.index + n, self.layer)
+
+    def _new_mask(self, key_mask: Any, n: int) -> NamedArray:
+        """``key_mask`` checked against the ``n`` new keys: written as it is, a mask of another
+        length would leave new keys unmarked or mark slots not written yet."""
+        want = Axis(KEY_POSITION, n)
+        rows = tuple(a for a in self.mask.axes if a.name != KEY_POSITION)
+        shape = f"({format_axes((*rows, want))})"
+        where = "KVCache.update (Attention's key_mask with cache=)"
+        if not isinstance(key_mask, NamedArray) or key_mask.dtype != jnp.bool_:
+            shape_of = getattr(key_mask, "shape", None)
+            got = repr(key_mask) if shape_of is None else f"a plain array of shape {shape_of}"
+            got = repr(key_mask) if isinstance(key_mask, NamedArray) else got
+            raise NamedTypeError(
+                f"{where}: key_mask must be a boolean NamedArray{shape}, True at the new real "
+                f"keys, got {got}. Name its axes, and compare to get booleans (mask != 0)."
+            )
+        cache_axes = {a.name: a for a in self.mask.axes}
+        cache_axes[KEY_POSITION] = want
+        extra = [a for a in key_mask.axes if a.name not in cache_axes]
+        if extra or not key_mask.has_axis(KEY_POSITION):
+            fix = (
+                f"Rename or drop {format_names(a.name for a in extra)} (the new keys' positions "
+                f"are {KEY_POSITION!r})."
+                if extra
+                else f"Give it the new keys' positions as axis {KEY_POSITION!r}."
+            )
+            raise AxisNotFoundError(
+                f"{where}: key_mask NamedArray({format_axes(key_mask.axes)}) must mark the {n} "
+                f"new keys over {shape}: axes of the cache's mask NamedArray("
+                f"{format_axes(self.mask.axes)}) only, with {KEY_POSITION!r}. {fix}"
+            )
+        wrong = [a for a in key_mask.axes if a != cache_axes[a.name]]
+        if wrong:
+            raise AxisSizeError(
+                f"{where}: key_mask NamedArray({format_axes(key_mask.axes)}) has "
+                f"{format_axes(wrong)}, but the {n} new keys need "
+                f"{format_axes(tuple(cache_axes[a.name] for a in wrong))}. Pass one mask entry "
+                "per new key (and per row)."
+            )
+        return key_mask
 
     def with_index(self, index: Any) -> KVCache:
         """The same buffers with ``index`` replaced (e.g. a static int made a traced ``int32``)."""
