@@ -515,6 +515,31 @@ def test_remat_bad_inputs():
         na.scan(lambda c, x: (c, x), ["time"])
 
 
+def test_remat_callables_must_be_policies():
+    """A policy builder passed uncalled, or any other callable, was taken and failed inside
+    jax.grad with a TypeError about a 'name' keyword."""
+    policies = jax.checkpoint_policies
+    for builder in (policies.save_only_these_names, policies.save_from_both_policies):
+        with pytest.raises(
+            NamedTypeError,
+            match=rf"fold\(\): remat=<function {builder.__name__} .*> is not a checkpoint policy "
+            r"\(a callable taking \(primitive, \*args, \*\*params\) .*\)\. "
+            rf"jax.checkpoint_policies.{builder.__name__} builds a policy: call it and pass the "
+            rf"result, e.g. remat=jax.checkpoint_policies.{builder.__name__}\(\.\.\.\)\.",
+        ):
+            na.fold(lambda c, x: c, "time", remat=builder)
+    for other in (print, lambda prim: True):
+        with pytest.raises(
+            NamedTypeError,
+            match=r"scan\(\): remat=.* is not a checkpoint policy .* Pass a "
+            r"jax.checkpoint_policies policy or its name: .*'nothing_saveable'",
+        ):
+            na.scan(lambda c, x: (c, x), "time", remat=other)
+    built = na.fold(lambda c, x: c * x, "time", remat=policies.save_only_these_names("h"))
+    a = named(jnp.arange(1.0, 4.0), "time")
+    close(jax.grad(lambda a: built(named(jnp.ones(()), ()), a).array)(a).array, [6.0, 3.0, 2.0])
+
+
 def test_vmap_passes_spmd_axis_name_for_a_sharded_axis(mesh_2x4):
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P

@@ -692,6 +692,14 @@ def test_stacked_remat_policy_errors():
         Axis("layer", 2), Residual, key=KEY, gradient_checkpointing="dots_saveable"
     )
     assert stack(data(B, E)).axes == (B, E)
+    # A policy builder passed uncalled failed inside jax.grad with a TypeError.
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"Stacked\(\): gradient_checkpointing=<function save_only_these_names .*> is not a "
+        r"checkpoint policy .* call it and pass the result, e.g. gradient_checkpointing="
+        r"jax.checkpoint_policies.save_only_these_names\(\.\.\.\)",
+    ):
+        stack.with_pipeline(gradient_checkpointing=jax.checkpoint_policies.save_only_these_names)
 
 
 # -- losses -------------------------------------------------------------------------------------

@@ -344,8 +344,33 @@ def _is_policy(f: Any) -> bool:
     """Policies take ``(primitive, *args, **params)``; the other public names build policies."""
     if not callable(f):
         return False
-    params = inspect.signature(f).parameters.values()
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin): not a policy JAX could call
+        return False
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _builder_hint(name: str, builder: Any, arg: str) -> str:
+    """The fix for a ``jax.checkpoint_policies`` name that builds a policy rather than being one
+    (empty for anything else)."""
+    policies = jax.checkpoint_policies
+    if not name or name.startswith("_") or getattr(policies, name, None) is not builder:
+        return ""
+    if builder is None or _is_policy(builder):
+        return ""
+    return (
+        f" jax.checkpoint_policies.{name} builds a policy: call it and pass the result, e.g. "
+        f"{arg}=jax.checkpoint_policies.{name}(...)."
+    )
+
+
+def _policy_names() -> str:
+    policies = jax.checkpoint_policies
+    names = sorted(
+        n for n in dir(policies) if not n.startswith("_") and _is_policy(getattr(policies, n))
+    )
+    return ", ".join(repr(n) for n in names)
 
 
 def check_remat(remat: Any, caller: str, arg: str, also: str) -> None:
@@ -370,21 +395,21 @@ def _checkpoint_policy(
         policy = getattr(policies, remat, None) if not remat.startswith("_") else None
         if _is_policy(policy):
             return True, policy
-        names = sorted(
-            n for n in dir(policies) if not n.startswith("_") and _is_policy(getattr(policies, n))
-        )
-        hint = (
-            f" jax.checkpoint_policies.{remat} builds a policy: call it and pass the result, e.g. "
-            f"remat=jax.checkpoint_policies.{remat}(...)."
-            if callable(policy)
-            else ""
-        )
         raise NamedTypeError(
-            f"{caller}(): {arg}={remat!r} is not {also}a jax.checkpoint_policies policy.{hint} "
-            f"Policies by name: {', '.join(repr(n) for n in names)}."
+            f"{caller}(): {arg}={remat!r} is not {also}a jax.checkpoint_policies policy."
+            f"{_builder_hint(remat, policy, arg)} Policies by name: {_policy_names()}."
         )
-    if callable(remat):
+    if _is_policy(remat):
         return True, remat
+    if callable(remat):
+        # jax.checkpoint calls a policy as policy(primitive, *args, **params) inside autodiff: a
+        # builder or any other callable would fail there, far from here.
+        hint = _builder_hint(getattr(remat, "__name__", ""), remat, arg)
+        raise NamedTypeError(
+            f"{caller}(): {arg}={remat!r} is not a checkpoint policy (a callable taking "
+            f"(primitive, *args, **params) and returning whether to save its output).{hint} Pass "
+            f"{also}a jax.checkpoint_policies policy or its name: {_policy_names()}."
+        )
     raise NamedTypeError(
         f"{caller}(): {arg} must be a bool, {also}a jax.checkpoint_policies name such as "
         f"'nothing_saveable', or a policy callable, got {remat!r} ({type(remat).__name__})."
