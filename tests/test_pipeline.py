@@ -162,30 +162,88 @@ def test_circular_moves_parameters_to_their_stage():
 
 def test_scan_ys_keep_a_microbatch_axis(axis_type):
     """``Stacked.scan`` pipelined: per-token ``ys`` come back on the batch axis as unsharded; the
-    stack's ``ys`` without the batch axis get a ``microbatch`` axis after ``layer``."""
+    stack's ``ys`` without the batch axis get a ``microbatch`` axis after ``layer``, and plain-array
+    ``ys`` a microbatch dimension after the layer's (they raised AttributeError)."""
 
     class Block(eqx.Module):
         mlp: na.nn.MLP
 
         def __call__(self, x):
             y = self.mlp(x)
-            return x + y, (y.sum("embed"), y.sum(("batch", "position", "embed")))
+            tot = y.sum(("batch", "position", "embed"))
+            return x + y, (y.sum("embed"), tot, tot.array)
 
     stack = na.nn.Stacked(
         na.Axis("layer", 4),
         lambda k: Block(na.nn.MLP(Embed, {"mlp": 16}, key=k)),
         key=jax.random.key(0),
     )
-    want_x, (want_tok, want_tot) = stack.scan(_input())
+    want_x, (want_tok, want_tot, want_plain) = stack.scan(_input())
     mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
         piped, x = na.shard((stack.with_pipeline(microbatches=2), _input()))
-        got_x, (tok, tot) = jax.jit(lambda s, x: s.scan(x))(piped, x)
+        got_x, (tok, tot, plain) = jax.jit(lambda s, x: s.scan(x))(piped, x)
     _close(got_x.array, want_x.array)
     assert tok.axis_names == want_tok.axis_names
     _close(tok.array, want_tok.array)
     assert tot.axis_names == ("layer", "microbatch")
     _close(tot.sum("microbatch").array, want_tot.array)
+    assert isinstance(plain, jax.Array) and want_plain.shape == (4,) and plain.shape == (4, 2)
+    _close(plain.sum(1), want_plain)
+
+
+class _Biased(eqx.Module):
+    """A layer with a plain-array leaf, which the stack holds with the layer first."""
+
+    w: na.NamedArray
+    b: jax.Array
+
+    def __init__(self, key):
+        self.w = na.random.normal(key, {"embed": 8, "out": 8}) * 0.3
+        self.b = jax.random.normal(jax.random.fold_in(key, 1), (8,))
+
+    def __call__(self, x):
+        return na.dot(x, self.w, axis="embed").rename({"out": "embed"}) + na.named(self.b, "embed")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "circular"])
+def test_stacked_plain_array_leaves(axis_type, schedule):
+    """Plain-array leaves (stacked by vmap with the layer first, mapped so by fold) are taken
+    apart like NamedArrays: unstacked() kept the layer dimension, a precision policy raised
+    AxisError, and the circular schedule raised AxisSizeError about the leading dimension."""
+    stack = na.nn.Stacked(na.Axis("layer", 4), _Biased, key=jax.random.key(0))
+    x = na.random.normal(jax.random.key(1), {"batch": 8, "embed": 8})
+    want = stack(x)
+    layers = stack.unstacked()
+    assert layers[1].b.shape == (8,)
+    _close(layers[1].b, stack.stacked.b[1])
+    h = x
+    for layer in layers:
+        h = layer(h)
+    _close(h.array, want.array)
+    with na.nn.precision("params=float32,compute=bfloat16"):
+        assert stack(x).axes == x.axes
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        piped, xs = na.shard((stack.with_pipeline(schedule=schedule, microbatches=2), x))
+        got = jax.jit(lambda s, x: s(x), **FAST)(piped, xs)
+    _close(got.array, want.array)
+
+
+def test_microbatches_must_split_over_the_batch_shards(axis_type):
+    """8 rows over 4 data shards in 8 microbatches: one row each cannot stay split over the
+    shards (a JAX ShardingTypeError on Explicit meshes, a ShardingError from inside the layer
+    on Auto ones)."""
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        piped, x = na.shard((_stack(microbatches=8), _input()))
+        with pytest.raises(
+            na.AxisSizeError,
+            match=r"The pipeline splits the stack's input's 'batch' axis \(size 8\) into 8 "
+            r"microbatches of size 1, but 'batch' is split over mesh axes \('data',\) \(4 "
+            r"shards\), so each microbatch needs a multiple of 4 rows\. Pass microbatches=2 ",
+        ):
+            jax.jit(lambda s, x: s(x))(piped, x)
 
 
 CONFIG = TransformerConfig(

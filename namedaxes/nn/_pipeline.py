@@ -65,6 +65,7 @@ from .._partitioning._collectives import permute_blocks
 from .._partitioning._shard import constrain
 from .._spec import entry_axes, entry_of
 from ._common import mesh_entries
+from ._stacked_leaves import layer_dim, map_layers, plain_axes
 
 __all__ = ["PIPELINE_SCHEDULES", "SCHEDULES", "Pipeline", "pipeline_for", "run"]
 
@@ -185,7 +186,8 @@ def pipeline_for(
 
 def _split(x: Any, pipe: Pipeline, what: str) -> Any:
     """Each NamedArray leaf with the batch axis as ``(microbatch, ...)``; row ``b`` of the batch goes
-    to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part)."""
+    to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part, so each
+    microbatch's rows must divide into the batch's shards)."""
     m, name = pipe.microbatches, pipe.batch_axis
 
     def one(v: Any) -> Any:
@@ -196,6 +198,17 @@ def _split(x: Any, pipe: Pipeline, what: str) -> Any:
             raise AxisSizeError(
                 f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches, "
                 f"which do not divide it. Pass microbatches= a divisor of {size}."
+            )
+        found = mesh_entries(v)
+        placed = entry_axes(found[0].get(name)) if found is not None else ()
+        shards = math.prod(context_mesh().shape[a] for a in placed)
+        if (size // m) % shards:
+            raise AxisSizeError(
+                f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches "
+                f"of size {size // m}, but {name!r} is split over mesh axes {tuple(placed)!r} "
+                f"({shards} shards), so each microbatch needs a multiple of {shards} rows. Pass "
+                f"microbatches={max(size // shards, 1)} (the most that keep every shard busy) or "
+                f"a divisor of it, or a larger batch."
             )
         v = unflatten_axis(v, name, (Axis(name, size // m), Axis(_MICRO, m)))
         return rearrange(v, (_MICRO, *(a for a in v.axis_names if a != _MICRO)))
@@ -275,17 +288,11 @@ def _arrays(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
     return arrays, rebuild
 
 
-def _layer_dim(v: Any, name: str) -> int | None:
-    if isinstance(v, NamedArray):
-        return v.axis_names.index(name) if v.has_axis(name) else None
-    return 0  # plain leaves of the stacked module (keys) have the layer first
-
-
 def _layer_specs(stacked: Any, name: str, pipe: Pipeline) -> list[PartitionSpec]:
     leaves, _, idx = _array_leaves(stacked)
     specs = []
     for v in (leaves[i] for i in idx):
-        d = _layer_dim(v, name)
+        d = layer_dim(v, name)
         if d is None:
             specs.append(PartitionSpec())
         else:
@@ -298,9 +305,7 @@ def _circular_layout(stacked: Any, name: str, pipe: Pipeline, inverse: bool = Fa
     layer ``r * p * c + s * c + j`` to position ``s * repeats * c + r * c + j``."""
     p, v = pipe.stages, pipe.repeats
 
-    def one(x: Any) -> Any:
-        if not (isinstance(x, NamedArray) and x.has_axis(name)):
-            return x
+    def one(x: NamedArray) -> NamedArray:
         found = mesh_entries(x)
         placed = found[0] if found is not None else {name: pipe.axis}
         x = _place_like(x, placed)  # (its transpose keeps the gradient where the parameter is)
@@ -314,7 +319,7 @@ def _circular_layout(stacked: Any, name: str, pipe: Pipeline, inverse: bool = Fa
         out = flatten_axes(rearrange(parts, names), [a.name for a in dst], name)
         return _place_like(out, {**placed, name: pipe.axis})
 
-    return jax.tree.map(one, stacked, is_leaf=is_named_array)
+    return map_layers(stacked, name, one)
 
 
 def _place_like(x: NamedArray, entries: dict[str, Any]) -> NamedArray:
@@ -444,15 +449,13 @@ def _loop(
         if v == 1:
             return params, keys
 
-        def one(x: Any) -> Any:
-            if isinstance(x, NamedArray) and x.has_axis(Layer.name):
-                i = x.axis_names.index(Layer.name)
-                a = jax.lax.dynamic_slice_in_dim(x.array, r * c, c, axis=i)
-                return NamedArray(a, x.axes[:i] + (block_axis,) + x.axes[i + 1 :])
-            return x
+        def one(x: NamedArray) -> NamedArray:
+            i = x.axis_names.index(Layer.name)
+            a = jax.lax.dynamic_slice_in_dim(x.array, r * c, c, axis=i)
+            return NamedArray(a, x.axes[:i] + (block_axis,) + x.axes[i + 1 :])
 
         kb = None if keys is None else jax.lax.dynamic_slice_in_dim(keys, r * c, c)
-        return jax.tree.map(one, params, is_leaf=is_named_array), kb
+        return map_layers(params, Layer.name, one), kb
 
     first = _pick(h_all, 0)
     zeros = jax.tree.map(lambda a: jnp.zeros_like(a), first)
@@ -546,15 +549,19 @@ def _with_axes(outs: Any, like: Any) -> Any:
     )  # fmt: skip
 
 
-def _ys_layout(y: NamedArray, s: Any, pipe: Pipeline, name: str) -> NamedArray:
+def _ys_layout(y: Any, s: Any, pipe: Pipeline, name: str) -> Any:
     """The ``ys`` of every tick ``(tick, layer, ...)`` as ``(layer, microbatch, ...)``: stage
-    ``s`` works on item ``k`` (repeat ``k // m``, microbatch ``k % m``) at tick ``s + k``."""
+    ``s`` works on item ``k`` (repeat ``k // m``, microbatch ``k % m``) at tick ``s + k``. A plain
+    array ``y`` (layer first, as ``scan`` stacks it) comes back plain."""
     v, m = pipe.repeats, pipe.microbatches
-    a = jax.lax.dynamic_slice_in_dim(y.array, s, v * m, axis=0)
+    named = isinstance(y, NamedArray)
+    a = jax.lax.dynamic_slice_in_dim(y.array if named else y, s, v * m, axis=0)
     a = a.reshape(v, m, *a.shape[1:])
-    y = NamedArray(a, (Axis(_REPEAT, v), Axis(_MICRO, m), *y.axes))
-    rest = [n for n in y.axis_names if n not in (_REPEAT, _MICRO, name)]
-    return flatten_axes(rearrange(y, (_REPEAT, name, _MICRO, *rest)), (_REPEAT, name), name)
+    axes = y.axes if named else plain_axes(a.shape[2:], name)
+    out = NamedArray(a, (Axis(_REPEAT, v), Axis(_MICRO, m), *axes))
+    rest = [n for n in out.axis_names if n not in (_REPEAT, _MICRO, name)]
+    out = flatten_axes(rearrange(out, (_REPEAT, name, _MICRO, *rest)), (_REPEAT, name), name)
+    return out if named else out.array
 
 
 def _where(c: Any, a: Any, b: Any) -> Any:

@@ -19,6 +19,7 @@ from .._ops.shape import rearrange
 from ._pipeline import check_options, pipeline_for
 from ._pipeline import run as run_pipeline
 from ._precision import current_precision
+from ._stacked_leaves import map_layers
 
 __all__ = ["REMAT_POLICIES", "Stacked", "check_gradient_checkpointing"]
 
@@ -101,11 +102,12 @@ class Stacked(eqx.Module, Generic[M]):
 
     ``Stacked(Axis("layer", 4), lambda k: Block(..., key=k), key=key)`` calls the constructor once
     per layer under ``na.vmap`` with one key per layer, so every NamedArray of ``stacked`` gets the
-    ``Layer`` axis in front. Calling the stack folds over ``Layer`` (``na.fold``, one ``lax.scan``,
-    so the program size does not grow with depth): ``stack(x, *args, key=key, **kwargs)`` runs
-    ``x = layer(x, *args, key=k_i, **kwargs)`` for each layer in order. Extra arguments are the same
-    for every layer; ``key`` (optional) is split into one key per layer. ``scan`` is the same for
-    layers that return ``(x, y)``, stacking the ``y``\\s on ``Layer``.
+    ``Layer`` axis in front (and every plain array a leading dimension of ``Layer.size``). Calling
+    the stack folds over ``Layer`` (``na.fold``, one ``lax.scan``, so the program size does not
+    grow with depth): ``stack(x, *args, key=key, **kwargs)`` runs ``x = layer(x, *args, key=k_i,
+    **kwargs)`` for each layer in order. Extra arguments are the same for every layer; ``key``
+    (optional) is split into one key per layer. ``scan`` is the same for layers that return
+    ``(x, y)``, stacking the ``y``\\s on ``Layer``.
 
     ``gradient_checkpointing`` trades compute for memory (``jax.checkpoint`` of each layer). By
     name, from most memory to least: ``"none"`` (``False``), ``"dots"`` (keep each layer's input and
@@ -233,7 +235,10 @@ class Stacked(eqx.Module, Generic[M]):
     def scan(
         self, x: Any, *args: Any, key: jax.Array | None = None, **kwargs: Any
     ) -> tuple[Any, Any]:
-        """Apply layers that return ``(x, y)``; returns ``(x, ys)``, ``ys`` stacked on ``Layer``."""
+        """Apply layers that return ``(x, y)``; returns ``(x, ys)``, ``ys`` stacked on ``Layer``.
+
+        Pipelined, a ``y`` without the batch axis comes back once per microbatch: with a
+        ``microbatch`` axis after ``Layer`` (a plain array: as dimension 1)."""
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             layer, k = xs
@@ -340,10 +345,7 @@ class Stacked(eqx.Module, Generic[M]):
         return tuple(self._layer(i) for i in range(self.Layer.size))
 
     def _layer(self, i: int) -> M:
-        """Layer ``i`` as a module without the ``Layer`` axis."""
+        """Layer ``i`` as a module without the ``Layer`` axis (plain arrays without their leading
+        dimension, as ``fold`` maps them)."""
         name = self.Layer.name
-        return jax.tree.map(
-            lambda x: x[name, i] if isinstance(x, NamedArray) and x.has_axis(name) else x,
-            self.stacked,
-            is_leaf=is_named_array,
-        )
+        return map_layers(self.stacked, name, lambda x: x[name, i])
