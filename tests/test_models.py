@@ -479,6 +479,150 @@ def test_config_that_a_family_cannot_express():
         models.hf_config(config)
 
 
+def config_of(tmp_path, raw):
+    """The config of a folder holding only ``raw`` as config.json."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    return models.config_from_hf(tmp_path)
+
+
+def test_top_level_original_max_position_embeddings_overrides_the_rope_settings(tmp_path):
+    """transformers 5 gives a top-level original_max_position_embeddings (Phi-3 style files)
+    priority over the one in the RoPE settings for llama3 and yarn; it was ignored (64 and 128
+    below), which changed the frequencies and the logits."""
+    for name, inner in (("llama_llama3", 64), ("llama_yarn", None)):
+        folder = copy_fixture(tmp_path, name)
+        rope = json.loads((folder / "config.json").read_text())["rope_parameters"]
+        original = rope.pop("original_max_position_embeddings")
+        if inner is not None:
+            rope["original_max_position_embeddings"] = inner
+        edit_config(folder, rope_parameters=rope, original_max_position_embeddings=original)
+        config = models.config_from_hf(folder)
+        assert config.rope_scaling.original_max_position_embeddings == original == 32
+        assert config == models.config_from_hf(FIXTURES / name)
+    r, ids, mask = reference("llama_yarn")
+    assert_matches(r, *logits(models.from_hf(folder), ids, mask))
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe"])
+def test_moe_config_without_a_sparse_layer_reads_as_a_dense_model(name, tmp_path):
+    """mlp_only_layers naming every layer, or a decoder_sparse_step past the last layer, makes
+    transformers build a dense MLP in every layer: the config has no experts and the dense
+    checkpoint loads (it was read as all-sparse, and from_hf asked for expert tensors)."""
+    dense = "llama" if name == "qwen2_moe" else "qwen3"  # the same tensors as these 2 layers
+    moe = json.loads((FIXTURES / name / "config.json").read_text())
+    keep = (
+        "model_type",
+        "architectures",
+        "num_experts",
+        "num_local_experts",
+        "num_experts_per_tok",
+    )
+    want = models.from_hf(FIXTURES / dense)
+    for i, layout in enumerate(({"mlp_only_layers": [0, 1]}, {"decoder_sparse_step": 3})):
+        folder = copy_fixture(tmp_path / str(i), dense)
+        edit_config(folder, **{k: moe[k] for k in keep if k in moe}, qkv_bias=False, **layout)
+        config = models.config_from_hf(folder)
+        assert (config.num_experts, config.shared_expert_intermediate_size) == (0, None)
+        assert not config.moe and config.axis("mlp").size == want.config.intermediate_size
+        model = models.from_hf(folder)
+        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(a, b)
+    for step in (0, -1, 1.5):
+        with pytest.raises(
+            na.ModelConfigError,
+            match=rf"^{name}: decoder_sparse_step={step} must be a positive integer \(experts in "
+            r"every step-th layer\)\. Use 1 for experts in every layer\.$",
+        ):
+            config_of(tmp_path / "bad", {"model_type": name, "decoder_sparse_step": step})
+
+
+@pytest.mark.parametrize(
+    "model_type, absent",
+    [("llama", 64), ("olmo2", 64), ("mistral", 8), ("mixtral", 8), ("qwen2", 32), ("qwen3", 32),
+     ("qwen2_moe", 16), ("qwen3_moe", 4), ("gemma", 16)],
+)  # fmt: skip
+def test_num_key_value_heads_defaults_per_family(model_type, absent, tmp_path):
+    """An absent num_key_value_heads takes the family's transformers default (Qwen2/Qwen3: 32,
+    Qwen2-MoE: 16, not num_attention_heads); an explicit null means num_attention_heads (Mistral
+    read 8)."""
+    raw = {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 64, "head_dim": 16}
+    assert config_of(tmp_path / "absent", raw).num_kv_heads == absent
+    null = config_of(tmp_path / "null", {**raw, "num_key_value_heads": None})
+    assert null.num_kv_heads == 64
+    assert config_of(tmp_path / "set", {**raw, "num_key_value_heads": 2}).num_kv_heads == 2
+
+
+@pytest.mark.parametrize("name", ROPE + ["mistral"])
+def test_written_config_states_rope_for_transformers_4_and_5(name, tmp_path):
+    """save_hf's config.json states RoPE both ways: rope_parameters (transformers 5) and a
+    top-level rope_theta with rope_scaling (transformers 4, which reads nothing else and ran theta
+    10000 on a file with only rope_parameters). Either spelling alone reads back the same config."""
+    config = models.config_from_hf(FIXTURES / name).replace(hf_config="")
+    raw = models.hf_config(config)
+    params = raw["rope_parameters"]
+    assert raw["rope_theta"] == params["rope_theta"] == config.rope_theta
+    if config.rope_scaling is None:
+        assert raw["rope_scaling"] is None and params["rope_type"] == "default"
+    else:
+        assert raw["rope_scaling"] == {k: v for k, v in params.items() if k != "rope_theta"}
+        assert raw["rope_scaling"]["rope_type"] == config.rope_scaling.kind
+    new = {k: v for k, v in raw.items() if k not in ("rope_theta", "rope_scaling")}
+    old = {k: v for k, v in raw.items() if k != "rope_parameters"}
+    assert config_of(tmp_path / "both", raw) == config
+    assert config_of(tmp_path / "new", new) == config
+    assert config_of(tmp_path / "old", old) == config
+
+
+def test_rope_theta_of_zero_is_refused_not_replaced(tmp_path):
+    """rope_theta 0 (either spelling) read as 10000; TransformerConfig refuses it (NaN logits)."""
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+    for where in (
+        {"rope_theta": 0},
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+    ):
+        with pytest.raises(
+            na.ModelConfigError,
+            match=r"^TransformerConfig\.rope_theta must be a finite number > 1, got 0\.0\.$",
+        ):
+            config_of(tmp_path, {**base, **where})
+    # Absent: the family's default (MixtralConfig's 1e6), from either place.
+    mixtral = {**base, "model_type": "mixtral", "num_attention_heads": 8}
+    assert config_of(tmp_path, mixtral).rope_theta == 1e6
+    assert config_of(tmp_path, {**base, "rope_theta": 5e5}).rope_theta == 5e5
+
+
+def test_gemma_activation_as_transformers_runs_it(tmp_path):
+    """Gemma runs hidden_act as transformers >= 4.48 (5.17 made the fixture) does: "gelu" is the
+    exact GELU (it ran as tanh GELU). hidden_activation, which 4.38-4.47 ran instead, is used where
+    it agrees with hidden_act and refused where it does not (the versions run different models);
+    save_hf writes both."""
+    base = {"model_type": "gemma", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+            "num_key_value_heads": 1}  # fmt: skip
+    for raw, act in [
+        ({}, "gelu_pytorch_tanh"),
+        ({"hidden_act": "gelu"}, "gelu"),
+        ({"hidden_act": "gelu", "hidden_activation": "gelu"}, "gelu"),
+        ({"hidden_activation": "gelu_pytorch_tanh"}, "gelu_pytorch_tanh"),
+        ({"hidden_act": "silu", "hidden_activation": None}, "silu"),
+    ]:
+        config = config_of(tmp_path, {**base, **raw})
+        assert config.activation == act
+        written = models.hf_config(config.replace(hf_config=""))
+        assert written["hidden_act"] == written["hidden_activation"] == act
+    assert models.config_from_hf(FIXTURES / "gemma").activation == "gelu_pytorch_tanh"
+    with pytest.raises(
+        na.ModelConfigError,
+        match=r"^gemma: hidden_act='gelu' and hidden_activation='gelu_pytorch_tanh' disagree "
+        r"\(transformers 4\.38-4\.47 runs hidden_activation, 4\.48 and later hidden_act\), so which "
+        r"activation the weights expect is ambiguous\. Set both in config\.json to the one they "
+        r"were trained with \('gelu_pytorch_tanh' for Google's Gemma checkpoints\)\.$",
+    ):
+        config_of(
+            tmp_path, {**base, "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh"}
+        )
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

@@ -25,26 +25,9 @@ from typing import Any
 from .._errors import ModelConfigError
 from ..nn import RopeScaling
 from ._config import MODEL_TYPES, TransformerConfig
+from ._tensor_names import Module, gpt2_modules, llama_modules
 
 __all__ = ["FAMILIES", "Family", "Module", "family_of"]
-
-
-@dataclass(frozen=True)
-class Module:
-    """One module of the model and where its parameters live in a Hugging Face checkpoint.
-
-    ``ours``: the attribute path in :class:`Transformer` (``layers.`` prefixes a module inside the
-    stacked decoder layers); ``hf``: the Hugging Face module name (``{i}`` is the layer index,
-    ``{e}`` the expert index of one tensor per expert); ``layout``: ``"linear"``, ``"conv1d"``,
-    ``"norm"``, ``"embedding"`` or ``"experts"`` (``hf`` then names the tensor itself, without a
-    ``.weight`` suffix); ``part``: for fused projections, ``(index, count)`` of this module's block
-    along the output (GPT-2's ``c_attn`` holds q, k and v).
-    """
-
-    ours: str
-    hf: str
-    layout: str
-    part: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +52,12 @@ def _int(raw: dict[str, Any], key: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def _rope(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
+def _first(*values: Any) -> Any:
+    """The first value that is not ``None`` (``0`` is a value: the config check refuses it)."""
+    return next(v for v in values if v is not None)
+
+
+def _rope(raw: dict[str, Any], max_positions: int, default_theta: float) -> dict[str, Any]:
     """``rope_theta`` and ``rope_scaling`` from either spelling (``rope_parameters``, or a top-level
     ``rope_theta`` with ``rope_scaling``), as transformers reads them."""
     params = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
@@ -78,7 +66,7 @@ def _rope(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
             "RoPE parameters per layer type (a nested rope_parameters) are not supported for "
             f"{raw.get('model_type')!r}."
         )
-    theta = float(params.get("rope_theta", raw.get("rope_theta")) or 10000.0)
+    theta = _first(params.get("rope_theta"), raw.get("rope_theta"), default_theta)
     factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
     if factor is not None and float(factor) != 1.0:
         raise ModelConfigError(
@@ -86,8 +74,14 @@ def _rope(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
         )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
-        return {"rope_theta": theta, "rope_scaling": None}
-    original = params.get("original_max_position_embeddings") or max_positions
+        return {"rope_theta": float(theta), "rope_scaling": None}
+    # transformers 5 (standardize_rope_params) lets a top-level original_max_position_embeddings
+    # (Phi-3 style files) override the one in the RoPE settings, for llama3 and yarn alike.
+    original = _first(
+        raw.get("original_max_position_embeddings"),
+        params.get("original_max_position_embeddings"),
+        max_positions,
+    )
     try:
         if kind == "linear":
             scaling = RopeScaling("linear", factor=float(params["factor"]))
@@ -125,7 +119,7 @@ def _rope(raw: dict[str, Any], max_positions: int) -> dict[str, Any]:
             )
     except KeyError as e:
         raise ModelConfigError(f"RoPE type {kind!r} needs {e.args[0]!r} in its settings.") from None
-    return {"rope_theta": theta, "rope_scaling": scaling}
+    return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 
 def _rope_parameters(cfg: TransformerConfig) -> dict[str, Any]:
@@ -174,6 +168,13 @@ def _layer_window(raw: dict[str, Any], layers: int) -> int | None:
     )
 
 
+def _kv_heads(raw: dict[str, Any], default: int | None, heads: int) -> int:
+    """``num_key_value_heads``: the family's default when the key is absent (``None``: as many as
+    query heads), and as many as query heads when it is ``null`` (every config class's fallback)."""
+    kv = raw.get("num_key_value_heads", default)
+    return heads if kv is None else kv
+
+
 def _llama_like(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     d = defaults
     heads = _int(raw, "num_attention_heads", d["heads"])
@@ -185,14 +186,14 @@ def _llama_like(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
         intermediate_size=_int(raw, "intermediate_size", d["inter"]),
         num_layers=_int(raw, "num_hidden_layers", d["layers"]),
         num_heads=heads,
-        num_kv_heads=_int(raw, "num_key_value_heads", d.get("kv") or heads),
+        num_kv_heads=_kv_heads(raw, d.get("kv"), heads),
         head_dim=_int(raw, "head_dim", d.get("head_dim") or hidden // heads),
         max_position_embeddings=max_pos,
         norm_eps=float(_int(raw, "rms_norm_eps", d.get("eps", 1e-6))),
         activation=_int(raw, "hidden_act", d.get("act", "silu")),
         tie_word_embeddings=bool(_int(raw, "tie_word_embeddings", d.get("tie", False))),
     )
-    out.update(_rope(raw, max_pos))
+    out.update(_rope(raw, max_pos, d.get("theta", 10000.0)))
     return out
 
 
@@ -213,14 +214,14 @@ def _read_mistral(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_qwen2(raw: dict[str, Any]) -> dict[str, Any]:
-    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, max_pos=32768)
+    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, kv=32, max_pos=32768)
     out = _llama_like(raw, d)
     window = _layer_window(raw, out["num_layers"])
     return {**out, "qkv_bias": True, "sliding_window": window}
 
 
 def _read_qwen3(raw: dict[str, Any]) -> dict[str, Any]:
-    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, head_dim=128)
+    d = dict(vocab=151936, hidden=4096, inter=22016, layers=32, heads=32, kv=32, head_dim=128)
     out = _llama_like(raw, {**d, "max_pos": 32768})
     window = _layer_window(raw, out["num_layers"])
     return {**out, **_bias(raw), "qk_norm": "head", "sliding_window": window}
@@ -231,8 +232,18 @@ def _read_gemma(raw: dict[str, Any]) -> dict[str, Any]:
     out = _llama_like(raw, {**d, "max_pos": 8192, "act": "gelu_pytorch_tanh", "tie": True})
     if raw.get("use_bidirectional_attention"):
         raise ModelConfigError("gemma with use_bidirectional_attention=true is not supported.")
-    if out["activation"] == "gelu":  # what transformers does: Gemma meant the tanh approximation
-        out["activation"] = "gelu_pytorch_tanh"
+    # transformers >= 4.48 (and 5, which made the fixtures) runs hidden_act as written ("gelu" is
+    # the exact GELU) and ignores hidden_activation; 4.38-4.47 ran hidden_activation (tanh GELU
+    # when unset) and ignored hidden_act. Where a file states both and they differ, the versions
+    # run different models: refuse rather than pick one.
+    legacy = raw.get("hidden_activation")
+    if legacy is not None and legacy != out["activation"]:
+        raise ModelConfigError(
+            f"gemma: hidden_act={out['activation']!r} and hidden_activation={legacy!r} disagree "
+            "(transformers 4.38-4.47 runs hidden_activation, 4.48 and later hidden_act), so which "
+            "activation the weights expect is ambiguous. Set both in config.json to the one they "
+            "were trained with ('gelu_pytorch_tanh' for Google's Gemma checkpoints)."
+        )
     return {
         **out,
         **_bias(raw),
@@ -247,9 +258,15 @@ def _read_olmo2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _experts(raw: dict[str, Any], layers: int, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The mixture-of-experts fields; every layer must be sparse (or, with no experts, dense)."""
+    """The mixture-of-experts fields; every layer must be sparse, or every layer dense (no experts,
+    or ``decoder_sparse_step``/``mlp_only_layers`` leaving none sparse: a dense model)."""
     n = _int(raw, "num_local_experts", _int(raw, "num_experts", defaults["n"]))
     step = _int(raw, "decoder_sparse_step", 1)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ModelConfigError(
+            f"{raw.get('model_type')}: decoder_sparse_step={step!r} must be a positive integer "
+            "(experts in every step-th layer). Use 1 for experts in every layer."
+        )
     dense_only = _int(raw, "mlp_only_layers", [])
     sparse = [i not in dense_only and n > 0 and (i + 1) % step == 0 for i in range(layers)]
     if any(sparse) and not all(sparse):
@@ -265,7 +282,7 @@ def _experts(raw: dict[str, Any], layers: int, defaults: dict[str, Any]) -> dict
             "input) is not supported."
         )
     out: dict[str, Any] = dict(
-        num_experts=n,
+        num_experts=n if any(sparse) else 0,  # transformers builds a dense MLP in every layer
         num_experts_per_tok=_int(raw, "num_experts_per_tok", defaults["k"]),
         router_aux_loss_coef=float(_int(raw, "router_aux_loss_coef", 0.001)),
     )
@@ -279,19 +296,14 @@ def _experts(raw: dict[str, Any], layers: int, defaults: dict[str, Any]) -> dict
 
 def _read_mixtral(raw: dict[str, Any]) -> dict[str, Any]:
     d = dict(vocab=32000, hidden=4096, inter=14336, layers=32, heads=32, kv=8, max_pos=131072)
-    out = _llama_like(raw, {**d, "eps": 1e-5})
-    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    if params.get("rope_theta", raw.get("rope_theta")) is None:
-        out["rope_theta"] = 1e6  # MixtralConfig.default_theta
-    if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
-        out["num_kv_heads"] = out["num_heads"]
+    out = _llama_like(raw, {**d, "eps": 1e-5, "theta": 1e6})  # MixtralConfig.default_theta
     window = raw.get("sliding_window")
     out["sliding_window"] = None if window is None else int(window)
     return {**out, **_experts(raw, out["num_layers"], dict(n=8, k=2))}
 
 
 def _read_qwen2_moe(raw: dict[str, Any]) -> dict[str, Any]:
-    d = dict(vocab=151936, hidden=2048, inter=5632, layers=24, heads=16, max_pos=32768)
+    d = dict(vocab=151936, hidden=2048, inter=5632, layers=24, heads=16, kv=16, max_pos=32768)
     out = _llama_like(raw, d)
     layers = out["num_layers"]
     if not raw.get("layer_types"):  # Qwen2MoeConfig: every other layer below max_window_layers
@@ -363,6 +375,13 @@ def _read_gpt2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_llama_like(cfg: TransformerConfig, extra: dict[str, Any]) -> dict[str, Any]:
+    rope = _rope_parameters(cfg)
+    # Both spellings: transformers 5 reads rope_parameters (rope_scaling first, when set, with the
+    # top-level rope_theta as its default), transformers 4 only rope_theta and rope_scaling (and
+    # would silently run theta 10000 without them; its rope_scaling has no rope_theta key).
+    legacy = (
+        None if cfg.rope_scaling is None else {k: v for k, v in rope.items() if k != "rope_theta"}
+    )
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -375,7 +394,9 @@ def _write_llama_like(cfg: TransformerConfig, extra: dict[str, Any]) -> dict[str
         "hidden_act": cfg.activation,
         "rms_norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_word_embeddings,
-        "rope_parameters": _rope_parameters(cfg),
+        "rope_parameters": rope,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": legacy,
         **extra,
     }
 
@@ -423,7 +444,9 @@ WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
     "mistral": lambda c: _write_llama_like(c, {"sliding_window": c.sliding_window}),
     "qwen2": lambda c: _write_llama_like(c, _sliding(c)),
     "qwen3": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias, **_sliding(c)}),
-    "gemma": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
+    "gemma": lambda c: _write_llama_like(  # hidden_activation: what transformers 4.38-4.47 runs
+        c, {"attention_bias": c.qkv_bias, "hidden_activation": c.activation}
+    ),
     "olmo2": lambda c: _write_llama_like(c, {"attention_bias": c.qkv_bias}),
     "mixtral": lambda c: _write_llama_like(
         c, {"sliding_window": c.sliding_window, **_write_experts(c, qwen=False)}
@@ -445,88 +468,6 @@ WRITERS: dict[str, Callable[[TransformerConfig], dict[str, Any]]] = {
         "tie_word_embeddings": c.tie_word_embeddings,
     },
 }
-
-
-# -- tensor names ---------------------------------------------------------------------------
-
-
-def _expert_modules(cfg: TransformerConfig, fused: bool) -> list[Module]:
-    """The router, the experts (one tensor each, or fused) and the shared expert of a layer."""
-    L = "model.layers.{i}."
-    mixtral = cfg.model_type == "mixtral"
-    block = L + ("block_sparse_moe." if mixtral and not fused else "mlp.")
-    rows = [Module("layers.mlp.router", block + "gate", "linear")]
-    if fused:
-        rows += [
-            Module("layers.mlp.experts.gate", block + "experts.gate_up_proj", "experts", (0, 2)),
-            Module("layers.mlp.experts.up", block + "experts.gate_up_proj", "experts", (1, 2)),
-            Module("layers.mlp.experts.down", block + "experts.down_proj", "experts"),
-        ]
-    else:
-        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-        rows += [
-            Module(f"layers.mlp.experts.{ours}", block + "experts.{e}." + hf, "linear")
-            for ours, hf in zip(("gate", "up", "down"), names)
-        ]
-    if cfg.shared_expert_intermediate_size:
-        rows += [
-            Module(f"layers.mlp.shared.{p}", L + f"mlp.shared_expert.{p}_proj", "linear")
-            for p in ("gate", "up", "down")
-        ]
-        rows.append(Module("layers.mlp.shared_gate", L + "mlp.shared_expert_gate", "linear"))
-    return rows
-
-
-def _llama_modules(cfg: TransformerConfig, fused: bool = False) -> list[Module]:
-    L = "model.layers.{i}."
-    rows = [Module("embed", "model.embed_tokens", "embedding")]
-    if cfg.norm_after:
-        rows += [
-            Module("layers.attn_out_norm", L + "post_attention_layernorm", "norm"),
-            Module("layers.mlp_out_norm", L + "post_feedforward_layernorm", "norm"),
-        ]
-    else:
-        rows += [
-            Module("layers.attn_norm", L + "input_layernorm", "norm"),
-            Module("layers.mlp_norm", L + "post_attention_layernorm", "norm"),
-        ]
-    rows += [Module(f"layers.attn.{p}_proj", L + f"self_attn.{p}_proj", "linear") for p in "qkvo"]
-    if cfg.qk_norm is not None:
-        rows += [Module(f"layers.attn.{p}_norm", L + f"self_attn.{p}_norm", "norm") for p in "qk"]
-    if cfg.moe:
-        rows += _expert_modules(cfg, fused)
-    else:
-        rows += [
-            Module(f"layers.mlp.{ours}", L + f"mlp.{hf}_proj", "linear")
-            for ours, hf in (("gate", "gate"), ("up", "up"), ("down", "down"))
-        ]
-    rows.append(Module("final_norm", "model.norm", "norm"))
-    if not cfg.tie_word_embeddings:
-        rows.append(Module("lm_head", "lm_head", "linear"))
-    return rows
-
-
-def _gpt2_modules(cfg: TransformerConfig, fused: bool = False) -> list[Module]:
-    L = "transformer.h.{i}."
-    rows = [
-        Module("embed", "transformer.wte", "embedding"),
-        Module("position_embed", "transformer.wpe", "embedding"),
-        Module("layers.attn_norm", L + "ln_1", "norm"),
-        Module("layers.mlp_norm", L + "ln_2", "norm"),
-    ]
-    rows += [
-        Module(f"layers.attn.{p}_proj", L + "attn.c_attn", "conv1d", part=(i, 3))
-        for i, p in enumerate("qkv")
-    ]
-    rows += [
-        Module("layers.attn.o_proj", L + "attn.c_proj", "conv1d"),
-        Module("layers.mlp.up", L + "mlp.c_fc", "conv1d"),
-        Module("layers.mlp.down", L + "mlp.c_proj", "conv1d"),
-        Module("final_norm", "transformer.ln_f", "norm"),
-    ]
-    if not cfg.tie_word_embeddings:
-        rows.append(Module("lm_head", "lm_head", "linear"))
-    return rows
 
 
 _ARCH = {
@@ -560,7 +501,7 @@ FAMILIES: dict[str, Family] = {
         architecture=_ARCH[name],
         read=_READERS[name],
         write=WRITERS[name],
-        modules=_gpt2_modules if name == "gpt2" else _llama_modules,
+        modules=gpt2_modules if name == "gpt2" else llama_modules,
         base_prefix="transformer." if name == "gpt2" else "model.",
         ignored_suffixes=(".attn.bias", ".attn.masked_bias")
         if name == "gpt2"
