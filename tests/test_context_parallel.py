@@ -644,3 +644,23 @@ def test_context_over_mesh_axes_listed_out_of_mesh_order(axis_type, balance):
         got = jax.jit(attend)(q, k, v)
     assert got.sharding.spec[got.axis_names.index("position")] == entry
     np.testing.assert_allclose(np.asarray(got.array), np.asarray(want), atol=2e-6)
+
+
+def test_model_laid_out_by_its_ids_split_without_a_mapping(axis_type):
+    """No mapping in force, ids split over `position` by their own sharding (Explicit): the model
+    lays out ids, positions and mask alike (the default positions are replicated, and were left in
+    order while the ids were permuted: wrong logits)."""
+    cfg = TransformerConfig(
+        "llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=4, context_strategy="ring",
+    )  # fmt: skip
+    model = Transformer(cfg, key=jax.random.key(0))
+    ids = named(jax.random.randint(jax.random.key(1), (2, 16), 0, 64), ("batch", "position"))
+    mask = named(jnp.arange(16)[None, :] >= jnp.array([[0], [3]]), ("batch", "position"))
+    want = model(ids, mask).array
+    mesh = make_mesh((2, 4), ("data", "context"), axis_type)
+    with jax.set_mesh(mesh):
+        m, i, k = na.shard((model, ids, mask), {"batch": "data", "position": "context"})
+        got = jax.jit(lambda m, i, k: m(i, k))(m, i, k).array
+    keep = np.asarray(mask.array)[..., None]
+    np.testing.assert_allclose(np.where(keep, got, 0), np.where(keep, want, 0), atol=1e-5)

@@ -463,7 +463,8 @@ class Transformer(eqx.Module):
                 )
         layout = None if cache is not None else self._context_layout(ids)
         if layout is not None:  # laid out once for all the layers: see _context_layout
-            ids, positions, attention_mask = nn.zigzag((ids, positions, attention_mask))
+            # by the ids' split: default positions and a mask may be placed otherwise
+            ids, positions, attention_mask = nn.zigzag((ids, positions, attention_mask), like=ids)
         if attention_mask is not None:
             key_mask = rename(attention_mask, {pos.name: KEY_POSITION})
         x = self.embed(ids)

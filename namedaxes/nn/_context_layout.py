@@ -120,7 +120,9 @@ def context_shards(x: NamedArray, axis: str) -> tuple[Any, int]:
     return entry, math.prod(sizes[a] for a in entry_axes(entry))
 
 
-def zigzag(tree: Any, axis: str = "position", *, inverse: bool = False) -> Any:
+def zigzag(
+    tree: Any, axis: str = "position", *, inverse: bool = False, like: NamedArray | None = None
+) -> Any:
     """Every NamedArray of ``tree`` with ``axis`` laid out zig-zag over the shards that split it.
 
     Where the mapping in force splits ``axis`` over ``c`` shards (context parallelism), the
@@ -138,6 +140,10 @@ def zigzag(tree: Any, axis: str = "position", *, inverse: bool = False) -> Any:
         tree: A pytree of NamedArrays (other leaves pass through).
         axis: The sequence axis.
         inverse: Back from the zig-zag layout to the order.
+        like: A NamedArray whose split of ``axis`` lays out every array of ``tree`` (arrays that
+            go together, such as token ids and their positions and mask, must be permuted alike
+            even where some of them are not split so: replicated default positions on an
+            Explicit mesh). By default each array's own split decides.
 
     Returns:
         ``tree`` with the permuted arrays.
@@ -157,10 +163,12 @@ def zigzag(tree: Any, axis: str = "position", *, inverse: bool = False) -> Any:
         (Array([0, 1, 6, 7, 2, 3, 4, 5], dtype=int32), Array([0, 1, 2, 3, 4, 5, 6, 7], dtype=int32))
     """
 
+    fixed = None if like is None else context_shards(like, axis)
+
     def one(x: Any) -> Any:
         if not isinstance(x, NamedArray) or not x.has_axis(axis):
             return x
-        entry, shards = context_shards(x, axis)
+        entry, shards = context_shards(x, axis) if fixed is None else fixed
         if shards == 1:
             return x
         size = x.axis_size(axis)
@@ -171,7 +179,13 @@ def zigzag(tree: Any, axis: str = "position", *, inverse: bool = False) -> Any:
                 f"positions do not cut into {2 * shards} equal chunks. Pad the sequence to a "
                 f"multiple of {2 * shards}."
             )
-        spec = spec_by_name(x, mesh_entries(x)[0])  # type: ignore[index]
+        found = mesh_entries(x)
+        entries = {**(found[0] if found is not None else {}), axis: entry}
+        used = set(entry_axes(entry))  # a mesh axis `entry` takes leaves the array's other axes
+        entries = {
+            n: e if n == axis or not used & set(entry_axes(e)) else None for n, e in entries.items()
+        }
+        spec = spec_by_name(x, entries)
         dim = x.axis_names.index(axis)
 
         def local(a: NamedArray) -> NamedArray:
