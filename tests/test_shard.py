@@ -305,3 +305,19 @@ def test_pspec_for_needs_mesh_and_mapping():
     with pytest.raises(ShardingError, match=r"pspec_for\(\) got no mapping"):
         na.pspec_for(data())
     assert na.pspec_for({"n": 1}, {"batch": "data"}) == {"n": P()}  # nothing named: no mesh needed
+
+
+def test_placing_a_constant_inside_an_eagerly_traced_body(axis_type):
+    """Under a concrete mesh, the body of an eager jax.lax.scan is traced with only the abstract
+    mesh: a concrete array it closes over is constrained there like a traced one (it was refused
+    as 'an AbstractMesh outside jit', which made eager model calls under a mapping fail)."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    pos = na.arange({"position": 8})
+
+    def body(total, _):
+        placed = na.auto_sharded(pos)
+        return total + placed.array.sum(), None
+
+    with jax.set_mesh(mesh), na.axis_mapping({"position": "model"}):
+        total, _ = jax.lax.scan(body, jnp.int32(0), None, length=2)
+    assert int(total) == 2 * sum(range(8))

@@ -120,6 +120,12 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
         return x  # nothing to place (the plan has checked the mapping against a known mesh)
     mesh = require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
     if isinstance(mesh, AbstractMesh) and not _tracing(planned.leaves):
+        if _inside_a_trace():  # constants closed over by a traced function (an eager scan body)
+            new = [
+                leaf if t is None else constrain(leaf, t.spec, t.mesh)
+                for leaf, t in zip(planned.leaves, planned.targets)
+            ]
+            return jax.tree_util.tree_unflatten(planned.treedef, new)
         raise ShardingError(
             f"{caller} was given an AbstractMesh outside jit, but placing arrays needs devices. "
             "Pass the concrete jax.sharding.Mesh (or call it inside jax.jit, where the abstract "
@@ -128,6 +134,16 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
         )
     new, changed = place_leaves(planned.leaves, planned.targets)
     return jax.tree_util.tree_unflatten(planned.treedef, new) if changed else x
+
+
+def _inside_a_trace() -> bool:
+    """Whether a function is being traced: ``jax.sharding.get_mesh`` refuses there (only the
+    abstract mesh exists), also around concrete arrays a traced function closes over."""
+    try:
+        jax.sharding.get_mesh()
+    except ValueError:
+        return True
+    return False
 
 
 def _tracing(leaves: list[Any]) -> bool:
