@@ -877,3 +877,18 @@ def test_from_hf_dtype_that_is_not_a_dtype():
         na.NamedTypeError, match=r"^from_hf dtype must be a floating dtype, got int32\."
     ):
         models.from_hf(FIXTURES / "llama", dtype=jnp.int32)
+
+
+def test_mask_and_positions_must_have_the_ids_axes_and_sizes():
+    """The same bad input gave JAX's broadcasting error, an internal fold() error or a silent extra
+    output axis, depending on the family."""
+    cfg = models.TransformerConfig("llama", **SMALL)
+    model = models.Transformer(cfg, key=jax.random.key(0))
+    ids = na.named(jnp.zeros((2, 8), jnp.int32), ("batch", "position"))
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"attention_mask NamedArray\(batch=3, position=8\) and ids .* differ in the size of 'batch'",
+    ):
+        model(ids, na.named(jnp.ones((3, 8), bool), ("batch", "position")))
+    with pytest.raises(na.AxisNotFoundError, match=r"positions has axis 'beam' that the ids"):
+        model(ids, None, na.named(jnp.zeros((8, 2), jnp.int32), ("position", "beam")))

@@ -157,6 +157,21 @@ class DecoderLayer(eqx.Module):
         return x if stats is None else (x, stats)
 
 
+def _check_like_ids(x: NamedArray, what: str, ids: NamedArray) -> None:
+    """``x`` (a mask or positions) has only axes of the ids, each of the ids' size."""
+    for a in x.axes:
+        if not ids.has_axis(a.name):
+            raise AxisNotFoundError(
+                f"Transformer: {what} has axis {a.name!r} that the ids "
+                f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
+            )
+        if ids.axis_size(a.name) != a.size:
+            raise AxisSizeError(
+                f"Transformer: {what} NamedArray({format_axes(x.axes)}) and ids "
+                f"NamedArray({format_axes(ids.axes)}) differ in the size of {a.name!r}."
+            )
+
+
 class Transformer(eqx.Module):
     """A decoder-only language model: ids ``(batch, position)`` -> logits ``(batch, position, vocab)``.
 
@@ -376,9 +391,10 @@ class Transformer(eqx.Module):
         Raises:
             NamedTypeError: if ``ids``/``positions`` are not integer NamedArrays or the mask is
                 not boolean.
-            AxisNotFoundError: if an input lacks ``position``, or the mask has an axis the ids
-                lack.
-            AxisSizeError: if an input's ``position`` axis has another size than the ids'.
+            AxisNotFoundError: if an input lacks ``position``, or the mask or the positions have
+                an axis the ids lack.
+            AxisSizeError: if an axis of the mask or the positions has another size than the
+                ids' axis of that name.
         """
         if return_aux_loss and cache is not None:
             raise NamedTypeError(
@@ -455,12 +471,9 @@ class Transformer(eqx.Module):
                     f"and ids NamedArray({format_axes(ids.axes)}) differ in the size of "
                     "'position'."
                 )
-            extra = [a.name for a in attention_mask.axes if not ids.has_axis(a.name)]
-            if extra:
-                raise AxisNotFoundError(
-                    f"Transformer: attention_mask has axis {extra[0]!r} that the ids "
-                    f"NamedArray({format_axes(ids.axes)}) lack. Give it the ids' axes."
-                )
+            _check_like_ids(attention_mask, "attention_mask", ids)
+        if positions is not None:
+            _check_like_ids(positions, "positions", ids)
         layout = None if cache is not None else self._context_layout(ids)
         if layout is not None:  # laid out once for all the layers: see _context_layout
             # by the ids' split: default positions and a mask may be placed otherwise
