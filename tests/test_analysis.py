@@ -291,6 +291,23 @@ def test_compiled_memory_of_concrete_arguments_and_named_jit():
         assert got["argument_bytes"] == 128
 
 
+def test_compiled_memory_of_uncommitted_arguments(mesh_2x4):
+    # An uncommitted argument (a plain jnp array, an unplaced NamedArray) is free to move, as in
+    # jax.jit: its figures are jit's own, not an "incompatible devices" error.
+    x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh_2x4, P("data", "model")))
+    y = jnp.ones((1, 16))
+    f = lambda a, b: a * b  # noqa: E731
+    expected = jax.jit(f).lower(x, y).compile().memory_analysis().argument_size_in_bytes
+    assert compiled_memory(f, x, y)["argument_bytes"] == expected
+    xn = na.named(jnp.ones((8, 16)), ("batch", "embed"))
+    wn = na.named(jnp.ones((16,)), ("embed",))
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data", "embed": "model"}):
+        assert compiled_memory(f, x, y)["argument_bytes"] == expected
+        g = na.named_jit(lambda a, b: (a * b).sum("embed"))
+        expected = g.lower(xn, wn).compile().memory_analysis().argument_size_in_bytes
+        assert compiled_memory(g, xn, wn)["argument_bytes"] == expected
+
+
 class _FakeCompiled:
     def __init__(self, result):
         self.result = result

@@ -10,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import namedaxes as na
@@ -150,6 +151,30 @@ def test_abstract_grid_uses_mesh_positions():
     out = _Terminal()
     na.analysis.visualize_array(x, {"batch": "model"}, {"data": 2, "model": 2}, file=out)
     assert "batch \\ embed" in out.getvalue() and "0,2" in out.getvalue() and "┃" in out.getvalue()
+
+
+def test_grid_of_uneven_sharding_on_a_concrete_mesh(axis_type):
+    # devices_indices_map refuses an uneven sharding; the grid shows JAX's padded layout (blocks
+    # of ceil(6/8) = 1 row, the last empty), labelled by the devices of a mesh in reversed order.
+    devices = np.array(jax.devices()[::-1]).reshape(2, 4)
+    mesh = jax.sharding.Mesh(devices, ("data", "model"), axis_types=(axis_type,) * 2)
+    sharding = jax.NamedSharding(mesh, jax.P(("model", "data")))
+    x = na.named(jax.ShapeDtypeStruct((6, 8), jnp.float32, sharding=sharding), ("a", "b"))
+    out = io.StringIO()
+    na.analysis.visualize_array(x, file=out)
+    title, grid = _grid(out.getvalue())
+    assert title == "NamedArray(float32, a=6, b=8)  P(('model', 'data'),) on Mesh(data=2, model=4)"
+    # block i = model * 2 + data; the device at (data, model) is 7 - (data * 4 + model)
+    assert grid == [
+        ["a \\ b", "0:8"],
+        ["0:1", "7"],
+        ["1:2", "3"],
+        ["2:3", "6"],
+        ["3:4", "2"],
+        ["4:5", "5"],
+        ["5:6", "1"],
+        ["6:6", "0,4"],
+    ]
 
 
 def test_visualize_array_refuses_plain_arrays():

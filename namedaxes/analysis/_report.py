@@ -288,9 +288,15 @@ def _breakdown(
 
 
 def _abstract(x: Any) -> Any:
-    """A ``ShapeDtypeStruct`` (keeping the sharding) for array leaves; other leaves as they are."""
-    if isinstance(x, jax.Array):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    """A ``ShapeDtypeStruct`` for array leaves; other leaves as they are.
+
+    A committed array keeps its sharding. An uncommitted one (a plain ``jnp`` array, not yet
+    placed) gets none, as ``jax.jit`` treats it: free to move to the function's devices, not
+    pinned to the one device it happens to sit on.
+    """
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        sharding = x.sharding if x.committed else None
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=x.weak_type)
     if isinstance(x, np.ndarray):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
     return x
@@ -302,7 +308,8 @@ def compiled_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[s
     ``fn`` is a ``named_jit``/``jax.jit`` function (anything with ``.lower``) or a plain function
     (jitted here with ``keep_unused=True``, so arguments the function ignores still count, as they
     would in a training step that receives them). Concrete array arguments are replaced by
-    ``ShapeDtypeStruct``s with their shardings, so nothing is executed; pass ``ShapeDtypeStruct``s
+    ``ShapeDtypeStruct``s with their shardings (none for an uncommitted array, which ``jax.jit``
+    would move to the function's devices), so nothing is executed; pass ``ShapeDtypeStruct``s
     with ``sharding=`` to plan.
 
     Returns:

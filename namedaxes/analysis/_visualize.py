@@ -230,20 +230,18 @@ def _plain_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _blocks(shape: tuple[int, ...], p: _Placement) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
-    """(device label, per-dimension [start, stop)) for every device of the mesh.
+    """(device label, per-dimension [start, stop)) for every device of the mesh, by label.
 
-    On a concrete mesh the labels are device ids and the blocks come from JAX itself
-    (``devices_indices_map``); on an abstract mesh they are positions in mesh order, computed the
-    same way (the first mesh axis of an entry is the major one).
+    Labels are device ids on a concrete mesh and positions in mesh order on an abstract one. The
+    blocks are JAX's layout (the first mesh axis of an entry is the major one; ``c = ceil(n/k)``
+    per shard, the last shards shorter or empty when ``k`` does not divide ``n``), computed here
+    rather than asked of ``devices_indices_map``, which refuses uneven shardings that JAX's own
+    constrained intermediates (and a ``ShapeDtypeStruct`` carrying one) may have.
     """
     out: list[tuple[str, tuple[tuple[int, int], ...]]] = []
-    if p.mesh is not None:
-        for device, index in NamedSharding(p.mesh, p.spec).devices_indices_map(shape).items():
-            span = tuple((s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape))
-            out.append((str(device.id), span))  # type: ignore[attr-defined]
-        return sorted(out, key=lambda b: int(b[0]))
     entries = _factors(p.spec, len(shape))
     names = list(p.sizes)
+    devices = list(p.mesh.devices.flat) if p.mesh is not None else None
     for flat in range(math.prod(p.sizes.values())):
         coord: dict[str, int] = {}
         rest = flat
@@ -256,8 +254,9 @@ def _blocks(shape: tuple[int, ...], p: _Placement) -> list[tuple[str, tuple[tupl
                 i, k = i * p.sizes[a] + coord[a], k * p.sizes[a]
             step = -(-n // k)
             bounds.append((min(i * step, n), min((i + 1) * step, n)))
-        out.append((str(flat), tuple(bounds)))
-    return out
+        label = str(devices[flat].id) if devices is not None else str(flat)
+        out.append((label, tuple(bounds)))
+    return sorted(out, key=lambda b: int(b[0]))  # cells list their devices by id
 
 
 def _grid_axes(x: NamedArray, axes: Any) -> list[int]:
