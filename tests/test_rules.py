@@ -753,3 +753,173 @@ def test_path_rule_mapping_resolves_field_declared_arrays_as_pspec_for():
     assert (specs.w, specs.b, specs.k) == (P("data", "model"), P("model"), P("data"))
     expected = na.pspec_for(block, mapping, mesh=MESH)
     assert (specs.w, specs.b) == (expected.w, expected.b)
+
+
+# -- which mesh a rule plans and places on -------------------------------------------------------
+
+
+def test_to_shardings_plans_on_the_mesh_given(axis_type):
+    m1 = make_mesh((2, 4), ("data", "model"), axis_type)
+    m2 = make_mesh((8,), ("x",), axis_type)
+    tree = {"w": jnp.zeros((16, 8))}
+    # a rule without a mesh plans on the one given, with no context mesh or another one
+    out = AutoShardingRule().shard(tree, mesh=m1)
+    assert out["w"].sharding == NamedSharding(m1, P("model", "data"))
+    assert shard_shapes(out["w"]) == [(4, 4)] * 8
+    with jax.set_mesh(m2):
+        assert AutoShardingRule().to_shardings(tree, mesh=m1)["w"] == NamedSharding(
+            m1, P("model", "data")
+        )
+    # a rule whose own mesh differs: named, not JAX's "Resource axis" error
+    with pytest.raises(
+        MeshError,
+        match=r"AutoShardingRule\.to_shardings was given the mesh Mesh\(data=2, model=4\) on devices \[0, 1, 2, 3, 4, 5, 6, 7\], but the rule plans on Mesh\(x=8\) on devices \[0, .*\]\. Pass the rule's own mesh \(or none\), or build the rule with mesh=None",
+    ):
+        AutoShardingRule(m2).to_shardings(tree, mesh=m1)
+    with pytest.raises(MeshError, match=r"was given the mesh Mesh\(x=8\).*plans on Mesh\(data=2"):
+        AutoShardingRule(MESH).shard(tree, mesh=m2)
+    # a rule on a dict of the same shape places on the mesh given, or the context mesh
+    assert AutoShardingRule(MESH).to_shardings(tree, mesh=m1)["w"].mesh is m1
+    with jax.set_mesh(m1):
+        assert AutoShardingRule(MESH).shard(tree)["w"].sharding == NamedSharding(
+            m1, P("model", "data")
+        )
+    with (
+        jax.set_mesh(m2),
+        pytest.raises(
+            MeshError,
+            match=r"AutoShardingRule\.to_shardings: the rule plans on Mesh\(data=2, model=4\) \(a \{axis: size\} dict\), but the context mesh is Mesh\(x=8\)",
+        ),
+    ):
+        AutoShardingRule(MESH).to_shardings(tree)
+
+
+def test_composite_plans_on_one_mesh(axis_type):
+    m1 = make_mesh((2, 4), ("data", "model"), axis_type)
+    m2 = make_mesh((8,), ("x",), axis_type)
+    x = na.named(jnp.zeros((8, 16)), ("batch", "embed"))
+    tree = {"x": x, "w": jnp.zeros((16, 8))}
+    # a sub-rule without a mesh plans on the other rules' mesh
+    rule = CompositeShardingRule(LogicalAxisRule({"batch": "x"}), AutoShardingRule(m2))
+    assert rule.mesh is m2
+    assert rule.apply(tree) == {"x": P("x", None), "w": P("x", None)}
+    out = rule.shard(tree)
+    assert out["x"].array.sharding == NamedSharding(m2, P("x", None))
+    assert shard_shapes(out["x"].array) == [(1, 16)] * 8
+    # ... and a different context mesh, which it would otherwise use, is refused
+    with (
+        jax.set_mesh(m1),
+        pytest.raises(
+            MeshError,
+            match=r"CompositeShardingRule: rule 0 \(LogicalAxisRule\) has no mesh, so it plans on the other rules' mesh Mesh\(x=8\) on devices .*, but the context mesh is Mesh\(data=2, model=4\) on devices .*\. Give rule 0 its mesh",
+        ),
+    ):
+        rule.apply(tree)
+    # agreeing meshes: the most concrete one places (a dict first is no MeshTypeError)
+    rule = CompositeShardingRule(
+        LogicalAxisRule({"batch": "data"}, MESH),
+        AutoShardingRule(m1.abstract_mesh),
+        AutoShardingRule(m1),
+    )
+    assert rule.mesh is m1
+    out = rule.shard(tree)
+    assert out["x"].array.sharding == NamedSharding(m1, P("data", None))
+    assert out["w"].sharding == NamedSharding(m1, P("model", "data"))
+    # no sub-rule mesh: the mesh given to shard
+    rule = CompositeShardingRule(LogicalAxisRule({"batch": "data"}), AutoShardingRule())
+    assert rule.mesh is None
+    assert rule.to_shardings(tree, m1)["x"] == NamedSharding(m1, P("data", None))
+
+
+def test_custom_rule_mapping_into_named_arrays_is_named(mesh_2x4):
+    class ShardFirstDim(ShardingRule):
+        def apply(self, tree):
+            return jax.tree.map(lambda x: P("data"), tree)  # maps into the NamedArray
+
+    tree = {"x": na.named(jnp.zeros((8, 4)), ("batch", "embed")), "w": jnp.zeros(8)}
+    message = (
+        r"ShardFirstDim\.apply gave leaf 'x' NamedArray\(P, batch=8, embed=4\) \(NamedArray\), "
+        r"not a PartitionSpec or None\. It mapped into the NamedArray: a NamedArray is one leaf, "
+        r"so pass is_leaf=na\.is_named_array"
+    )
+    with pytest.raises(NamedTypeError, match=message):
+        ShardFirstDim().to_shardings(tree, mesh_2x4)
+    with pytest.raises(NamedTypeError, match=message):
+        ShardFirstDim().shard(tree, mesh_2x4)
+    with pytest.raises(NamedTypeError, match=message):  # not silently dropped by a composite
+        CompositeShardingRule(ShardFirstDim(), AutoShardingRule(mesh_2x4)).apply(tree)
+
+    class Documented(ShardingRule):
+        def apply(self, tree):
+            return jax.tree.map(lambda x: P("data"), tree, is_leaf=na.is_named_array)
+
+    out = Documented().shard(tree, mesh_2x4)
+    assert out["x"].array.sharding.spec == P("data") and out["w"].sharding.spec == P("data")
+    assert shard_shapes(out["x"].array) == [(4, 4)] * 8
+
+    class Wrong(ShardingRule):
+        def apply(self, tree):
+            return [P()]
+
+    with pytest.raises(
+        na.SpecMismatchError,
+        match=r"Wrong\.apply returned a tree whose structure is not the input's",
+    ):
+        Wrong().to_shardings(tree, mesh_2x4)
+
+
+def test_shard_on_an_abstract_mesh_outside_jit_is_refused(mesh_2x4):
+    abstract = mesh_2x4.abstract_mesh
+    tree = {"w": jnp.zeros(16)}
+    with pytest.raises(
+        ShardingError,
+        match=r"AutoShardingRule\.shard was given an AbstractMesh outside jit, but placing arrays needs devices\. Pass the concrete jax\.sharding\.Mesh",
+    ):
+        AutoShardingRule(abstract).shard(tree)
+    with pytest.raises(ShardingError, match=r"shard_array was given an AbstractMesh outside jit"):
+        MeshPartitionHelper(abstract).shard_array(jnp.zeros(16), P("model"))
+    # abstract leaves take the sharding, and inside jit the abstract mesh is enough
+    assert AutoShardingRule(abstract).shard({"w": sds(16)})["w"].sharding.spec == P("model")
+    with jax.set_mesh(mesh_2x4):
+        out = jax.jit(AutoShardingRule(abstract).shard)(tree)
+    assert padded(out["w"].sharding.spec, 1) == P("model")
+
+
+def test_helper_follows_a_reassigned_mesh():
+    helper = MeshPartitionHelper({"data": 8}, min_shard_size=1)
+    tree = {"w": sds(16, 4)}
+    assert helper.apply(tree) == {"w": P("data", None)}
+    helper.mesh = {"model": 4}
+    assert helper.axis_sizes == {"model": 4}
+    assert helper.apply(tree) == {"w": P("model", None)}
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        AutoShardingRule(MESH),
+        AutoShardingRule(MESH, reverse=True),
+        MemoryConstrainedShardingRule(64, MESH),
+        MemoryConstrainedShardingRule(192, MESH, scope="device"),
+        MeshPartitionHelper(MESH, min_shard_size=1),
+    ],
+    ids=["auto", "auto-reverse", "memory", "memory-device", "helper"],
+)
+def test_shape_rules_break_ties_by_axis_name(rule):
+    names = ("embed", "mlp", "heads")
+    leaves = [na.named(sds(4, 4, 4), order) for order in itertools.permutations(names)]
+    placed = [dict(zip(x.axis_names, spec)) for x, spec in zip(leaves, rule.apply(leaves))]
+    assert all(p == placed[0] for p in placed)  # the same mesh axes per name, in every order
+    assert any(placed[0].values())
+    # two leaves of one shape, names swapped (scope="device": the budget needs one mesh axis)
+    pair = [na.named(sds(8, 8), ("embed", "mlp")), na.named(sds(8, 8), ("mlp", "embed"))]
+    a, b = rule.apply(pair)
+    assert dict(zip(pair[0].axis_names, a)) == dict(zip(pair[1].axis_names, b))
+
+
+def test_plain_arrays_keep_position_ties():
+    assert AutoShardingRule(MESH).apply([sds(8, 8)]) == [P("model", "data")]
+    assert MemoryConstrainedShardingRule(64, MESH).apply([sds(8, 8)]) == [P("model", None)]
+    assert AutoShardingRule(MESH).apply([na.named(sds(8, 8), ("mlp", "embed"))]) == [
+        P("data", "model")
+    ]

@@ -118,22 +118,41 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
         check_matched(rules, planned.names, caller)
     if not planned.any_named:
         return x  # nothing to place (the plan has checked the mapping against a known mesh)
-    mesh = require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
-    if isinstance(mesh, AbstractMesh) and not _tracing(planned.leaves):
-        if _inside_a_trace():  # constants closed over by a traced function (an eager scan body)
+    require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
+    new, changed = place_planned(
+        planned.leaves,
+        planned.targets,
+        caller=caller,
+        plan_instead="pspec_for(tree, mapping, mesh=abstract_mesh)",
+    )
+    return jax.tree_util.tree_unflatten(planned.treedef, new) if changed else x
+
+
+def place_planned(
+    leaves: list[Any], targets: list[Any], *, caller: str, plan_instead: str
+) -> tuple[list[Any], bool]:
+    """``place_leaves``, and the one rule for targets on an ``AbstractMesh``: fine for traced
+    leaves; for concrete ones inside a traced function (constants an eager ``scan`` body closes
+    over, under a concrete mesh) a constraint; outside any trace an error, as there are no devices
+    to put data on (``plan_instead`` says how to plan without them).
+
+    Raises:
+        ShardingError: for an ``AbstractMesh`` target of a concrete leaf outside any trace.
+    """
+    abstract = any(t is not None and isinstance(t.mesh, AbstractMesh) for t in targets)
+    if abstract and not _tracing(leaves):
+        if _inside_a_trace():
             new = [
                 leaf if t is None else constrain(leaf, t.spec, t.mesh)
-                for leaf, t in zip(planned.leaves, planned.targets)
+                for leaf, t in zip(leaves, targets)
             ]
-            return jax.tree_util.tree_unflatten(planned.treedef, new)
+            return new, True
         raise ShardingError(
             f"{caller} was given an AbstractMesh outside jit, but placing arrays needs devices. "
             "Pass the concrete jax.sharding.Mesh (or call it inside jax.jit, where the abstract "
-            "mesh is enough); to plan without devices use pspec_for(tree, mapping, "
-            "mesh=abstract_mesh)."
+            f"mesh is enough); to plan without devices use {plan_instead}."
         )
-    new, changed = place_leaves(planned.leaves, planned.targets)
-    return jax.tree_util.tree_unflatten(planned.treedef, new) if changed else x
+    return place_leaves(leaves, targets)
 
 
 def _inside_a_trace() -> bool:

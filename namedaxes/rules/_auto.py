@@ -2,8 +2,10 @@
 ``MemoryConstrainedShardingRule`` (``MeshPartitionHelper`` is in ``_helper``).
 
 All of them iterate mesh axes and dimensions in a fixed order (sizes, then position), never over a
-``set``, so the chosen specs do not depend on ``PYTHONHASHSEED``. Each spec is built so that every mesh
-axis appears at most once and every sharded dimension is divisible by its mesh axes.
+``set``, so the chosen specs do not depend on ``PYTHONHASHSEED``. A NamedArray is planned with its
+dimensions in axis-name order (``_flat.name_order``), so equal sizes are told apart by name and the
+same named axes get the same mesh axes whatever their positions. Each spec is built so that every
+mesh axis appears at most once and every sharded dimension is divisible by its mesh axes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ._base import (
     replicated,
     rule_mesh_axes,
 )
-from ._flat import flatten_values, key_paths, map_shapes, shape_dtype
+from ._flat import by_name, flatten_values, in_order, key_paths, map_shapes, name_order, shape_dtype
 
 __all__ = [
     "AutoShardingRule",
@@ -61,8 +63,8 @@ def _check_min_size(value: Any, caller: str) -> int | None:
 class AutoShardingRule(ShardingRule):
     """Shard the largest dimensions of each array over the largest mesh axes that divide them.
 
-    Dimensions are visited by size, largest first (smallest first with ``reverse``; ties by
-    position). Each takes the first mesh axis, not yet used by that array, whose size divides it.
+    Dimensions are visited by size, largest first (smallest first with ``reverse``; ties by axis
+    name for a NamedArray, by position for a plain array). Each takes the first mesh axis, not yet used by that array, whose size divides it.
     Mesh axes are tried in the order of ``axis_names`` (default: largest first, ties in mesh order);
     size-1 axes are skipped. Arrays with fewer than ``min_shard_size`` elements, and empty arrays,
     stay replicated. Specs have one entry per dimension.
@@ -142,8 +144,9 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
     Per leaf: an array that fits ``max_memory_per_device`` unsharded stays replicated. Otherwise
     mesh axes are taken largest first (ties in mesh order, size-1 axes skipped); each goes to the
-    dimension with the largest remaining per-device extent that it divides (several mesh axes may
-    share a dimension, giving tuple entries), until the array fits. If that greedy pass does not fit, every
+    dimension with the largest remaining per-device extent that it divides (ties by axis name for a
+    NamedArray, by position for a plain array; several mesh axes may share a dimension, giving tuple
+    entries), until the array fits. If that greedy pass does not fit, every
     valid spec is searched for the one with the fewest bytes per device. When even that does not
     fit, ``on_unfit`` decides: ``"error"`` raises, ``"warn"`` emits a ``MemoryBudgetWarning`` and
     uses the best spec.
@@ -152,7 +155,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
     budget, the kind of array (same shape and itemsize) holding the most bytes per device takes its
     next mesh axis (largest first, onto its largest remaining dimension that the axis divides), so
     the biggest contributors are sharded first and small arrays stay replicated when they can.
-    Arrays of the same kind always get the same spec. If every array is sharded as far as it can be
+    Arrays of the same kind always get the same spec (for NamedArrays, the same mesh axes on the
+    same axis names: a kind is counted with its axes in name order). If every array is sharded as far as it can be
     and the sum is still over, ``on_unfit`` decides as above.
 
     Args:
@@ -231,7 +235,10 @@ class MemoryConstrainedShardingRule(ShardingRule):
         sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, caller=owner)
         if self.scope == "device":
             return self._apply_device(tree, axes, sizes)
+        # (spec, bytes per device) per (shape, itemsize), the shape in name order; and per
+        # (shape, itemsize, name order), the spec in the leaf's own order.
         cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
+        placed: dict[tuple[tuple[int, ...], int, tuple[int, ...] | None], Any] = {}
         # Values only (no Leaf record per leaf); key paths and a record only for unfit leaves.
         values, treedef = flatten_values(tree)
         keys: list[tuple[Any, ...]] | None = None
@@ -242,11 +249,16 @@ class MemoryConstrainedShardingRule(ShardingRule):
             if shape is None:
                 out.append(None)
                 continue
-            key = (shape, dtype.itemsize)  # type: ignore[union-attr]
-            found = cache.get(key)
-            if found is None:
-                found = cache[key] = self._spec(shape, key[1], axes, sizes)
-            spec, per_device = found
+            order = name_order(value)  # a NamedArray is planned in axis-name order
+            leaf_key = (shape, dtype.itemsize, order)  # type: ignore[union-attr]
+            hit = placed.get(leaf_key)
+            if hit is None:
+                key = (by_name(shape, order), leaf_key[1])
+                found = cache.get(key)
+                if found is None:
+                    found = cache[key] = self._spec(key[0], key[1], axes, sizes)
+                hit = placed[leaf_key] = (in_order(found[0], order), found[1])
+            spec, per_device = hit
             if per_device > self.max_memory_per_device:
                 if keys is None:
                     keys = key_paths(tree, treedef)
@@ -284,16 +296,17 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def _apply_device(self, tree: Any, axes: tuple[str, ...], sizes: Mapping[str, int]) -> Any:
         """The whole-device mode: shard the largest contributors until the sum fits."""
         leaves, _ = flatten_leaves(tree)
+        # A kind is (shape, itemsize), a NamedArray's shape taken in axis-name order.
         kinds: dict[
             tuple[tuple[int, ...], int], list[Any]
         ] = {}  # -> [count, extents, assign, next]
         for lf in leaves:
-            if lf.is_array:
-                key = (lf.shape, lf.dtype.itemsize)
+            if lf.shape is not None and lf.dtype is not None:
+                key = (by_name(lf.shape, name_order(lf.value)), lf.dtype.itemsize)
                 if key in kinds:
                     kinds[key][0] += 1
                 else:
-                    kinds[key] = [1, list(lf.shape), [[] for _ in lf.shape], 0]
+                    kinds[key] = [1, list(key[0]), [[] for _ in key[0]], 0]
 
         def held(
             key: tuple[tuple[int, ...], int],
@@ -336,7 +349,13 @@ class MemoryConstrainedShardingRule(ShardingRule):
                 raise ShardingError(message)
             warnings.warn(message, MemoryBudgetWarning, stacklevel=3)
         specs = {k: _entries(v[2]) for k, v in kinds.items()}
-        return map_array_leaves(tree, lambda lf: specs[(lf.shape, lf.dtype.itemsize)])
+
+        def spec_of(lf: Leaf) -> PartitionSpec:  # map_array_leaves: array leaves only
+            order = name_order(lf.value)
+            shape, itemsize = lf.shape or (), lf.dtype.itemsize  # type: ignore[union-attr]
+            return in_order(specs[(by_name(shape, order), itemsize)], order)
+
+        return map_array_leaves(tree, spec_of)
 
     def _unfit_message(
         self, leaf: Leaf, spec: PartitionSpec, per_device: int, sizes: Mapping[str, int]
@@ -358,7 +377,8 @@ def _best_spec(
     """The valid spec with the fewest bytes per device (exhaustive; only used when greedy fails).
 
     Bytes per device are ``nbytes / product of used axis sizes`` for a valid spec, so this maximizes
-    that product. The first best found (axes in order, dimensions by position) wins: deterministic.
+    that product. The first best found (axes in order, dimensions by position; a NamedArray's shape
+    comes in axis-name order) wins: deterministic.
     """
     best_product = 0
     best: list[list[str]] = []

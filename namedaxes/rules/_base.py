@@ -8,6 +8,7 @@ turns a tree into a flat list of ``Leaf`` records once, so the rules only think 
 from __future__ import annotations
 
 import abc
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,14 +20,25 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from .._array import NamedArray, is_named_array
 from .._axis import Axis
 from .._errors import (
+    MeshError,
+    NamedTypeError,
     ShardingError,
+    SpecMismatchError,
     format_mesh,
     format_names,
     format_path,
 )
-from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
+from .._mesh import (
+    AnyMesh,
+    MeshLike,
+    context_mesh,
+    device_ids,
+    mesh_axis_sizes,
+    require_mesh,
+    same_placement,
+)
 from .._partitioning._plan import TreePlan
-from .._partitioning._shard import place_leaves  # the engine's placement, shared
+from .._partitioning._shard import place_planned  # the engine's placement, shared
 from .._partitioning._tree import FieldAxes, LeafInfo, leaf_axes, plain_spec, walk
 from .._spec import entry_axes as entry_axes  # re-exported for the rules and analysis
 from .._spec import spec_problems as spec_problems
@@ -35,10 +47,12 @@ __all__ = [
     "Leaf",
     "ShardingRule",
     "check_spec",
+    "describe_mesh",
     "entry_axes",
     "flatten_leaves",
     "planned_spec",
     "rule_mesh",
+    "rule_specs",
     "spec_problems",
 ]
 
@@ -55,6 +69,54 @@ def rule_mesh(mesh: MeshLike | None, *, caller: str) -> MeshLike:
             is not a mesh).
     """
     return require_mesh(mesh, caller=caller, mappings=True)
+
+
+def describe_mesh(mesh: Any) -> str:
+    """A mesh for a message: its axes and sizes, and a concrete mesh's device ids."""
+    text = format_mesh(mesh)
+    if isinstance(mesh, Mesh):
+        ids = device_ids(mesh)
+        shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+        text += f" on devices [{shown}]"
+    return text
+
+
+def placement_mesh(rule: ShardingRule, mesh: Any, *, caller: str) -> AnyMesh:
+    """The mesh ``rule``'s shardings are built on: ``mesh`` if given, else the rule's, else the
+    context mesh.
+
+    A rule whose mesh is only ``{axis: size}`` places on the context mesh when that has the same
+    axes and sizes (a dict cannot hold devices).
+
+    Raises:
+        MeshError: if ``mesh`` (or the context mesh, for a dict) and the rule's own mesh place
+            differently, naming both.
+        MeshTypeError: if ``mesh`` is a dict, or the rule's mesh is a dict and none is set.
+        NoMeshError: if there is no mesh at all.
+    """
+    own = rule.mesh
+    name = type(rule).__name__
+    if mesh is not None:
+        target = require_mesh(mesh, caller=caller)
+        if own is not None and not same_placement(own, target):
+            raise MeshError(
+                f"{name}.{caller} was given the mesh {describe_mesh(target)}, but the rule plans "
+                f"on {describe_mesh(own)}. Pass the rule's own mesh (or none), or build the rule "
+                "with mesh=None so that it plans on the mesh given."
+            )
+        return target
+    if own is None or isinstance(own, (Mesh, AbstractMesh)):
+        return require_mesh(own, caller=caller)
+    found = context_mesh()
+    if found is None:
+        return require_mesh(own, caller=caller)  # a dict cannot place: MeshTypeError with the fix
+    if not same_placement(own, found):
+        raise MeshError(
+            f"{name}.{caller}: the rule plans on {format_mesh(own)} (a {{axis: size}} dict), but "
+            f"the context mesh is {describe_mesh(found)}. Give the rule that mesh, or pass "
+            "mesh=... with the rule's axes and sizes."
+        )
+    return found
 
 
 # -- leaves ------------------------------------------------------------------------------------
@@ -201,17 +263,28 @@ def shards_anything(spec: PartitionSpec | None, sizes: Mapping[str, int]) -> boo
 # -- placement ---------------------------------------------------------------------------------
 
 
-def place_tree(tree: Any, shardings: Any) -> Any:
+def place_tree(tree: Any, shardings: Any, *, caller: str) -> Any:
     """Place each array leaf of ``tree`` on its ``NamedSharding`` (NamedArrays keep their axes).
 
     ``shardings`` has the structure rules return (a NamedArray is one leaf). Placement itself is the
     partitioning engine's: one batched ``device_put`` outside ``jit``; ``reshard`` for Explicit and
     ``with_sharding_constraint`` for Auto mesh axes inside; ``ShapeDtypeStruct``s get the sharding.
+
+    Raises:
+        ShardingError: if a sharding is on an ``AbstractMesh`` outside ``jit`` (no devices to put
+            data on), as ``shard`` says it.
     """
     leaves, treedef = flatten_leaves(tree)
-    targets = treedef.flatten_up_to(shardings)
+    targets = [
+        t if lf.is_array else None for lf, t in zip(leaves, treedef.flatten_up_to(shardings))
+    ]
     arrays = [lf.value.array if isinstance(lf.value, NamedArray) else lf.value for lf in leaves]
-    placed, _ = place_leaves(arrays, [t if lf.is_array else None for lf, t in zip(leaves, targets)])
+    placed, _ = place_planned(
+        arrays,
+        targets,
+        caller=caller,
+        plan_instead="the rule's to_shardings(tree, mesh=abstract_mesh) or apply(tree)",
+    )
     out = [
         NamedArray._tree_unflatten(lf.value.axes, (new,))
         if isinstance(lf.value, NamedArray)
@@ -230,17 +303,19 @@ class ShardingRule(abc.ABC):
     Subclasses implement :meth:`apply`. Leaves may be ``NamedArray``s, plain arrays,
     ``ShapeDtypeStruct``s, or NamedArrays holding ``ShapeDtypeStruct``s; the result has the same
     structure with a ``PartitionSpec`` where each array leaf (a NamedArray counts as one leaf) was
-    and ``None`` where a non-array leaf was.
+    and ``None`` where a non-array leaf was. When mapping over the tree, pass
+    ``is_leaf=is_named_array`` so that a NamedArray gets one spec.
 
     Example:
         >>> import jax, jax.numpy as jnp
         >>> from jax.sharding import PartitionSpec as P
+        >>> from namedaxes import is_named_array, named
         >>> from namedaxes.rules import ShardingRule
         >>> class ShardFirstDim(ShardingRule):
         ...     def apply(self, tree):
-        ...         return jax.tree.map(lambda x: P("data"), tree)
-        >>> ShardFirstDim().apply({"w": jnp.zeros(8)})
-        {'w': P('data',)}
+        ...         return jax.tree.map(lambda x: P("data"), tree, is_leaf=is_named_array)
+        >>> ShardFirstDim().apply({"w": jnp.zeros(8), "x": named(jnp.zeros((8, 2)), ("a", "b"))})
+        {'w': P('data',), 'x': P('data',)}
     """
 
     #: The mesh the rule plans for (``None``: the context mesh at call time).
@@ -250,16 +325,35 @@ class ShardingRule(abc.ABC):
     def apply(self, tree: Any) -> Any:
         """Return a tree of ``PartitionSpec`` (``None`` for non-array leaves) shaped like ``tree``."""
 
+    def _on_mesh(self, mesh: MeshLike) -> ShardingRule:
+        """This rule planning on ``mesh``: itself when it has a mesh of its own, else a shallow
+        copy whose mesh is ``mesh`` (the rule's ``apply`` reads ``self.mesh``)."""
+        if self.mesh is not None:
+            return self
+        clone = copy.copy(self)
+        try:
+            clone.mesh = mesh
+        except AttributeError:  # a subclass whose mesh is a read-only property plans as it is
+            return self
+        return clone
+
     def to_shardings(self, tree: Any, mesh: Mesh | AbstractMesh | None = None) -> Any:
         """Like :meth:`apply`, but with a ``NamedSharding`` per array leaf.
 
         Args:
             tree: The pytree to plan.
-            mesh: The mesh of the shardings; defaults to the rule's mesh, then the context mesh.
+            mesh: The mesh of the shardings; defaults to the rule's mesh, then the context mesh. A
+                rule without a mesh of its own plans on it.
 
         Returns:
             A tree of ``NamedSharding`` (``None`` for non-array leaves); usable as ``in_shardings``
             of ``jax.jit`` or as the target of ``jax.device_put``.
+
+        Raises:
+            MeshError: if ``mesh`` and the rule's own mesh differ (axes, sizes or devices), or
+                there is no mesh (``NoMeshError``).
+            NamedTypeError: if :meth:`apply` gives an array leaf something other than a
+                ``PartitionSpec`` or ``None``, naming the leaf.
 
         Example:
             >>> import jax, jax.numpy as jnp
@@ -267,12 +361,19 @@ class ShardingRule(abc.ABC):
             >>> mesh = jax.make_mesh((8,), ("data",))
             >>> AutoShardingRule(mesh).to_shardings({"w": jnp.zeros(16)})["w"].spec
             P('data',)
+            >>> AutoShardingRule().to_shardings({"w": jnp.zeros(16)}, mesh)["w"].spec
+            P('data',)
         """
-        target = require_mesh(mesh if mesh is not None else self.mesh, caller="to_shardings")
-        specs = self.apply(tree)
-        leaves, treedef = flatten_leaves(specs, keep_none=True)
+        target = placement_mesh(self, mesh, caller="to_shardings")
+        # Given a mesh, rules without one plan on it. Otherwise a rule with a mesh plans as it is
+        # (a composite then checks its mesh-less sub-rules against the context mesh).
+        planner = self._on_mesh(target) if mesh is not None or self.mesh is None else self
+        values, treedef, specs = rule_specs(planner, tree)
         return treedef.unflatten(
-            [None if lf.value is None else NamedSharding(target, lf.value) for lf in leaves]
+            [
+                None if spec is None or shape_dtype(v)[0] is None else NamedSharding(target, spec)
+                for v, spec in zip(values, specs)
+            ]
         )
 
     def shard(self, tree: Any, mesh: Mesh | AbstractMesh | None = None) -> Any:
@@ -282,7 +383,10 @@ class ShardingRule(abc.ABC):
         as asked are left alone); inside ``jit`` they are constrained (``reshard`` for Explicit
         mesh axes, which JAX wants under ``jax.set_mesh``; ``with_sharding_constraint`` for Auto
         ones). ``ShapeDtypeStruct`` leaves come back carrying the sharding. NamedArrays keep their
-        axes.
+        axes. The mesh is chosen as :meth:`to_shardings` chooses it.
+
+        Raises:
+            ShardingError: if the mesh is an ``AbstractMesh`` outside ``jit``.
 
         Example:
             >>> import jax, jax.numpy as jnp
@@ -291,7 +395,49 @@ class ShardingRule(abc.ABC):
             >>> AutoShardingRule(mesh).shard({"w": jnp.zeros(16)})["w"].sharding.spec
             P('data',)
         """
-        return place_tree(tree, self.to_shardings(tree, mesh))
+        return place_tree(
+            tree, self.to_shardings(tree, mesh), caller=f"{type(self).__name__}.shard"
+        )
+
+
+def rule_specs(rule: ShardingRule, tree: Any) -> tuple[list[Any], Any, list[Any]]:
+    """``rule.apply(tree)`` checked: the tree's leaf values, its treedef and one spec per leaf.
+
+    Every array leaf must get a ``PartitionSpec`` or ``None`` (a NamedArray is one leaf), so a rule
+    that mapped into a NamedArray, or returned anything else, is named with the leaf's path
+    instead of failing later inside JAX or being skipped by a composite.
+
+    Raises:
+        SpecMismatchError: if the result's structure is not the tree's.
+        NamedTypeError: naming the first array leaf whose spec is something else.
+    """
+    values, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_named_array)
+    name = type(rule).__name__
+    out = rule.apply(tree)
+    try:
+        specs = treedef.flatten_up_to(out)
+    except (ValueError, TypeError) as e:
+        raise SpecMismatchError(
+            f"{name}.apply returned a tree whose structure is not the input's: "
+            f"{str(e).rstrip('.')}. Return one "
+            "PartitionSpec per array leaf (a NamedArray is one leaf: map with "
+            "is_leaf=na.is_named_array) and None for other leaves."
+        ) from e
+    for i, (value, spec) in enumerate(zip(values, specs)):
+        if spec is None or isinstance(spec, PartitionSpec) or shape_dtype(value)[0] is None:
+            continue
+        keys = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)[0][i][0]
+        hint = (
+            " It mapped into the NamedArray: a NamedArray is one leaf, so pass "
+            "is_leaf=na.is_named_array, e.g. jax.tree.map(fn, tree, is_leaf=na.is_named_array)."
+            if isinstance(spec, NamedArray)
+            else " Return a PartitionSpec (or None for replicated) per array leaf."
+        )
+        raise NamedTypeError(
+            f"{name}.apply gave leaf {format_path(keys)!r} {spec!r} ({type(spec).__name__}), not a "
+            f"PartitionSpec or None.{hint}"
+        )
+    return values, treedef, specs
 
 
 def map_array_leaves(tree: Any, fn: Callable[[Leaf], PartitionSpec]) -> Any:

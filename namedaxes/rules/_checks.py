@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._errors import MeshError, ShardingError, format_mesh, format_names
 from .._logical._resolve import check_rules_mesh_axes
-from .._mesh import MeshLike, context_mesh, device_ids, mesh_axis_sizes, same_placement
+from .._mesh import MeshLike, context_mesh, mesh_axis_sizes, same_placement
 from .._spec import entry_axes, rank_problem, spec_alone_problems
-from ._base import rule_mesh
+from ._base import describe_mesh, rule_mesh
 
 __all__ = [
     "check_pattern_specs",
@@ -71,34 +71,33 @@ def check_same_mesh(caller: str, rules: Sequence[Any]) -> MeshLike | None:
 
     Meshes agree when they have the same axes and sizes (a ``{axis: size}`` dict, an
     ``AbstractMesh`` and a ``Mesh`` of that shape plan the same specs); two concrete meshes must
-    also hold the same devices in the same places, since shardings are built on the first.
+    also hold the same devices in the same places. Of agreeing meshes the most concrete is
+    returned (a ``Mesh``, else an ``AbstractMesh``, else the dict; the first of a kind), so the
+    shardings are built on devices whenever one rule knows them.
 
     Raises:
         MeshError: naming the two rules and their meshes when they differ.
     """
     first: tuple[int, Any] | None = None
+    best: Any = None
     for i, rule in enumerate(rules):
         mesh = rule.mesh
         if mesh is None:
             continue
         if first is None:
             first = (i, mesh)
-            continue
         j, other = first
         if not same_placement(mesh, other):
             raise MeshError(
                 f"{caller} combines rules planned on different meshes: rule {j} "
-                f"({type(rules[j]).__name__}) uses {_describe(other)} and rule {i} "
-                f"({type(rule).__name__}) uses {_describe(mesh)}. Give every rule the same mesh, "
-                "or leave mesh=None on all of them to use the context mesh."
+                f"({type(rules[j]).__name__}) uses {describe_mesh(other)} and rule {i} "
+                f"({type(rule).__name__}) uses {describe_mesh(mesh)}. Give every rule the same "
+                "mesh, or leave mesh=None on all of them to use the context mesh."
             )
-    return None if first is None else first[1]
+        if best is None or _concreteness(mesh) > _concreteness(best):
+            best = mesh
+    return best
 
 
-def _describe(mesh: Any) -> str:
-    text = format_mesh(mesh)
-    if isinstance(mesh, Mesh):
-        ids = device_ids(mesh)
-        shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
-        text += f" on devices [{shown}]"
-    return text
+def _concreteness(mesh: Any) -> int:
+    return 2 if isinstance(mesh, Mesh) else 1 if isinstance(mesh, AbstractMesh) else 0

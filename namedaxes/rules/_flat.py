@@ -10,20 +10,26 @@ NamedArray is one leaf; with ``keep_none`` a ``None`` is one too), in the same o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec
 
 from .._array import NamedArray, is_named_array
+from .._caches import register
 from ._base import Leaf, shape_dtype
 
 __all__ = [
+    "by_name",
     "flatten_values",
+    "in_order",
     "key_paths",
     "key_paths_later",
     "leaf_at",
     "map_shapes",
+    "name_order",
     "shape_dtype",
 ]
 
@@ -37,20 +43,67 @@ def flatten_values(tree: Any, *, keep_none: bool = False) -> tuple[list[Any], An
     return jax.tree_util.tree_flatten(tree, is_leaf=_named_or_none if keep_none else is_named_array)
 
 
-def map_shapes(tree: Any, fn: Callable[[tuple[int, ...]], Any]) -> Any:
+def name_order(value: Any) -> tuple[int, ...] | None:
+    """A NamedArray's dimensions in the order of their axis names (``None``: position order,
+    for plain arrays and for NamedArrays whose axes are already sorted).
+
+    Shape-driven rules plan on the shape in this order and put the spec back in the leaf's own
+    order (``in_order``), so where two dimensions have equal sizes the tie goes by name: the
+    same named axes get the same mesh axes whatever their positions.
+    """
+    if not isinstance(value, NamedArray):
+        return None
+    return _order_of(tuple([a.name for a in value.axes]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _order_of(names: tuple[str, ...]) -> tuple[int, ...] | None:
+    order = tuple(sorted(range(len(names)), key=names.__getitem__))
+    return None if order == tuple(range(len(names))) else order
+
+
+register(_order_of.cache_clear)
+
+
+def by_name(shape: tuple[int, ...], order: tuple[int, ...] | None) -> tuple[int, ...]:
+    """``shape`` with its dimensions in ``name_order`` (as it is for ``None``)."""
+    return shape if order is None else tuple(shape[d] for d in order)
+
+
+def in_order(spec: PartitionSpec, order: tuple[int, ...] | None) -> PartitionSpec:
+    """A spec planned on ``by_name(shape, order)``, with its entries back in the leaf's order."""
+    if order is None:
+        return spec
+    entries: list[Any] = [None] * len(order)
+    for k, d in enumerate(order):
+        entries[d] = spec[k] if k < len(spec) else None
+    return PartitionSpec(*entries)
+
+
+def map_shapes(tree: Any, fn: Callable[[tuple[int, ...]], PartitionSpec]) -> Any:
     """``fn(shape)`` for every array leaf of ``tree`` (called once per distinct shape), ``None``
-    for the other leaves; the structure of ``tree`` (a NamedArray is one leaf)."""
+    for the other leaves; the structure of ``tree`` (a NamedArray is one leaf).
+
+    A NamedArray's shape is given to ``fn`` in axis-name order and the spec put back in the
+    leaf's order (``name_order``), so equal sizes are told apart by name, not by position.
+    """
     values, treedef = flatten_values(tree)
-    done: dict[tuple[int, ...], Any] = {}
+    planned: dict[tuple[int, ...], PartitionSpec] = {}  # fn's spec per shape in name order
+    done: dict[tuple[tuple[int, ...], tuple[int, ...] | None], PartitionSpec] = {}
     out: list[Any] = []
     for value in values:
         shape = shape_dtype(value)[0]
         if shape is None:
             out.append(None)
             continue
-        spec = done.get(shape)
+        order = name_order(value)
+        spec = done.get((shape, order))
         if spec is None:
-            spec = done[shape] = fn(shape)
+            ordered = by_name(shape, order)
+            found = planned.get(ordered)
+            if found is None:
+                found = planned[ordered] = fn(ordered)
+            spec = done[(shape, order)] = in_order(found, order)
         out.append(spec)
     return treedef.unflatten(out)
 

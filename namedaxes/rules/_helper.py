@@ -2,7 +2,8 @@
 and specs built from them.
 
 Like the other shape-driven rules it iterates mesh axes and dimensions in a fixed order, never over
-a ``set``, and every spec it builds uses each mesh axis at most once and divides what it shards.
+a ``set`` (a NamedArray's dimensions in axis-name order), and every spec it builds uses each mesh
+axis at most once and divides what it shards.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class MeshPartitionHelper(ShardingRule):
 
     def __init__(self, mesh: MeshLike | None = None, min_shard_size: int = 1024) -> None:
         self.mesh = mesh
-        self._sizes: dict[str, int] | None = None  # cached for an explicit mesh
+        # The sizes of an explicit mesh, cached with that mesh: a reassigned mesh is measured anew.
+        self._sizes: tuple[MeshLike, dict[str, int]] | None = None
         checked = _check_min_size(min_shard_size, "MeshPartitionHelper")
         self.min_shard_size = 0 if checked is None else checked
 
@@ -142,9 +144,9 @@ class MeshPartitionHelper(ShardingRule):
     def _axis_sizes(self) -> dict[str, int]:
         if self.mesh is None:
             return mesh_axis_sizes(rule_mesh(None, caller="MeshPartitionHelper"))
-        if self._sizes is None:
-            self._sizes = mesh_axis_sizes(self.mesh)
-        return self._sizes
+        if self._sizes is None or self._sizes[0] is not self.mesh:
+            self._sizes = (self.mesh, mesh_axis_sizes(self.mesh))
+        return self._sizes[1]
 
     def suggest_methods(self, shape: Sequence[int]) -> list[tuple[str, ...]]:
         """Mesh-axis groups that could shard an array of ``shape``, best first.
@@ -240,7 +242,12 @@ class MeshPartitionHelper(ShardingRule):
         return PartitionSpec(*entries)
 
     def apply(self, tree: Any) -> Any:
-        """A spec per array leaf: its suggested methods through :meth:`create_partition_spec`."""
+        """A spec per array leaf: its suggested methods through :meth:`create_partition_spec`.
+
+        A NamedArray's shape is taken in axis-name order, so a tie between equal dimensions goes
+        to the first axis name rather than the first position: the same named axes get the same
+        mesh axes whatever their order. Plain arrays keep position ties.
+        """
 
         def spec_for(shape: tuple[int, ...]) -> PartitionSpec:
             methods = self.suggest_methods(shape)
@@ -260,7 +267,7 @@ class MeshPartitionHelper(ShardingRule):
             P('data',)
         """
         mesh = require_mesh(self.mesh, caller="shard_array")
-        return place_tree(array, NamedSharding(mesh, spec))
+        return place_tree(array, NamedSharding(mesh, spec), caller="shard_array")
 
     def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:
         """Place every array leaf of ``tree`` with the spec :meth:`apply` gives it.

@@ -15,21 +15,23 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from .._array import NamedArray
-from .._errors import NamedTypeError, ShardingError, format_path
+from .._errors import MeshError, NamedTypeError, ShardingError, format_path
 from .._logical._context import rules_in_force
 from .._logical._rules import AxisRules, as_rules
-from .._mesh import MeshLike
+from .._mesh import MeshLike, context_mesh, same_placement
 from .._partitioning._plan import TreePlan, plan_tree
 from ._base import (
     Leaf,
     ShardingRule,
     check_spec,
+    describe_mesh,
     entry_axes,
     flatten_leaves,
     map_array_leaves,
     planned_spec,
     replicated,
     rule_mesh,
+    rule_specs,
     spec_problems,
 )
 from ._checks import (
@@ -440,15 +442,19 @@ class CompositeShardingRule(ShardingRule):
     "Shards anything" means the spec names at least one mesh axis. When no rule shards a leaf, the
     first rule's spec is used. Each rule is applied to the whole tree once; errors propagate (use
     ``PathRegexRule(..., strict=False)`` inside a composite so unmatched leaves fall through).
-    All rules must plan on one mesh: rules given meshes must agree (same axes and sizes, and the
-    same devices for concrete meshes); rules without one use the context mesh.
+    All rules plan on one mesh: rules given meshes must agree (same axes and sizes, and the same
+    devices for concrete meshes), and the composite's ``mesh`` is the most concrete of them (a
+    ``Mesh`` over an ``AbstractMesh`` over a ``{axis: size}`` dict). Rules without a mesh plan on
+    that one too; when no rule has a mesh, all use the context mesh.
 
     Args:
         *rules: ``ShardingRule`` instances, highest priority first.
 
     Raises:
-        NamedTypeError: if no rules are given or one is not a ``ShardingRule``.
-        MeshError: if two rules were given different meshes.
+        NamedTypeError: if no rules are given or one is not a ``ShardingRule``; on ``apply``, if a
+            rule gives an array leaf something other than a ``PartitionSpec`` or ``None``.
+        MeshError: if two rules were given different meshes; on ``apply``, if a rule without a
+            mesh would plan on the composite's mesh while a different context mesh is set.
 
     Example:
         >>> import jax.numpy as jnp
@@ -475,16 +481,39 @@ class CompositeShardingRule(ShardingRule):
                     "argument must be a ShardingRule."
                 )
         self.rules = tuple(rules)
-        self.mesh = check_same_mesh("CompositeShardingRule", self.rules)
+        check_same_mesh("CompositeShardingRule", self.rules)
+
+    @property
+    def mesh(self) -> MeshLike | None:  # type: ignore[override]  # derived from the sub-rules
+        """The mesh the rules plan on: the most concrete of the sub-rules' agreeing meshes
+        (``None`` when no sub-rule has one: the context mesh). Read each time, since a sub-rule's
+        mesh may be reassigned."""
+        return check_same_mesh("CompositeShardingRule", self.rules)
+
+    def _on_mesh(self, mesh: MeshLike) -> CompositeShardingRule:
+        """The composite with every sub-rule that has no mesh planning on ``mesh``."""
+        return CompositeShardingRule(*(r._on_mesh(mesh) for r in self.rules))
 
     def __repr__(self) -> str:
         return f"CompositeShardingRule({', '.join(map(repr, self.rules))})"
 
     def apply(self, tree: Any) -> Any:
         """Return, per array leaf, the first sub-rule's spec that names a mesh axis."""
-        check_same_mesh("CompositeShardingRule", self.rules)  # sub-rules' meshes may be reassigned
+        rules = self.rules
+        mesh = self.mesh
+        if mesh is not None and any(r.mesh is None for r in rules):
+            found = context_mesh()
+            if found is not None and not same_placement(found, mesh):
+                k = next(i for i, r in enumerate(rules) if r.mesh is None)
+                raise MeshError(
+                    f"CompositeShardingRule: rule {k} ({type(rules[k]).__name__}) has no mesh, so "
+                    f"it plans on the other rules' mesh {describe_mesh(mesh)}, but the context "
+                    f"mesh is {describe_mesh(found)}. Give rule {k} its mesh, or set the context "
+                    "mesh the rules use."
+                )
+            rules = self._on_mesh(mesh).rules
         values, treedef = flatten_values(tree)
-        per_rule = [treedef.flatten_up_to(r.apply(tree)) for r in self.rules]
+        per_rule = [rule_specs(r, tree)[2] for r in rules]
         out: list[Any] = []
         for i, value in enumerate(values):
             if shape_dtype(value)[0] is None:
