@@ -140,6 +140,8 @@ class NamedArray:
         AxisError: if the number of axes differs from ``array.ndim``.
         AxisSizeError: if an ``Axis``'s size differs from its dimension.
         DuplicateAxisError: if an axis name appears twice.
+        NamedTypeError: if ``array`` is a NamedArray (use ``rename``) or a list of them (use
+            ``stack`` or ``concatenate``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -168,6 +170,8 @@ class NamedArray:
             raise NamedTypeError(
                 f"axes must be a tuple of names or Axis objects, got {axes!r} ({type(axes).__name__})."
             )
+        if isinstance(array, (list, tuple)):
+            _refuse_nested_named(array, axes)
         if isinstance(array, (list, tuple, bool, int, float, complex)):
             array = jnp.asarray(array)  # a list has no shape to check the axes against
         shape = _shape_of(array)
@@ -283,7 +287,16 @@ class NamedArray:
         return index_of(self.axes, axis) is not None
 
     def item(self) -> Any:
-        """The Python scalar of a single-element array."""
+        """The Python scalar of a single-element array.
+
+        Raises:
+            AxisError: if the array has more than one element.
+        """
+        if self.size != 1:
+            raise AxisError(
+                f"item() needs a single-element array, got NamedArray({format_axes(self.axes)}) "
+                f"with {self.size} elements. Index or reduce its axes first, e.g. x.max().item()."
+            )
         return self.array.item()
 
     def scalar(self) -> jax.Array:
@@ -316,6 +329,19 @@ class NamedArray:
     def __iter__(self) -> NoReturn:
         raise NamedTypeError(
             "Iterating a NamedArray is ambiguous; use unbind(x, 'axis') to split along an axis."
+        )
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> NoReturn:
+        # Without this NumPy wraps a NamedArray in a 0-d object array (np.asarray, np.stack, and
+        # np.save, which then pickles it) and jnp.asarray fails inside NumPy. (No __jax_array__:
+        # jax.Array's operators call it first, so `jnp.float32(1) + x` would stop deferring to us.)
+        layout = self.axis_names
+        other = (
+            f", or x.rearrange({layout[::-1]!r}).array for another order" if self.ndim > 1 else ""
+        )
+        raise NamedTypeError(
+            f"Cannot convert NamedArray({format_axes(self.axes)}) to an array implicitly: that "
+            f"would drop its axis names. Use x.array (axes in the order {layout!r}){other}."
         )
 
     def __bool__(self) -> bool:
@@ -628,6 +654,18 @@ def is_named_array(x: Any) -> bool:
     return isinstance(x, NamedArray)
 
 
+def _refuse_nested_named(array: list[Any] | tuple[Any, ...], axes: Sequence[Any]) -> None:
+    """A typed error for a list (or tuple) holding NamedArrays, which ``jnp.asarray`` cannot read."""
+    if any(isinstance(v, NamedArray) for v in jax.tree.leaves(array, is_leaf=is_named_array)):
+        first = axes[0] if axes else "axis"
+        new = first.name if isinstance(first, Axis) else first if isinstance(first, str) else "axis"
+        raise NamedTypeError(
+            f"Cannot build a NamedArray from a {type(array).__name__} of NamedArrays. Join them "
+            f"by name instead: na.stack({new!r}, arrays) for a new axis, or "
+            f"na.concatenate({new!r}, arrays) along an axis they have."
+        )
+
+
 def named(array: Any, axes: Sequence[AxisSelector] | AxisSelector) -> NamedArray:
     """Attach axis names to an array.
 
@@ -641,12 +679,16 @@ def named(array: Any, axes: Sequence[AxisSelector] | AxisSelector) -> NamedArray
 
     Raises:
         AxisError: if the number of axes differs from the array's rank, or a size disagrees.
+        NamedTypeError: if ``array`` is a NamedArray (use ``rename``) or a list of them (use
+            ``stack`` or ``concatenate``).
 
     Example:
         >>> import jax.numpy as jnp
         >>> named(jnp.ones((2, 3)), ("batch", "embed"))
         NamedArray(float32, batch=2, embed=3)
     """
-    if not isinstance(array, (jax.Array, jax.ShapeDtypeStruct)) and not hasattr(array, "aval"):
+    # Lists and NamedArrays are the constructor's (it refuses NamedArrays with a typed error).
+    kept = (jax.Array, jax.ShapeDtypeStruct, NamedArray, list, tuple)
+    if not isinstance(array, kept) and not hasattr(array, "aval"):
         array = _as_array(array)
     return NamedArray(array, axes)

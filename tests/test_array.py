@@ -76,6 +76,53 @@ def test_bad_axis_entries_are_refused():
         NamedArray(_x(), ("a", "b"))
 
 
+def test_named_refuses_named_arrays_and_lists_of_them():
+    # named() used to hand these to jnp.asarray: NumPy's "setting an array element with a sequence".
+    with pytest.raises(
+        NamedTypeError,
+        match=r"Cannot wrap a NamedArray in a NamedArray .*Use rename\(\) to change its axis names",
+    ):
+        named(_x(), ("a", "b"))
+    row = named(jnp.arange(3.0), "embed")
+    for build in (named, NamedArray):
+        with pytest.raises(
+            NamedTypeError,
+            match=r"Cannot build a NamedArray from a list of NamedArrays\. Join them by name "
+            r"instead: na\.stack\('batch', arrays\) for a new axis, or "
+            r"na\.concatenate\('batch', arrays\) along an axis they have\.",
+        ):
+            build([row, row], ("batch", "embed"))
+    with pytest.raises(NamedTypeError, match=r"from a tuple of NamedArrays"):
+        named(((row,),), ("a", "b", "embed"))  # nested
+    assert named([[1, 2]], ("a", "b")).shape == {"a": 1, "b": 2}  # plain lists still convert
+
+
+def test_implicit_array_conversion_is_refused(tmp_path):
+    # NumPy used to wrap a NamedArray in a 0-d object array (and np.save pickled it).
+    x = _x()
+    msg = (
+        r"Cannot convert NamedArray\(batch=2, embed=3\) to an array implicitly: that would drop "
+        r"its axis names\. Use x\.array \(axes in the order \('batch', 'embed'\)\), or "
+        r"x\.rearrange\(\('embed', 'batch'\)\)\.array for another order\."
+    )
+    for convert in (
+        np.asarray,
+        np.array,
+        lambda v: np.stack([v, v]),
+        lambda v: np.save(tmp_path / "x.npy", v),
+        jnp.asarray,
+    ):
+        with pytest.raises(NamedTypeError, match=msg):
+            convert(x)
+    with pytest.raises(NamedTypeError, match=r"Use x\.array \(axes in the order \('embed',\)\)\.$"):
+        np.asarray(named(jnp.ones(3), "embed"))
+    # Scalars on the left still defer to NamedArray's operators.
+    for left in (np.float32(2.0), np.array(2.0), jnp.float32(2.0)):
+        np.testing.assert_array_equal((left * x).array, 2.0 * x.array)
+        assert (left < x).axis_names == ("batch", "embed")
+    np.testing.assert_array_equal(np.asarray(x.array), np.arange(6.0).reshape(2, 3))
+
+
 def test_unknown_axis_lists_available():
     with pytest.raises(
         AxisNotFoundError,
@@ -100,6 +147,16 @@ def test_scalar_and_item():
     assert s.scalar().shape == ()
     with pytest.raises(AxisError, match=r"scalar\(\) needs an array with no axes"):
         _x().scalar()
+    assert named(jnp.ones((1, 1)), ("a", "b")).item() == 1.0
+
+
+def test_item_of_several_elements_names_the_axes():
+    with pytest.raises(
+        AxisError,
+        match=r"item\(\) needs a single-element array, got NamedArray\(batch=2, embed=3\) with 6 "
+        r"elements\. Index or reduce its axes first, e.g\. x\.max\(\)\.item\(\)\.",
+    ):
+        _x().item()
 
 
 def test_tree_util_flattens_to_one_leaf_with_key_path():

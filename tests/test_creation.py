@@ -86,6 +86,79 @@ def test_linspace_matches_jnp():
     assert na.linspace({"t": 3}, 0, 1, dtype=jnp.bfloat16).dtype == jnp.bfloat16
 
 
+def test_arange_and_linspace_take_one_number_per_parameter():
+    row = na.named(jnp.array([1, 2]), "b")
+    hint = (
+        r"To vary start along other axes, broadcast by name: na\.arange\(axis\) \* step \+ start\."
+    )
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"arange\(\) makes one 1-axis array, so start must be one number; got "
+        r"NamedArray\(b=2\)\. " + hint,
+    ):
+        na.arange({"p": 3}, row)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"arange\(\) makes one 1-axis array, so start must be one number; got a plain "
+        r"array of shape \(2,\)\. " + hint,
+    ):
+        na.arange({"p": 3}, jnp.array([1, 2]))
+    for bad in ("a", None):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"arange\(\) needs a number for step, got {bad!r} \({type(bad).__name__}\)\. "
+            r"Pass an int or a float, e.g\. step=0\.",
+        ):
+            na.arange({"p": 3}, 0, bad)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"linspace\(\) makes one 1-axis array, so start must be one number; got a plain "
+        r"array of shape \(2,\)\. To vary start along other axes, broadcast by name: "
+        r"start \+ \(stop - start\) \* na\.linspace\(axis, 0\.0, 1\.0\)\.",
+    ):
+        na.linspace({"t": 3}, jnp.array([0.0, 1.0]), 2.0)
+    with pytest.raises(na.NamedTypeError, match=r"linspace\(\) needs a number for stop, got 'x'"):
+        na.linspace({"t": 3}, 0.0, "x")
+    # One number in any form: 0-d arrays and NamedArrays with no axes.
+    one = na.named(jnp.int32(5), ())
+    np.testing.assert_array_equal(na.arange({"p": 3}, one, np.int32(2)).array, [5, 7, 9])
+    half = na.named(jnp.float32(5.0), ())
+    np.testing.assert_allclose(na.linspace({"t": 3}, half, np.float32(6.0)).array, [5.0, 5.5, 6.0])
+    # The suggested rewrite gives a start per entry of b.
+    out = na.arange({"p": 3}) * 1 + row
+    np.testing.assert_array_equal(out.rearrange(("b", "p")).array, [[1, 2, 3], [2, 3, 4]])
+
+
+def test_arange_computes_in_at_least_int32_and_refuses_values_its_dtype_cannot_hold():
+    # An np.int8 step used to make the positions themselves int8, wrapping them past 127.
+    out = na.arange({"p": 300}, 0, np.int8(1), dtype=jnp.int32)
+    np.testing.assert_array_equal(out.array, np.arange(300))
+    assert na.arange({"p": 100}, 0, np.int8(1)).dtype == jnp.int8  # the dtype still follows step
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"arange\(\): the values run from 0 to 299, which int8 cannot hold \(-128\.\.127\)\. "
+        r"Pass a dtype that can, e.g\. dtype=jnp\.int32\.",
+    ):
+        na.arange({"p": 300}, 0, np.int8(1))
+    with pytest.raises(na.NamedTypeError, match=r"from 0 to 299, which uint8 cannot hold"):
+        na.arange({"p": 300}, dtype=jnp.uint8)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"the values run from 2147483648 to 2147483649, which int32 cannot hold .* "
+        r"e\.g\. dtype=jnp\.float32\.",
+    ):
+        na.arange({"p": 2}, 2**31)  # used to be JAX's OverflowError
+    np.testing.assert_array_equal(
+        na.arange({"p": 2}, 2**31, dtype=jnp.float32).array,
+        np.array([2**31, 2**31 + 1], np.float32),
+    )
+    # bfloat16 positions are computed in float32, then rounded once.
+    got = na.arange({"p": 5}, 0.0, 0.1, dtype=jnp.bfloat16).array
+    np.testing.assert_array_equal(
+        got, (np.arange(5, dtype=np.float32) * np.float32(0.1)).astype(jnp.bfloat16)
+    )
+
+
 def test_creation_under_jit():
     @jax.jit
     def f(scale):
@@ -123,6 +196,14 @@ def test_bad_dtype():
         na.full_like(na.zeros({"batch": 2}), 1.0, dtype=3)
     with pytest.raises(na.NamedTypeError, match=r"arange\(\): 'nope' is not a dtype"):
         na.arange({"p": 2}, dtype="nope")
+    # NumPy dtypes JAX arrays cannot hold used to reach JAX's own TypeError.
+    for bad, shown in ((str, "<U0"), (object, "object"), ("datetime64[s]", "datetime64\\[s\\]")):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"zeros\(\): .* \({shown}\) is not a numeric or bool dtype, which JAX arrays "
+            r"hold\. Pass a dtype such as jnp\.float32",
+        ):
+            na.zeros({"batch": 2}, dtype=bad)
 
 
 def test_bad_single_axis_for_arange_and_linspace():
@@ -139,6 +220,15 @@ def test_bad_single_axis_for_arange_and_linspace():
 
 
 def test_bad_fill_values():
+    for fill in (
+        lambda: na.full({"embed": 3}, None),
+        lambda: na.full_like(na.zeros({"a": 2}), None),
+    ):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=r"full(_like)?\(\) needs a fill_value, got None\. Pass a number",
+        ):
+            fill()  # used to be JAX's "full requires ndarray or scalar arguments"
     with pytest.raises(
         na.NamedTypeError, match=r"full\(\) got a plain array of shape \(3,\) for fill_value"
     ):

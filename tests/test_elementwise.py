@@ -328,6 +328,22 @@ def test_astype_function_and_method():
     assert na.astype(x, jnp.float16).axis_names == ("embed",)
     with pytest.raises(na.NamedTypeError, match=r"astype\(\): 'flaot32' is not a dtype"):
         x.astype("flaot32")
+
+
+def test_astype_refuses_none_and_dtypes_jax_cannot_hold():
+    x = na.named(jnp.array([1, 2], jnp.int32), "embed")
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"astype\(\) needs a dtype, got None\. Pass the type to cast NamedArray\(embed=2\) "
+        r"to, such as jnp\.float32",
+    ):
+        x.astype(None)  # used to cast to float32 silently
+    for bad in (str, object):
+        with pytest.raises(
+            na.NamedTypeError, match=r"astype\(\): .* is not a numeric or bool dtype"
+        ):
+            na.astype(x, bad)
+    assert x.astype(bool).dtype == jnp.bool_
     with pytest.raises(
         na.NamedTypeError,
         match=r"astype\(\) needs a NamedArray for `x`, got ArrayImpl of shape \(2,\)",

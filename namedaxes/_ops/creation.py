@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec, to_axes
@@ -45,6 +47,57 @@ def single_axis(axis: Any, caller: str) -> Axis:
         f"{caller}() needs an Axis or a one-entry {{name: size}} dict, got {axis!r} "
         f"({type(axis).__name__}). Give the size too, e.g. {{'position': 16}}."
     )
+
+
+# How to get what a non-scalar parameter of arange / linspace would mean: broadcast by name.
+_PER_AXIS_HINT = {
+    "arange": "na.arange(axis) * step + start",
+    "linspace": "start + (stop - start) * na.linspace(axis, 0.0, 1.0)",
+}
+
+
+def _scalar(value: Any, caller: str, what: str) -> Any:
+    """``value`` checked to be one number: a Python or NumPy scalar, or a 0-d array (traced ones
+    included) or NamedArray of a numeric or bool dtype. ``arange`` and ``linspace`` make one 1-axis
+    array, so their ``start``/``step``/``stop`` cannot bring axes of their own."""
+    if isinstance(value, NamedArray) and not value.axes:
+        value = value.array
+    if isinstance(value, (bool, int, float, complex)):
+        return value
+    shape = None if isinstance(value, type) else getattr(value, "shape", None)
+    got = None
+    if isinstance(value, NamedArray):
+        got = f"NamedArray({format_axes(value.axes)})"
+    elif shape is not None and len(shape) > 0:
+        got = f"a plain array of shape {tuple(shape)}"
+    if got is not None:
+        raise NamedTypeError(
+            f"{caller}() makes one 1-axis array, so {what} must be one number; got {got}. To vary "
+            f"{what} along other axes, broadcast by name: {_PER_AXIS_HINT[caller]}."
+        )
+    if shape is None or not _numeric(getattr(value, "dtype", None)):
+        raise NamedTypeError(
+            f"{caller}() needs a number for {what}, got {value!r} ({type(value).__name__}). "
+            f"Pass an int or a float, e.g. {what}=0."
+        )
+    return value
+
+
+def _numeric(dtype: Any) -> bool:
+    return dtype is not None and bool(
+        jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
+    )
+
+
+def _fill(fill_value: Any, axes: tuple[Axis, ...], caller: str) -> Any:
+    """``fill_value`` laid out to broadcast into ``axes`` (``None`` is refused: it means "no value"
+    to ``broadcast_into``, which also serves optional masks)."""
+    if fill_value is None:
+        raise NamedTypeError(
+            f"{caller}() needs a fill_value, got None. Pass a number, e.g. {caller}(..., 0.0), or "
+            "a NamedArray over some of the axes."
+        )
+    return broadcast_into(fill_value, axes, caller=caller, what="fill_value")
 
 
 def zeros(axes: AxisSpec, dtype: Any = None) -> NamedArray:
@@ -108,8 +161,8 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         A NamedArray with exactly ``axes``.
 
     Raises:
-        NamedTypeError: if ``axes`` has no sizes, ``dtype`` is not a dtype, or ``fill_value`` is a
-            plain array with dimensions.
+        NamedTypeError: if ``axes`` has no sizes, ``dtype`` is not a dtype, or ``fill_value`` is
+            ``None`` or a plain array with dimensions.
         AxisError: if a NamedArray ``fill_value`` has an axis that ``axes`` lacks.
 
     Example:
@@ -118,7 +171,7 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([7, 7], dtype=int32, weak_type=True)
     """
     ax = to_axes(axes)
-    fill = broadcast_into(fill_value, ax, caller="full", what="fill_value")
+    fill = _fill(fill_value, ax, "full")
     return NamedArray(jnp.full(_shape(ax), fill, canonical_dtype(dtype, caller="full")), ax)
 
 
@@ -160,7 +213,7 @@ def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([5., 5.], dtype=float32)
     """
     x = _like(x, "full_like")
-    fill = broadcast_into(fill_value, x.axes, caller="full_like", what="fill_value")
+    fill = _fill(fill_value, x.axes, "full_like")
     dtype = canonical_dtype(dtype, caller="full_like") or x.dtype
     if isinstance(fill_value, NamedArray):
         # jnp.full_like drops x's sharding for an array fill; adding to zeros_like keeps it.
@@ -180,14 +233,17 @@ def arange(
         axis: An ``Axis`` or a one-entry ``{name: size}`` dict.
         start: The first value.
         step: The spacing between values.
-        dtype: Element type; integer for integer ``start``/``step``, float otherwise.
+        dtype: Element type; integer for integer ``start``/``step``, float otherwise. The values
+            are computed in at least ``int32`` (or ``float32``) and then cast.
 
     Returns:
         A 1-axis NamedArray.
 
     Raises:
         AxisError: if the dict has more than one entry.
-        NamedTypeError: if ``axis`` has no size (a bare name) or ``dtype`` is not a dtype.
+        NamedTypeError: if ``axis`` has no size (a bare name), ``dtype`` is not a dtype,
+            ``start`` or ``step`` is not one number (to vary them along other axes, broadcast by
+            name: ``na.arange(axis) * step + start``), or the values do not fit an integer dtype.
 
     Example:
         >>> import namedaxes as na
@@ -195,12 +251,45 @@ def arange(
         Array([10, 12, 14, 16], dtype=int32)
     """
     ax = single_axis(axis, "arange")
-    dtype = canonical_dtype(dtype, caller="arange")
-    # Computed as start + step * i so the length is exactly the axis size, even for float steps;
-    # in start and step's own type (int32 for Python ints, float32 for floats), then cast.
-    index = jnp.arange(ax.size, dtype=jnp.result_type(start, step))
-    values = index * step + start
-    return NamedArray(values if dtype is None else values.astype(dtype), (ax,))
+    start, step = _scalar(start, "arange", "start"), _scalar(step, "arange", "step")
+    given = jnp.dtype(jnp.result_type(start, step))
+    out = given if dtype is None else jnp.dtype(canonical_dtype(dtype, caller="arange"))
+    # Computed as start + step * i so the length is exactly the axis size, even for float steps; in
+    # at least int32 (an np.int8 step must not wrap at 128) or float32 (bfloat16), then cast.
+    with jax.numpy_dtype_promotion("standard"):  # picks a work type; no user values mix here
+        floor = jnp.int32 if _integral(given) and _integral(out) else jnp.float32
+        work = jax.dtypes.canonicalize_dtype(jnp.promote_types(jnp.result_type(given, out), floor))
+    _check_fits(start, step, ax.size, (work, out))
+    values = jnp.arange(ax.size, dtype=work) * jnp.asarray(step, work) + jnp.asarray(start, work)
+    return NamedArray(values.astype(out), (ax,))
+
+
+def _integral(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_))
+
+
+def _check_fits(start: Any, step: Any, size: int, dtypes: tuple[Any, ...]) -> None:
+    """Refuse the values of ``arange`` that an integer dtype cannot hold (casting would wrap them
+    silently), where ``start`` and ``step`` are known here (traced ones are not)."""
+    known = (bool, int, float, np.generic, np.ndarray)
+    if size == 0 or not isinstance(start, known) or not isinstance(step, known):
+        return
+    first, step = (
+        v.item() if isinstance(v, (np.generic, np.ndarray)) else v for v in (start, step)
+    )
+    if isinstance(first, complex) or isinstance(step, complex):
+        return
+    last = first + step * (size - 1)
+    lo, hi = min(first, last), max(first, last)
+    for dtype in dtypes:
+        info = jnp.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else None
+        if info is not None and not info.min <= lo <= hi <= info.max:
+            int32 = jnp.iinfo(jnp.int32)
+            wider = "jnp.int32" if int32.min <= lo <= hi <= int32.max else "jnp.float32"
+            raise NamedTypeError(
+                f"arange(): the values run from {first} to {last}, which {dtype} cannot hold "
+                f"({info.min}..{info.max}). Pass a dtype that can, e.g. dtype={wider}."
+            )
 
 
 def linspace(
@@ -225,7 +314,8 @@ def linspace(
 
     Raises:
         AxisError: if the dict has more than one entry.
-        NamedTypeError: if ``axis`` has no size (a bare name) or ``dtype`` is not a dtype.
+        NamedTypeError: if ``axis`` has no size (a bare name), ``dtype`` is not a dtype, or
+            ``start`` or ``stop`` is not one number.
 
     Example:
         >>> import namedaxes as na
@@ -233,5 +323,6 @@ def linspace(
         Array([0.  , 0.25, 0.5 , 0.75, 1.  ], dtype=float32)
     """
     ax = single_axis(axis, "linspace")
+    start, stop = _scalar(start, "linspace", "start"), _scalar(stop, "linspace", "stop")
     dtype = canonical_dtype(dtype, caller="linspace")
     return NamedArray(jnp.linspace(start, stop, ax.size, endpoint=endpoint, dtype=dtype), (ax,))

@@ -120,20 +120,26 @@ def broadcast_into(value: Any, axes: Sequence[Axis], *, caller: str, what: str) 
 
 
 def canonical_dtype(dtype: Any, *, caller: str) -> Any:
-    """``dtype`` checked to be a dtype (``None`` passes through).
+    """``dtype`` checked to be a numeric or bool dtype (``None`` passes through).
 
     Raises:
-        NamedTypeError: if ``dtype`` is not understood by ``jnp.dtype``.
+        NamedTypeError: if ``dtype`` is not understood by ``jnp.dtype``, or is one that JAX arrays
+            cannot hold (``str``, ``object``, bytes, datetimes).
     """
     if dtype is None:
         return None
     try:
-        jnp.dtype(dtype)
+        resolved = jnp.dtype(dtype)
     except TypeError:
         raise NamedTypeError(
             f"{caller}(): {dtype!r} is not a dtype. Pass a dtype such as jnp.float32, jnp.int32 "
             "or 'bfloat16'."
         ) from None
+    if not (jnp.issubdtype(resolved, jnp.number) or jnp.issubdtype(resolved, jnp.bool_)):
+        raise NamedTypeError(
+            f"{caller}(): {dtype!r} ({resolved}) is not a numeric or bool dtype, which JAX arrays "
+            "hold. Pass a dtype such as jnp.float32, jnp.int32 or 'bfloat16'."
+        )
     return dtype
 
 
@@ -404,7 +410,8 @@ def astype(x: NamedArray, dtype: Any) -> NamedArray:
         A NamedArray with the same axes.
 
     Raises:
-        NamedTypeError: if ``x`` is not a NamedArray or ``dtype`` is not a dtype.
+        NamedTypeError: if ``x`` is not a NamedArray or ``dtype`` is not a numeric or bool dtype
+            (``None`` included: it names no type).
 
     Example:
         >>> import jax.numpy as jnp
@@ -413,4 +420,9 @@ def astype(x: NamedArray, dtype: Any) -> NamedArray:
         NamedArray(bfloat16, embed=3)
     """
     x = expect_named(x, "astype")
+    if dtype is None:  # jnp would read None as its default float type: a silent cast
+        raise NamedTypeError(
+            f"astype() needs a dtype, got None. Pass the type to cast NamedArray("
+            f"{format_axes(x.axes)}) to, such as jnp.float32, jnp.int32 or 'bfloat16'."
+        )
     return NamedArray(x.array.astype(canonical_dtype(dtype, caller="astype")), x.axes)
