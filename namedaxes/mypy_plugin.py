@@ -3,7 +3,8 @@
 mypy reads ``X[...]`` in an annotation as the type arguments of a generic class, so without help it
 rejects ``NamedArray["batch embed"]`` (a ``__class_getitem__`` does not change that; pyright needs no
 plugin). With this plugin, mypy reads ``NamedArray["..."]`` and ``NamedArray["...", dtype]`` as
-``NamedArray`` and checks the axis string as the runtime does (no name twice, at most one ``...``).
+``NamedArray`` and checks them as the runtime does: a string of axis names (no name twice, at most
+one ``...``), and a dtype, not a number or bytes, as the second argument.
 Enable it in ``pyproject.toml``::
 
     [tool.mypy]
@@ -12,6 +13,11 @@ Enable it in ``pyproject.toml``::
 One limit of mypy remains: in a function signature it looks a string holding a single bare name
 (``NamedArray["embed"]``) up as a type before plugins run, and reports ``Name "embed" is not
 defined``. Write one axis there as ``NamedArray["embed,"]`` (names may be separated by commas).
+
+The plugin reads annotations only: mypy rejects ``NamedArray["batch embed"]`` as an expression,
+as in ``isinstance(x, NamedArray["batch embed"])`` (``"type[NamedArray]" is not generic and not
+indexable``; pyright accepts it). There, annotate a parameter of a function decorated with
+``check_axes`` instead, or end that line with ``# type: ignore[misc]``.
 """
 
 from __future__ import annotations
@@ -35,28 +41,41 @@ def _axis_string(arg: Any) -> str | None:
     """The text of a string type argument as mypy parsed it, or ``None`` if it is not a string."""
     from mypy.types import RawExpressionType, UnboundType
 
-    if isinstance(arg, RawExpressionType) and isinstance(arg.literal_value, str):
-        return arg.literal_value  # "batch embed": not a valid type expression
+    if isinstance(arg, RawExpressionType) and arg.base_type_name == "builtins.str":
+        return arg.literal_value  # "batch embed": not a valid type expression (b"..." is bytes)
     if isinstance(arg, UnboundType) and arg.original_str_expr is not None:
         return arg.original_str_expr  # "embed": parsed as a forward reference to a name
     return None
 
 
 def _analyze_named_array(ctx: Any) -> Any:
-    """``NamedArray[...]`` in an annotation: check the axis string, give plain ``NamedArray``."""
+    """``NamedArray[...]`` in an annotation: check it as the runtime does, give plain ``NamedArray``."""
     from mypy.errorcodes import ErrorCode
+    from mypy.types import RawExpressionType
 
     code = ErrorCode("named-axes", "Check NamedArray[...] annotations", "namedaxes")
     args = ctx.type.args
-    if args:
-        spec = _axis_string(args[0])
-        if spec is None or len(args) > 2:
-            ctx.api.fail(_USAGE, ctx.context, code=code)
-        else:
-            try:
-                parse_axes(spec)
-            except NamedTypeError as e:
-                ctx.api.fail(str(e), ctx.context, code=code)
+    spec = _axis_string(args[0]) if args else None
+    if ctx.type.empty_tuple_index or (args and (spec is None or len(args) > 2)):
+        # NamedArray[()] has no args, as a bare NamedArray, but is not one.
+        ctx.api.fail(_USAGE, ctx.context, code=code)
+        return ctx.api.named_type(_NAMED_ARRAY, [])
+    if spec is not None:
+        try:
+            parse_axes(spec)
+        except NamedTypeError as e:
+            ctx.api.fail(str(e), ctx.context, code=code)
+    dtype = args[1] if len(args) == 2 else None
+    # A number or bytes where the dtype goes (a string is a dtype's name, as at runtime).
+    if isinstance(dtype, RawExpressionType) and dtype.base_type_name != "builtins.str":
+        is_bytes = dtype.base_type_name == "builtins.bytes"
+        shown = f"b{dtype.literal_value!r}" if is_bytes else repr(dtype.literal_value)
+        ctx.api.fail(
+            f"NamedArray[{spec!r}, {shown}]: the second argument must be a dtype "
+            "or dtype category (e.g. jnp.float32, jnp.floating, jnp.integer)",
+            ctx.context,
+            code=code,
+        )
     return ctx.api.named_type(_NAMED_ARRAY, [])
 
 

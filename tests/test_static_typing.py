@@ -39,6 +39,9 @@ def step(x: NamedArray, lr: float) -> NamedArray:
 h: int = step(x, 0.1)
 i = step(x, "fast")
 j = na.fsdp(step, {"embed": "data"}, {"batch": "data"})(x)
+k: NamedArray[()] = x
+m: NamedArray[b"batch embed"] = x
+n: NamedArray["batch embed", 3] = x
 """
 # (line, start of mypy's message) for each mistake above.
 EXPECTED = [
@@ -62,6 +65,10 @@ EXPECTED = [
         'Argument 2 to "__call__" of "NamedJitWrapped" has incompatible type "str"; expected "float"',
     ),
     (23, 'Missing positional argument "lr" in call to "__call__" of "NamedJitWrapped"'),
+    # What the runtime refuses: an empty index, bytes, a number as the dtype.
+    (24, "NamedArray[...] takes a string of axis names and optionally a dtype"),
+    (25, "NamedArray[...] takes a string of axis names and optionally a dtype"),
+    (26, "NamedArray['batch embed', 3]: the second argument must be a dtype or dtype category"),
 ]
 
 
