@@ -296,7 +296,8 @@ def test_generate_with_the_prompt_split_over_context(mesh_2x4):
 
 def test_decode_traces_once_per_bucket():
     """Prompts of 3, 9 and 16 positions share the bucket 16: one trace of the prefill and one of
-    the decode loop, whatever the eos, pad and temperature values."""
+    the decode loop, whatever the eos, pad and temperature values, one to four eos ids (padded to
+    4) and either kind of key."""
     traces = collections.Counter()
 
     def listen(event, duration, **kwargs):
@@ -306,10 +307,13 @@ def test_decode_traces_once_per_bucket():
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         model = load("llama")
-        for n, options in ((3, {}), (9, {"eos_token_id": 5}), (16, {"pad_token_id": 1})):
+        runs = [(3, {}), (9, {"eos_token_id": 5}), (16, {"pad_token_id": 1}),
+                (4, {"eos_token_id": [5, 6]}), (5, {"eos_token_id": [5, 6, 7, 8]}),
+                (6, {"eos_token_id": 5, "key": jax.random.PRNGKey(6)})]  # fmt: skip
+        for n, options in runs:
             p = ids(np.arange(1, n + 1)[None])
-            out = models.generate(model, p, max_new_tokens=5, temperature=0.5 * n,
-                                  key=jax.random.key(n), **options)  # fmt: skip
+            options = {"key": jax.random.key(n), **options}
+            out = models.generate(model, p, max_new_tokens=5, temperature=0.5 * n, **options)
             assert out.shape == {"batch": 1, "position": n + 5}
     finally:
         jax.monitoring.clear_event_listeners()
@@ -390,7 +394,9 @@ def test_key_must_be_a_prng_key():
     for key in (5, jnp.zeros(3, jnp.uint32), jax.random.split(jax.random.key(0))):
         with pytest.raises(na.GenerationError, match=r"generate: key must be a PRNG key such as"):
             models.generate(model, p, max_new_tokens=2, temperature=0.7, key=key)
-    models.generate(model, p, max_new_tokens=2, temperature=0.7, key=jax.random.PRNGKey(0))
+    raw = models.generate(model, p, max_new_tokens=2, temperature=0.7, key=jax.random.PRNGKey(0))
+    typed = models.generate(model, p, max_new_tokens=2, temperature=0.7, key=jax.random.key(0))
+    np.testing.assert_array_equal(raw.array, typed.array)  # the same bits, read alike
 
 
 def test_filter_logits_checks_its_options():
@@ -409,6 +415,14 @@ def test_filter_logits_checks_its_options():
             na.GenerationError, match=r"filter_logits: top_k must be a positive int or None, got "
         ):
             models.filter_logits(x, top_k=top_k)
+    # Integer logits have no -inf to mark a dropped token (used to be a bare OverflowError).
+    ints = na.named(jnp.arange(8).reshape(2, 4), ("batch", "vocab"))
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"filter_logits: logits must be a floating NamedArray .* got NamedArray\(int32, "
+        r"batch=2, vocab=4\)\. Cast them first: logits.astype\(jnp.float32\)",
+    ):
+        models.filter_logits(ints, top_k=2)
     want = models.filter_logits(x, top_p=0.75).array
     np.testing.assert_array_equal(models.filter_logits(x, top_p=np.float32(0.75)).array, want)
     traced = jax.jit(lambda p: models.filter_logits(x, top_p=p).array)(jnp.float32(0.75))
@@ -449,3 +463,29 @@ def test_eos_and_pad_ids_must_be_in_the_vocabulary(option, value):
         r"ids must be in \[0, 512\)",
     ):
         models.generate(load("llama"), ids([[1, 2, 3]]), max_new_tokens=2, **{option: value})
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8])
+def test_prompt_dtype_must_hold_every_token_id(dtype):
+    """The result has the prompt's dtype: one that cannot hold ids up to 511 would wrap new
+    tokens (uint8: 300 became 44), so it is refused before anything runs."""
+    prompt = na.named(jnp.array([[5, 6, 7]], dtype), ("batch", "position"))
+    with pytest.raises(
+        na.GenerationError,
+        match=rf"generate: the prompt's dtype {jnp.dtype(dtype).name} cannot hold every token id "
+        r"of the vocabulary \('vocab' has 512 entries, ids up to 511\), so new tokens would wrap "
+        r"around\. Pass the prompt as int32: prompt.astype\(jnp.int32\)\.",
+    ):
+        models.generate(load("llama"), prompt, max_new_tokens=2)
+
+
+def test_a_batch_axis_named_eos():
+    """The decoding loop's own axis of eos ids is private: a batch axis called "eos" works (it used
+    to meet it in the eos comparison: AxisSizeError)."""
+    prompt, mask, want = (REFS[f"llama_{k}"][:2] for k in ("prompt", "mask", "greedy"))
+    names = ("eos", "position")
+    out = models.generate(load("llama"), na.named(jnp.asarray(prompt, jnp.int32), names),
+                          attention_mask=na.named(jnp.asarray(mask == 1), names),
+                          max_new_tokens=2, eos_token_id=[1, 2, 3])  # fmt: skip
+    assert out.axis_names == names
+    np.testing.assert_array_equal(out.array, want[:, : prompt.shape[1] + 2])

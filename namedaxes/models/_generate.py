@@ -84,6 +84,8 @@ def filter_logits(
         A NamedArray with ``logits``' axes.
 
     Raises:
+        NamedTypeError: if ``logits`` is not a floating NamedArray (``-inf`` marks a dropped
+            token).
         GenerationError: for a ``top_k`` that is not a positive int, or a ``top_p`` that is not a
             number in ``(0, 1]`` nor a traced float scalar.
 
@@ -95,6 +97,11 @@ def filter_logits(
         >>> filter_logits(x, top_p=0.75).array
         Array([-0.6931472, -1.2039728,       -inf,       -inf], dtype=float32)
     """
+    if not isinstance(logits, NamedArray) or not jnp.issubdtype(logits.dtype, jnp.floating):
+        raise NamedTypeError(
+            f"filter_logits: logits must be a floating NamedArray (a dropped token becomes -inf), "
+            f"got {logits!r}. Cast them first: logits.astype(jnp.float32)."
+        )
     top_p = _check_filters("filter_logits", top_k, top_p, traced_top_p=True)
     threshold = None
     if isinstance(top_p, float):  # as transformers: 1 - top_p in double, then float32
@@ -171,6 +178,14 @@ def _is_key(key: Any) -> bool:
     return key.dtype == jnp.uint32 and key.shape == (2,)
 
 
+def _typed_key(key: jax.Array) -> jax.Array:
+    """``key`` as a typed key: a raw ``jax.random.PRNGKey`` holds the same bits for the default
+    implementation, and one key type means one decoding program for both kinds."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    return jax.random.wrap_key_data(key)
+
+
 def _check_token_id(name: str, value: Any, vocab: Axis) -> None:
     if not is_static_int(value):
         raise GenerationError(
@@ -194,6 +209,12 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise NamedTypeError(
             "generate: prompt must be an integer NamedArray of token ids (batch, position), e.g. "
             f"named(ids, ('batch', 'position')), got {prompt!r}."
+        )
+    if jnp.iinfo(prompt.dtype).max < vocab.size - 1:  # the new tokens take the prompt's dtype
+        raise GenerationError(
+            f"generate: the prompt's dtype {prompt.dtype.name} cannot hold every token id of the "
+            f"vocabulary ({vocab.name!r} has {vocab.size} entries, ids up to {vocab.size - 1}), so "
+            "new tokens would wrap around. Pass the prompt as int32: prompt.astype(jnp.int32)."
         )
     if not prompt.has_axis(POSITION):
         raise AxisNotFoundError(
@@ -275,6 +296,13 @@ def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
     return (eos_token_id,)
 
 
+def _eos_bucket(eos: tuple[int, ...]) -> jax.Array:
+    """The eos ids padded with ``-1`` (no token) to a power of two, at least 4: how many ids there
+    are is then part of the program's shape only past 4."""
+    size = max(4, 1 << (len(eos) - 1).bit_length()) if eos else 4
+    return jnp.asarray(eos + (-1,) * (size - len(eos)), jnp.int32)
+
+
 def generate(
     model: Transformer,
     prompt: NamedArray,
@@ -301,6 +329,8 @@ def generate(
     Compiled: the prompt is left-padded to a bucket length (a power of two, at least 16); one
     program fills the cache from the prompt and one runs the whole decoding loop on the device,
     each compiled once per (batch, bucket, ``max_new_tokens``, sampling options) and reused.
+    The temperature, ``top_p``, the key (either kind) and the eos and pad ids are arguments of
+    those programs; the eos ids are padded to a power of two, at least 4.
     Inside an ``axis_mapping`` (with a mesh) the model runs as mapped: map ``batch`` for data
     parallelism and ``heads``/``kv_heads``/``mlp``/``vocab`` for tensor parallelism; the cache is
     placed by the same names. A batch the mapping cannot split (one prompt with ``batch`` on
@@ -327,7 +357,7 @@ def generate(
         pad_token_id: What stopped rows emit; default the (first) eos id.
 
     Returns:
-        An integer NamedArray with the prompt's axes, ``position`` grown by ``max_new_tokens``.
+        A NamedArray of the prompt's dtype and axes, ``position`` grown by ``max_new_tokens``.
 
     Raises:
         NamedTypeError: if ``model`` is not a ``Transformer``, the prompt not integer ids, or
@@ -336,9 +366,11 @@ def generate(
         ShardingError: if a mesh set around the call is on other devices than the model.
         AxisIndexError: if the prompt holds a token id outside ``[0, vocab_size)`` (checked on the
             host before anything runs: the compiled programs cannot raise).
-        GenerationError: for a bad option (non-positive ``max_new_tokens``, ``top_k``, a
-            negative or non-finite ``temperature``, a ``top_p`` outside ``(0, 1]``, sampling
-            without ``key``, an eos or pad id outside ``[0, vocab_size)``), an empty prompt or an
+        GenerationError: for a prompt dtype that cannot hold every id of the vocabulary
+            (``uint8`` with 512 entries: pass ``int32``), a bad option (non-positive
+            ``max_new_tokens``, ``top_k``, a negative or non-finite ``temperature``, a ``top_p``
+            outside ``(0, 1]``, sampling without ``key``, an eos or pad id outside
+            ``[0, vocab_size)``), an empty prompt or an
             ``attention_mask`` row with no real token (or padding after its tokens), or a model
             with learned positions too short for the prompt plus the new tokens.
 
@@ -395,8 +427,8 @@ def generate(
         dynamic = (
             jnp.asarray(temperature if sample else 1.0, jnp.float32),
             jnp.asarray(1.0 - top_p if top_p is not None else 0.0, jnp.float32),
-            key if sample else jax.random.key(0),
-            jnp.asarray(eos or (-1,), jnp.int32),  # -1 matches no token
+            _typed_key(key) if sample else jax.random.key(0),
+            _eos_bucket(eos),
             jnp.asarray(pad_id, jnp.int32),
         )
         new, _ = _decode(model, cache, logits, next_position, dynamic, **options)
@@ -508,11 +540,12 @@ def _decode(
     """Every new token (``(batch..., position=steps)``) and the cache after them: sample, feed
     the token back with the cache, until ``steps`` tokens or every row has ended."""
     choose = dict(sample=sample, top_k=top_k, top_p=top_p)
-    eos = NamedArray(dynamic[3], (Axis("eos", dynamic[3].shape[0]),))
+    # A private axis name: a user's batch axis may be called "eos".
+    eos = NamedArray(dynamic[3], (Axis("_eos", dynamic[3].shape[0]),))
     pad = dynamic[4]
 
     def ended(token: NamedArray) -> NamedArray:
-        return (token == eos).any("eos")
+        return (token == eos).any("_eos")
 
     with nn.precision(policy):
         first = _choose(logits, 0, dynamic, **choose).astype(jnp.int32)
