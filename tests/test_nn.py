@@ -849,6 +849,41 @@ def test_cross_entropy_errors():
         na.nn.cross_entropy(logits, "vocab", jnp.zeros(2, jnp.int32))
 
 
+def test_cross_entropy_checks_the_class_axis_size_and_the_kind_of_targets():
+    logits = data(Axis("batch", 2), Axis("vocab", 3))
+    ids = named(jnp.array([0, 2]), "batch")
+    close(
+        na.nn.cross_entropy(logits, Axis("vocab", 3), ids).scalar(),
+        na.nn.cross_entropy(logits, "vocab", ids).scalar(),
+    )
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"Axis 'vocab' has size 3 in NamedArray\(batch=2, vocab=3\), but size 99 was asked",
+    ):
+        na.nn.cross_entropy(logits, Axis("vocab", 99), ids)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"cross_entropy targets must be integer class ids or float probabilities over "
+        r"'vocab', got a boolean NamedArray\(batch=2\)\. Cast class ids to an integer dtype, "
+        r"e\.g\. targets\.astype\(jnp\.int32\); a boolean mask goes in where=\.",
+    ):
+        na.nn.cross_entropy(logits, "vocab", ids > 0)
+    soft = na.nn.one_hot(ids, Axis("vocab", 5))
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"cross_entropy: float targets are probabilities over the class axis 'vocab' of "
+        r"size 3 \(the logits'\), but targets NamedArray\(batch=2, vocab=5\) have it of size 5\. "
+        r"Pass integer class ids, or probabilities over Axis\('vocab', 3\), e\.g\. "
+        r"one_hot\(ids, Axis\('vocab', 3\)\)\.",
+    ):
+        na.nn.cross_entropy(logits, "vocab", soft)
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"targets NamedArray\(batch=2\) lack it\. Pass integer class ids",
+    ):
+        na.nn.cross_entropy(logits, "vocab", ids.astype(jnp.float32))
+
+
 # -- RotaryEmbedding, RopeScaling, Gemma's norm, activations by name -----------------------------
 
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, axis_name
-from .._errors import AxisNotFoundError, NamedTypeError, format_axes, format_names
+from .._axis import Axis, AxisSelector, axis_name, index_of
+from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_axes, format_names
 from .._ops.creation import arange
 from .._ops.elementwise import maximum
 from .._ops.reductions import log_softmax
@@ -116,8 +116,8 @@ def cross_entropy(
 
     Args:
         logits: Float NamedArray with ``axis``.
-        axis: The class axis (e.g. ``"vocab"``).
-        targets: Integer class ids without ``axis``, or floats with ``axis``.
+        axis: The class axis: a name (e.g. ``"vocab"``) or an ``Axis`` of the logits' size.
+        targets: Integer class ids without ``axis``, or floats with ``axis`` (of its size).
         where: Optional boolean mask.
         reduction: ``"mean"`` or ``"sum"`` over every remaining axis (a NamedArray with no axes), or
             ``None`` for the per-element loss.
@@ -126,11 +126,14 @@ def cross_entropy(
         The loss as a NamedArray.
 
     Raises:
-        AxisNotFoundError: if ``axis`` is missing, or the targets or the mask have an axis the
-            per-element loss lacks.
+        AxisNotFoundError: if ``axis`` is missing, float targets lack it, or the targets or the
+            mask have an axis the per-element loss lacks.
+        AxisSizeError: if ``axis`` is an ``Axis`` of another size than the logits', or float
+            targets have ``axis`` with another size.
         AxisIndexError: if concrete integer targets hold an id outside ``[0, axis size)`` where
             ``where`` counts them (traced ones give NaN instead).
-        NamedTypeError: if an argument has the wrong kind, or ``reduction`` is unknown.
+        NamedTypeError: if an argument has the wrong kind (boolean targets included), or
+            ``reduction`` is unknown.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -155,7 +158,7 @@ def cross_entropy(
             f"cross_entropy reduction must be 'mean', 'sum' or None, got {reduction!r}."
         )
     logits = expect_axes(logits, (), "cross_entropy", "logits")
-    cls = logits.resolve_axis(name)
+    cls = logits.resolve_axis(axis)  # an Axis must have the logits' size
     if not isinstance(targets, NamedArray):
         raise NamedTypeError(
             f"cross_entropy needs NamedArray targets, got {type(targets).__name__}. Name them, "
@@ -169,6 +172,12 @@ def cross_entropy(
             )
         _subset(where, per_element, "where", "the per-element loss")
     logp = log_softmax(upcast(logits), name)
+    if targets.dtype == jnp.bool_:
+        raise NamedTypeError(
+            f"cross_entropy targets must be integer class ids or float probabilities over "
+            f"{name!r}, got a boolean NamedArray({format_axes(targets.axes)}). Cast class ids to "
+            "an integer dtype, e.g. targets.astype(jnp.int32); a boolean mask goes in where=."
+        )
     if jnp.issubdtype(targets.dtype, jnp.integer):
         why = "is the class axis (integer targets are class ids)"
         expect_free(targets, (name,), "cross_entropy", why)
@@ -179,7 +188,7 @@ def cross_entropy(
         )  # fmt: skip
         nll = -_target_entry(logp, cls, targets, where)
     else:
-        expect_axes(targets, (cls,), "cross_entropy", "targets")
+        _soft_targets(targets, cls)
         _subset(targets, logits.axes, "targets", "the logits")
         nll = -named_sum(logp * targets.astype(logp.dtype), name)
     if where is None:
@@ -194,6 +203,24 @@ def cross_entropy(
     # A mask over fewer axes than the loss counts once per element of the missing axes.
     count = named_sum(where.astype(nll.dtype)) * float(nll.size // where.size)
     return total / maximum(count, 1.0)
+
+
+def _soft_targets(targets: NamedArray, cls: Axis) -> None:
+    """Float targets are probabilities over the class axis, of the logits' size."""
+    i = index_of(targets.axes, cls.name)
+    if i is not None and targets.axes[i].size == cls.size:
+        return
+    error, got = (
+        (AxisNotFoundError, "lack it")
+        if i is None
+        else (AxisSizeError, f"have it of size {targets.axes[i].size}")
+    )
+    raise error(
+        f"cross_entropy: float targets are probabilities over the class axis {cls.name!r} of "
+        f"size {cls.size} (the logits'), but targets NamedArray({format_axes(targets.axes)}) "
+        f"{got}. Pass integer class ids, or probabilities over Axis({cls.name!r}, {cls.size}), "
+        f"e.g. one_hot(ids, Axis({cls.name!r}, {cls.size}))."
+    )
 
 
 def _subset(x: NamedArray, of: tuple[Axis, ...], what: str, of_what: str) -> None:
