@@ -152,6 +152,36 @@ BAD = [
     ("b () e s -> b e s", {}, na.AxisError, r"an empty group '\(\)' has no axes"),
     ("b (e: (h d)) s -> b h d s", {}, na.AxisError, r"nested parentheses on the left side"),
     ("b e s", {}, na.AxisError, r"rearrange\(\): 'b e s' looks like a pattern but has no '->'"),
+    (
+        "b e s -> b e s ...",
+        {},
+        na.AxisError,
+        r"rearrange\('b e s -> b e s \.\.\.'\): '\.\.\.' is on the right side but not on the left; "
+        r"add '\.\.\.' to the left side to cover the axes it stands for, or remove it from the right\.",
+    ),
+    (
+        "b e s -> b (m: e s ...)",
+        {},
+        na.AxisError,
+        r"'\.\.\.' is on the right side but not on the left",
+    ),
+    # Sizes are ints (NumPy's too), checked once, whichever axis they are for.
+    (
+        "b (h d) s -> b h s d",
+        {"h": "4"},
+        na.NamedTypeError,
+        r"rearrange\('b \(h d\) s -> b h s d'\): size h='4' \(str\) is not an int\. Pass an int "
+        r"size, e\.g\. h=2\.",
+    ),
+    ("b (h d) s -> b h s d", {"h": "4", "d": 3}, na.NamedTypeError, r"size h='4' \(str\)"),
+    ("b (h d) s -> b h s d", {"h": 4, "b": 2.0}, na.NamedTypeError, r"size b=2\.0 \(float\)"),
+    ("b (h d) s -> b h s d", {"h": True}, na.NamedTypeError, r"size h=True \(bool\) is not an int"),
+    (
+        "b (h d) s -> b h s d",
+        {"h": -4},
+        na.AxisSizeError,
+        r"size h=-4 is negative\. Pass a size of at least 0, or leave one part of a group out",
+    ),
 ]
 
 
@@ -160,6 +190,13 @@ def test_bad_patterns(pat, sizes, err, msg):
     x = na.named(A, ("b", "e", "s"))
     with pytest.raises(err, match=msg):
         na.rearrange(x, pat, **sizes)
+
+
+def test_numpy_int_sizes_are_sizes():
+    x = na.named(A, ("b", "e", "s"))
+    out = na.rearrange(x, "b (h d) s -> b h s d", h=np.int64(4), b=np.int32(2))
+    assert out.shape == {"b": 2, "h": 4, "s": 3, "d": 3}
+    np.testing.assert_array_equal(out.array, A.reshape(2, 4, 3, 3).transpose(0, 1, 3, 2))
 
 
 def test_sizes_without_pattern_are_refused():

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from _helpers import same
 
@@ -176,6 +177,17 @@ def test_split_errors(x):
         na.split(x, "embed", (Axis("batch", 2), Axis("k", 2)))
     with pytest.raises(NamedTypeError, match="split\\(\\) takes a sequence of Axis"):
         na.split(x, "embed", Axis("q", 4))
+
+
+def test_split_takes_numpy_int_sizes_as_rearrange_does(x):
+    q, k = na.split(x, "embed", (np.int64(1), np.int32(3)))
+    same(q, A[:, :, :1], ("batch", "seq", "embed"))
+    same(k, A[:, :, 1:], ("batch", "seq", "embed"))
+    assert type(q.axis_size("embed")) is int
+    with pytest.raises(
+        NamedTypeError, match=r"split\(\): each chunk must be an Axis or an int size, got 1\.0"
+    ):
+        na.split(x, "embed", (1.0, 3))
 
 
 def test_unbind_matches_indexing(x):

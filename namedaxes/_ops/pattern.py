@@ -7,8 +7,9 @@ leave the label out. ``...`` stands for the axes the left side does not name (in
 order). The right side lists the result's axes in order: names from the left (group parts
 included, or axes covered by ``...``), ``...``, and groups that merge axes, ``(h d)`` or
 ``(label: h d)``; an unlabelled merge takes the name of the left group with the same parts, or its
-only part's name. ``...`` may also sit inside one right-side group to merge the axes it covers.
-Sizes of split parts are given as keywords (``h=8``); one part per group may be left to infer.
+only part's name. ``...`` may also sit inside one right-side group to merge the axes it covers;
+on the right it needs one on the left (as in einops). Sizes of split parts are given as keywords
+(``h=8``, ints of at least 0); one part per group may be left to infer.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from .._errors import (
     AxisNotFoundError,
     AxisSizeError,
     DuplicateAxisError,
+    NamedTypeError,
     format_axes,
     format_names,
 )
+from ._checks import is_static_int
 from ._reshape import flatten_axes_as, reorder, unflatten_axis_as
 
 __all__ = ["rearrange_pattern"]
@@ -98,6 +101,29 @@ def _check_name(token: str, pattern: str) -> str:
     return token
 
 
+def _check_sizes(sizes: Mapping[str, Any], pattern: str) -> dict[str, int]:
+    """The keyword sizes as Python ints: each an int (NumPy's too, not a bool), at least 0."""
+    out: dict[str, int] = {}
+    for key, size in sizes.items():
+        if not is_static_int(size):
+            raise NamedTypeError(
+                f"rearrange({pattern!r}): size {key}={size!r} ({type(size).__name__}) is not an "
+                f"int. Pass an int size, e.g. {key}=2."
+            )
+        if size < 0:
+            raise AxisSizeError(
+                f"rearrange({pattern!r}): size {key}={size} is negative. Pass a size of at least 0, "
+                "or leave one part of a group out to infer it."
+            )
+        out[key] = int(size)
+    return out
+
+
+def _parts(elements: list[_Element]) -> list[str]:
+    """The names and ``...`` of a side, group parts included (group labels not)."""
+    return [p for e in elements for p in ([e] if isinstance(e, str) else e.parts)]
+
+
 def _names_in(elements: list[_Element]) -> list[str]:
     out: list[str] = []
     for e in elements:
@@ -111,6 +137,7 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
     ``sizes`` give the sizes of split parts.
     """
     op = f"rearrange({pattern!r})"
+    sizes = _check_sizes(sizes, pattern)
 
     if pattern.count("->") != 1:
         raise _error(pattern, "a pattern needs exactly one '->', e.g. 'b (h d) -> b h d'.")
@@ -210,11 +237,15 @@ def rearrange_pattern(x: NamedArray, pattern: str, sizes: Mapping[str, int]) -> 
     # The right side: every elementary axis exactly once.
     elementary = [n for n in x.axis_names if n not in rest]
     seen: list[str] = []
-    right_ellipses = sum(1 for e in right if e == "...") + sum(
-        e.parts.count("...") for e in right if isinstance(e, _Group)
-    )
+    right_ellipses = _parts(right).count("...")
     if right_ellipses > 1:
         raise _error(pattern, "'...' appears more than once on the right side.")
+    if right_ellipses and "..." not in left:  # as einops: it would stand for nothing
+        raise _error(
+            pattern,
+            "'...' is on the right side but not on the left; add '...' to the left side to cover "
+            "the axes it stands for, or remove it from the right.",
+        )
     for n in _names_in([e if isinstance(e, str) else _Group(None, e.parts) for e in right]):
         if n not in elementary and n not in rest:
             raise AxisNotFoundError(

@@ -32,6 +32,7 @@ from .._errors import (
     format_names,
 )
 from ._align import align_to
+from ._checks import is_static_int
 from ._common import expect_named, unshard_dims
 from ._reshape import check_new_names, flatten_axes_as, reorder, unflatten_axis_as
 from .pattern import rearrange_pattern
@@ -260,8 +261,8 @@ def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis | int]) -> 
     for a in new_axes:
         if isinstance(a, Axis):
             chunks.append(a)
-        elif isinstance(a, int) and not isinstance(a, bool):
-            chunks.append(Axis(old.name, a))
+        elif is_static_int(a):  # NumPy ints too, as rearrange's sizes
+            chunks.append(Axis(old.name, int(a)))
         else:
             raise NamedTypeError(
                 f"split(): each chunk must be an Axis or an int size, got {a!r} ({type(a).__name__})."
