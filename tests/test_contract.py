@@ -304,3 +304,75 @@ def test_explicit_result_sharding_is_by_name_not_result_order():
     assert tuple(bm.array.sharding.spec) == ("data", None)
     assert tuple(mb.array.sharding.spec) == (None, "data")
     np.testing.assert_allclose(np.asarray(mb.array), np.full((6, 4), 8.0))
+
+
+def test_contractions_keep_the_layout_of_an_operand_with_every_result_axis():
+    """DESIGN's layout rule, as for `s * x`: the first operand with every result axis gives the
+    result's order; otherwise first-appearance order. Orders the user writes never change."""
+    A, S = _r(2, 3, 4), _r(3, 2)
+    big = na.named(A, ("batch", "seq", "embed"))
+    small = na.named(S, ("seq", "batch"))
+    outer = na.dot(small, big, axis=None)
+    assert outer.axis_names == (small * big).axis_names == ("batch", "seq", "embed")
+    np.testing.assert_allclose(outer.array, S.T[:, :, None] * A, rtol=1e-6)
+    summed = na.dot(small, big, axis="embed")  # both have (seq, batch): the first one's order
+    assert summed.axis_names == ("seq", "batch")
+    np.testing.assert_allclose(summed.array, jnp.einsum("sb,bse->sb", S, A), rtol=1e-5)
+    assert na.dot(big, small, axis="embed").axis_names == ("batch", "seq")
+    assert na.einsum("-> ...", small, big).axis_names == ("batch", "seq", "embed")
+    assert na.einsum("{embed} ->", small, big).axis_names == ("seq", "batch")
+    assert na.einsum("-> embed ...", small, big).axis_names == ("embed", "batch", "seq")
+    assert na.einsum("..., ... -> ...", small, big).axis_names == ("batch", "seq", "embed")
+    assert na.dot(small, big, axis=None, out_axes=("embed", ...)).axis_names == (
+        "embed",
+        "batch",
+        "seq",
+    )
+    # No operand has every result axis: first-appearance order, as before.
+    assert na.dot(small, na.named(_r(4, 5), ("embed", "mlp")), axis=None).axis_names == (
+        "seq",
+        "batch",
+        "embed",
+        "mlp",
+    )
+    # Written orders are the user's.
+    written = na.einsum("seq batch, batch seq embed -> seq batch embed", small, big)
+    assert written.axis_names == ("seq", "batch", "embed")
+    assert na.einsum("-> seq batch embed", small, big).axis_names == ("seq", "batch", "embed")
+
+
+def test_dot_out_axes_is_checked():
+    assert na.dot(x, w, axis="embed", out_axes=(Axis("mlp", 4), ...)).axis_names == (
+        "mlp",
+        "batch",
+    )
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"dot\(\): out_axes asks for Axis\('mlp', 99\), but the result's 'mlp' has size 4\. "
+        r"Give the size it has, or the name alone: out_axes=\('mlp', \.\.\.\)\.",
+    ):
+        na.dot(x, w, axis="embed", out_axes=(Axis("mlp", 99), ...))
+    for bad, shown in [
+        ({"mlp", "batch"}, r"\{'\w+', '\w+'\}"),
+        (0, "0"),
+        ((0, ...), r"\(0, Ellipsis\)"),
+    ]:
+        with pytest.raises(
+            na.NamedTypeError,
+            match=r"dot\(\): out_axes gives the result's axis order: axis names or Axis objects in "
+            rf"a tuple or list, with at most one \.\.\., got {shown}; e\.g\. out_axes=\('mlp', \.\.\.\)\.",
+        ):
+            na.dot(x, w, axis="embed", out_axes=bad)
+
+
+def test_einsum_ellipsis_glued_to_a_name_says_to_add_a_space():
+    with pytest.raises(
+        na.AxisError,
+        match=r"einsum\(\): operand 1 spec '\.\.\.embed' has '\.\.\.embed'; separate '\.\.\.' "
+        r"from axis names with spaces: '\.\.\. embed'\.",
+    ):
+        na.einsum("...embed, mlp embed -> ... mlp", x, w)
+    with pytest.raises(
+        na.AxisError, match=r"result spec 'mlp\.\.\.' has 'mlp\.\.\.'.*'mlp \.\.\.'"
+    ):
+        na.einsum("-> mlp...", x, w)

@@ -69,6 +69,29 @@ def _all_axes(caller: str, arrays: Sequence[NamedArray]) -> tuple[Axis, ...]:
     return tuple(a for a, _ in first.values())
 
 
+def _layout_order(arrays: Sequence[NamedArray], every: tuple[Axis, ...], kept: Any) -> list[str]:
+    """The order of the result axes ``kept`` where the user gives none (the layout rule).
+
+    When an operand has every result axis, the result keeps that operand's order (the first such
+    operand, as for elementwise ops), so a large operand is not transposed behind the user's back;
+    otherwise axes come in first-appearance order across the operands.
+    """
+    kept = set(kept)
+    for x in arrays:
+        if kept <= set(x.axis_names):
+            return [n for n in x.axis_names if n in kept]
+    return [a.name for a in every if a.name in kept]
+
+
+def _unordered(
+    arrays: Sequence[NamedArray], every: tuple[Axis, ...], ordered: Sequence[str], rest: Any
+) -> list[str]:
+    """The result axes ``rest`` that the user left unordered (at ``...``, or after the names), in
+    the layout rule's order for a result with ``ordered`` and ``rest``."""
+    rest = set(rest)
+    return [n for n in _layout_order(arrays, every, [*ordered, *rest]) if n in rest]
+
+
 def _run(
     caller: str,
     arrays: Sequence[NamedArray],
@@ -147,6 +170,10 @@ def dot(
     several operands and not in ``axis`` acts as a batch axis. ``axis`` is required, so that no
     axis is summed by accident. An axis held by only one operand is summed within it.
 
+    The result keeps layouts, as elementwise ops do: when an operand has every axis of the result,
+    the result keeps that operand's axis order (the first such operand), so it is not transposed
+    behind the user's back; otherwise the axes come in first-appearance order across the operands.
+
     ``axis=None`` (or ``()``) contracts nothing: an outer product over distinct axes, elementwise
     over shared ones. This is deliberate and differs from Haliax, where ``None`` contracts every
     shared axis: which axes happen to share a name is not something to sum over implicitly (adding
@@ -162,19 +189,21 @@ def dot(
         out_sharding: The result's sharding, passed to ``jnp.einsum``. When ``None`` and a
             contracted axis is sharded over Explicit mesh axes (where JAX asks for one), every kept
             axis keeps the mesh axes it has in the operands.
-        out_axes: The result's axis order: every kept axis by name, or some of them and one
-            ``...`` for the others (in first-appearance order).
+        out_axes: The result's axis order: every kept axis by name (or as an ``Axis`` of its
+            size), or some of them and one ``...`` for the others (in the default order).
 
     Returns:
-        A NamedArray whose axes are the operands' axes in first-appearance order, minus ``axis``
-        (or in ``out_axes`` order).
+        A NamedArray with every axis of the operands but ``axis``, in ``out_axes`` order, else
+        in the order of the first operand that has them all, else in first-appearance order.
 
     Raises:
         AxisNotFoundError: if no operand has a contracted axis (the available axes are listed),
             or ``out_axes`` names an axis the result lacks.
-        AxisSizeError: if one axis name has two sizes.
+        AxisSizeError: if one axis name has two sizes, or an ``Axis`` in ``axis`` or
+            ``out_axes`` has another size.
         AxisError: if ``out_axes`` misses result axes and has no ``...``.
-        NamedTypeError: if an operand is not a NamedArray.
+        NamedTypeError: if an operand is not a NamedArray, or ``out_axes`` is not names in order
+            (a set, or a position).
 
     Example:
         >>> import jax.numpy as jnp
@@ -187,6 +216,9 @@ def dot(
         NamedArray(float32, mlp=4, batch=2)
         >>> na.dot(x, w, axis=None)
         NamedArray(float32, batch=2, embed=3, mlp=4)
+        >>> b = na.named(jnp.ones(3), "embed")
+        >>> na.dot(b, x, axis=None)  # x has every result axis: its layout is kept
+        NamedArray(float32, batch=2, embed=3)
     """
     arrays = _operands("dot", arrays)
     every = _all_axes("dot", arrays)
@@ -207,28 +239,51 @@ def dot(
                 f"dot() was asked to contract Axis({sel.name!r}, {sel.size}), but the operands' "
                 f"{sel.name!r} has size {every[i].size}."
             )
-    out = [a.name for a in every if a.name not in contracted]
+    out = _layout_order(arrays, every, (a.name for a in every if a.name not in contracted))
     if out_axes is not None:
-        out = _order_output("dot", out, out_axes, contracted)
+        out = _order_output("dot", out, out_axes, every, contracted)
     return _run("dot", arrays, every, out, precision, preferred_element_type, out_sharding)
 
 
 def _order_output(
-    caller: str, out: list[str], wanted: Sequence[Any], contracted: Sequence[str] = ()
+    caller: str,
+    out: list[str],
+    wanted: Any,
+    every: tuple[Axis, ...],
+    contracted: Sequence[str] = (),
 ) -> list[str]:
     """``out`` reordered as ``wanted`` (names and at most one ``...`` for the rest)."""
-    items = [wanted] if isinstance(wanted, (str, Axis)) else list(wanted)
+    if wanted is Ellipsis or isinstance(wanted, (str, Axis)):
+        items = [wanted]
+    elif isinstance(wanted, Sequence) and all(
+        w is Ellipsis or isinstance(w, (str, Axis)) for w in wanted
+    ):
+        items = list(wanted)
+    else:  # a set has no order to give; positions are not axes
+        raise NamedTypeError(
+            f"{caller}(): out_axes gives the result's axis order: axis names or Axis objects in a "
+            f"tuple or list, with at most one ..., got {wanted!r}; e.g. out_axes=('mlp', ...)."
+        )
     if sum(1 for w in items if w is Ellipsis) > 1:
         raise AxisError(f"{caller}(): out_axes has more than one '...'.")
     names = [w if w is Ellipsis else axis_names(w)[0] for w in items]
     listed = [n for n in names if n is not Ellipsis]
     check_unique(listed)
-    for n in listed:
+    size = {a.name: a.size for a in every}
+    for w in items:
+        if w is Ellipsis:
+            continue
+        n = axis_names(w)[0]
         if n not in out:
             why = " (it is contracted)" if n in contracted else ""
             raise AxisNotFoundError(
                 f"{caller}(): out_axes names {n!r}, which the result does not have{why}. Result "
                 f"axes: {format_names(out)}."
+            )
+        if isinstance(w, Axis) and w.size != size[n]:
+            raise AxisSizeError(
+                f"{caller}(): out_axes asks for Axis({n!r}, {w.size}), but the result's {n!r} has "
+                f"size {size[n]}. Give the size it has, or the name alone: out_axes=({n!r}, ...)."
             )
     rest = [n for n in out if n not in listed]
     if Ellipsis not in names:
@@ -245,6 +300,13 @@ def _order_output(
 def _parse_side(spec: str, where: str) -> tuple[list[str], bool]:
     """Names in one side of an equation and whether it has ``...``."""
     tokens = spec.split()
+    for t in tokens:
+        if "..." in t and t != "...":  # '...embed' would be looked up as one axis name
+            fixed = " ".join(t.replace("...", " ... ").split())
+            raise AxisError(
+                f"einsum(): {where} {spec.strip()!r} has {t!r}; separate '...' from axis names "
+                f"with spaces: {fixed!r}."
+            )
     names = [t for t in tokens if t != "..."]
     if len(tokens) - len(names) > 1:
         raise AxisError(f"einsum(): {where} {spec.strip()!r} has more than one '...'.")
@@ -263,10 +325,10 @@ def einsum(
 
     Operand specs are separated by commas and list each operand's axes by name (in any order: the
     names, not positions, identify axes). ``...`` in an operand spec stands for its axes that are
-    not named; ``...`` on the right stands for every axis that no operand spec names (in
-    first-appearance order) and that the right side does not name. The right side gives the
-    result's axis order; every input axis missing from it is summed over (so axes covered by
-    ``...`` are summed when the right side has no ``...``, as in NumPy).
+    not named; ``...`` on the right stands for every axis that no operand spec names and that the
+    right side does not name. The right side gives the result's axis order; every input axis
+    missing from it is summed over (so axes covered by ``...`` are summed when the right side has
+    no ``...``, as in NumPy).
 
     Two shorter forms leave the operands' axes unlisted:
 
@@ -275,6 +337,10 @@ def einsum(
     - unordered, ``"{embed mlp} -> mlp"``: the braces name the axes the equation is about; those
       missing on the right are summed, and axes never named are kept as batch axes, at the
       right side's ``...`` or else after its names.
+
+    Axes the equation leaves unordered (those ``...`` or the unordered form keeps) follow
+    :func:`dot`'s layout rule: the order of the first operand that has every result axis, else
+    first-appearance order; so ``"-> ..."`` never transposes an operand that has every axis.
 
     Args:
         equation: ``"<names>, <names>, ... -> <names>"`` with names separated by spaces, or
@@ -288,8 +354,9 @@ def einsum(
         A NamedArray with the right side's axes.
 
     Raises:
-        AxisError: if the equation is malformed, the number of specs differs from the number of
-            operands, or an operand has axes its spec neither names nor covers with ``...``.
+        AxisError: if the equation is malformed (``'...embed'`` for ``'... embed'`` included),
+            the number of specs differs from the number of operands, or an operand has axes its
+            spec neither names nor covers with ``...``.
         AxisNotFoundError: if a spec names an axis its operand lacks, or the right side names an
             axis no operand has.
         AxisSizeError: if one axis name has two sizes.
@@ -317,7 +384,7 @@ def einsum(
     lhs, rhs = equation.split("->")
     if not lhs.strip() or lhs.strip().startswith("{"):
         every = _all_axes("einsum", arrays)
-        out_names = _named_modes(equation, lhs, rhs, every)
+        out_names = _named_modes(equation, lhs, rhs, arrays, every)
         return _run(
             "einsum", arrays, every, out_names, precision, preferred_element_type, out_sharding
         )
@@ -346,7 +413,7 @@ def einsum(
                 "or add '...' to cover them."
             )
         named_somewhere.update(names)
-    # '...' on the right keeps the axes that no spec names, in first-appearance order.
+    # '...' on the right keeps the axes that no spec names.
     covered = [a.name for a in every if a.name not in named_somewhere]
     out_names, out_ellipsis = _parse_side(rhs, "result spec")
     for n in out_names:
@@ -356,20 +423,22 @@ def einsum(
                 f"Available axes: {format_names(a.name for a in every)}."
             )
     if out_ellipsis:
-        kept = [n for n in covered if n not in out_names]
+        kept = _unordered(arrays, every, out_names, (n for n in covered if n not in out_names))
         tokens = rhs.split()
         at = tokens.index("...")
         out_names = out_names[:at] + kept + out_names[at:]
     return _run("einsum", arrays, every, out_names, precision, preferred_element_type, out_sharding)
 
 
-def _named_modes(equation: str, lhs: str, rhs: str, every: tuple[Axis, ...]) -> list[str]:
+def _named_modes(
+    equation: str, lhs: str, rhs: str, arrays: Sequence[NamedArray], every: tuple[Axis, ...]
+) -> list[str]:
     """The result's axes for the output-only (``"-> a b"``) and unordered (``"{a b} -> a"``) forms.
 
     Output-only: the result has exactly the right side's axes (``...`` keeps every other axis),
     everything else is summed. Unordered: the braces name the axes the equation is about; those not
     on the right are summed, and axes the equation never names are kept, at the right side's
-    ``...`` or else after its names (first-appearance order).
+    ``...`` or else after its names. The kept axes follow the layout rule (``_layout_order``).
     """
     available = [a.name for a in every]
     mentioned: list[str] = []
@@ -403,11 +472,12 @@ def _named_modes(equation: str, lhs: str, rhs: str, every: tuple[Axis, ...]) -> 
             )
     if lhs.strip():
         kept = [n for n in available if n not in mentioned and n not in out_names]
-        if not out_ellipsis:
-            return out_names + kept
     elif out_ellipsis:
         kept = [n for n in available if n not in out_names]
     else:
         return out_names
+    kept = _unordered(arrays, every, out_names, kept)
+    if not out_ellipsis:
+        return out_names + kept
     at = rhs.split().index("...")
     return out_names[:at] + kept + out_names[at:]
