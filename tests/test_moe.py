@@ -180,7 +180,7 @@ def test_errors():
         na.nn.MoE(Embed, Experts, Hidden, top_k=5, key=jax.random.key(0))
     with pytest.raises(na.LayerError, match=r"MoE: dispatch='sparse' is not one of 'auto', "):
         build(dispatch="sparse")
-    with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a positive number"):
+    with pytest.raises(na.LayerError, match=r"capacity_factor=0 must be a finite positive number"):
         build(capacity_factor=0)
     with pytest.raises(na.LayerError, match=r"dispatch=.capacity. runs the experts on \(experts, "):
         build(dispatch="capacity")
@@ -449,3 +449,38 @@ def test_auto_dispatch_is_the_fastest_measured_for_the_backend(monkeypatch, capl
     with caplog.at_level("WARNING"):
         assert _moe.auto_dispatch(None, jnp.float32) == "ragged"
     assert "dispatch='auto' runs 'ragged'" in caplog.text and "got float32" in caplog.text
+
+
+def test_a_huge_capacity_drops_nothing_and_is_capped():
+    """A capacity past the group size cannot drop more, so it is capped there (1e10 reached JAX as
+    an int32 overflow); an infinite factor is refused when the layer is built."""
+    x = na.random.normal(jax.random.key(1), {"batch": 2, "position": 5, "embed": 8})
+
+    def moe(cf, dispatch):
+        return na.nn.MoE({"embed": 8}, Axis("experts", 4), {"expert_mlp": 16}, top_k=2,
+                         key=jax.random.key(0), capacity_factor=cf, dispatch=dispatch)  # fmt: skip
+
+    want, _ = moe(None, "dense")(x)
+    for dispatch in ("dense", "ragged", "capacity"):
+        got, _ = moe(1e10, dispatch)(x)
+        np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-5)
+    with pytest.raises(na.LayerError, match=r"capacity_factor=inf must be a finite positive"):
+        moe(float("inf"), "dense")
+
+
+def test_router_stats_find_the_experts_axis_by_name():
+    counts = jnp.array([[4.0, 0, 0, 0], [0, 4.0, 0, 0]])
+    probs = jnp.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    tokens = na.named(jnp.array([2.0, 2.0]), "layer")
+    stats = [
+        na.nn.RouterStats(na.named(c, names), na.named(p, names), tokens)
+        for c, p, names in (
+            (counts, probs, ("layer", "experts")),
+            (counts.T, probs.T, ("experts", "layer")),
+        )
+    ]
+    assert float(stats[0].load_balancing_loss()) == float(stats[1].load_balancing_loss()) == 2.0
+    with pytest.raises(na.AxisNotFoundError, match=r"RouterStats: counts NamedArray"):
+        na.nn.RouterStats(
+            stats[0].counts, stats[0].probs, na.named(jnp.asarray(4.0), ())
+        ).load_balancing_loss()

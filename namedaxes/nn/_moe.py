@@ -124,12 +124,27 @@ class RouterStats(eqx.Module):
             >>> float(even.load_balancing_loss())  # 4 * 4 * (2/4 * 1/4): top_k for an even load
             2.0
         """
-        experts = self.counts.axes[-1]
+        experts = self._experts_axis()
         n = jnp.maximum(jnp.sum(self.tokens.array), 1.0)
         keep = (experts.name,)
         f = _sum_but(self.counts, keep) / n
         p = _sum_but(self.probs, keep) / n
         return experts.size * jnp.sum(f * p)
+
+
+    def _experts_axis(self) -> Axis:
+        """The experts axis, by name: the one axis of ``counts`` that ``tokens`` lacks (the
+        statistics may be stacked over layers, in any axis order)."""
+        own = [a for a in self.counts.axes if not self.tokens.has_axis(a.name)]
+        if len(own) != 1 or set(self.probs.axis_names) != set(self.counts.axis_names):
+            raise AxisNotFoundError(
+                f"RouterStats: counts NamedArray({format_axes(self.counts.axes)}) must have "
+                f"exactly one axis (the experts) that tokens NamedArray"
+                f"({format_axes(self.tokens.axes)}) lacks, and probs NamedArray"
+                f"({format_axes(self.probs.axes)}) the axes of counts. Build them as MoE does: "
+                "counts and probs over (..., experts), tokens over the same other axes."
+            )
+        return own[0]
 
 
 def _sum_but(x: NamedArray, keep: tuple[str, ...]) -> jax.Array:
@@ -192,8 +207,8 @@ class MoE(eqx.Module):
         gated: Gated experts (SwiGLU with ``"silu"``).
         scoring: ``"softmax"`` or ``"sigmoid"``.
         normalize: Renormalise each token's top-k weights to sum to 1.
-        capacity_factor: Capacity per expert as a multiple of an even share, or ``None``
-            (dropless).
+        capacity_factor: Capacity per expert as a multiple of an even share (capped at the
+            group's token count, which no expert can exceed), or ``None`` (dropless).
         dispatch: ``"auto"``, ``"ragged"``, ``"grouped"``, ``"dense"`` or ``"capacity"``.
         SharedHidden: The hidden axes of a shared expert, or ``None`` for none.
         shared_gate: Scale the shared expert by a learned sigmoid gate.
@@ -267,11 +282,12 @@ class MoE(eqx.Module):
         if capacity_factor is not None and not (
             isinstance(capacity_factor, (int, float))
             and not isinstance(capacity_factor, bool)
+            and math.isfinite(capacity_factor)
             and capacity_factor > 0
         ):
             raise LayerError(
-                f"MoE: capacity_factor={capacity_factor!r} must be a positive number, or None "
-                "for dropless routing."
+                f"MoE: capacity_factor={capacity_factor!r} must be a finite positive number, or "
+                "None for dropless routing."
             )
         if dispatch == "capacity" and capacity_factor is None:
             raise LayerError(
@@ -371,7 +387,9 @@ class MoE(eqx.Module):
         capacity = None
         if self.capacity_factor is not None:
             n = group if group is not None else math.prod(a.size for a in tokens)
-            capacity = math.ceil(self.capacity_factor * self.top_k * n / experts)
+            # An expert gets at most one choice per token of the group (top_k picks distinct
+            # experts), so a larger capacity drops nothing more: capped, it also bounds the slots.
+            capacity = min(math.ceil(self.capacity_factor * self.top_k * n / experts), n)
         act = self.experts.activation
         # The experts' products are named like each expert's Linears: embed and the hidden axes.
         names = [a.name for a in (*self.Embed, *self.Hidden)]
