@@ -194,3 +194,27 @@ def test_sharded_update_into_replicated(mesh_2x4, axis_type):
     np.testing.assert_array_equal(
         out.array, jax.lax.dynamic_update_slice(A, jnp.ones((4, 2, 3)), (0, 5, 0))
     )
+
+
+@pytest.mark.parametrize(
+    "x_spec, pos_spec",
+    [(P("data"), P()), (P("model"), P("data")), (P(), P("data"))],
+    ids=["cache-data_pos-replicated", "cache-model_pos-data", "cache-replicated_pos-data"],
+)
+def test_per_entry_starts_sharded_unlike_x(mesh_2x4, x_spec, pos_spec):
+    """A KV-cache write: the starts follow x's batch sharding, whatever their own (JAX's vmap
+    refused batch axes sharded differently in x and the starts on Explicit meshes)."""
+    a = jax.device_put(A, NamedSharding(mesh_2x4, x_spec))
+    pos = jax.device_put(POS, NamedSharding(mesh_2x4, pos_spec))
+    new = jnp.ones((4, 2, 3))
+    with jax.set_mesh(mesh_2x4):
+
+        @jax.jit
+        def run(a, pos):
+            return na.updated_slice(na.named(a, AXES), {"seq": na.named(pos, "batch")},
+                                    na.named(new, AXES))  # fmt: skip
+
+        out = run(a, pos)
+    if mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit:
+        assert spec_of(out) == x_spec
+    np.testing.assert_array_equal(out.array, _per_batch_update(A, new, POS))

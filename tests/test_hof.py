@@ -568,3 +568,40 @@ def test_vmap_passes_spmd_axis_name_for_a_sharded_axis(mesh_2x4):
     else:  # only the mapping says it: a replicated batch is sharded by the constraint under vmap
         assert run(P(), {"batch": "data"}) == P("data", "model")
         assert run(P(), {}) == P(None, "model")
+
+
+def test_vmap_reconciles_the_mapped_axis_sharding_across_arguments(mesh_2x4):
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    B = jnp.arange(8 * 4.0).reshape(8, 4)
+    put = lambda a, *spec: jax.device_put(a, NamedSharding(mesh_2x4, P(*spec)))  # noqa: E731
+    with jax.set_mesh(mesh_2x4):
+        x = named(put(B, "data", None), ("batch", "embed"))  # batch-sharded activation
+        s = named(put(jnp.arange(8.0)), "batch")  # a replicated per-batch scale
+        keys = jax.random.split(jax.random.key(0), 8)  # the map_plain keys idiom
+        out = na.vmap(lambda a, b: a * b, "batch")(x, s)
+        noisy = jax.jit(
+            na.vmap(lambda a, k: a + jax.random.normal(k, ()), "batch", map_plain=True)
+        )(x, keys)
+        close(out.array, B * np.arange(8.0)[:, None])
+        assert noisy.axis_names == ("batch", "embed")
+        if explicit:  # the replicated argument is split like the sharded one
+            assert out.sharding.spec == P("data", None)
+            assert noisy.sharding.spec == P("data", None)
+        s_model = named(put(jnp.arange(8.0), "model"), "batch")
+        f = na.vmap(lambda a, b: a * b, "batch")
+        if explicit:  # two shardings of batch: the mapping in force decides, else a typed error
+            with pytest.raises(
+                na.ShardingError,
+                match=r"vmap\(\): axis 'batch' is sharded over different mesh axes in different "
+                r"arguments on an Explicit mesh \(args/0: data; args/1: model\)",
+            ):
+                f(x, s_model)
+            with na.axis_mapping({"batch": "model"}):
+                out = jax.jit(f)(x, s_model)
+            assert out.sharding.spec == P("model", None)
+        else:
+            out = f(x, s_model)
+        close(out.array, B * np.arange(8.0)[:, None])

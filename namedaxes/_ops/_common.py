@@ -18,6 +18,7 @@ from .._spec import entry_axes, entry_of
 
 __all__ = [
     "agree_by_name",
+    "agree_on_dim",
     "describe_operand",
     "expect_named",
     "explicit_sharding",
@@ -257,4 +258,60 @@ def join_by_name(
             spec = PartitionSpec(*(entry_of(w) for w in want))
             x = NamedArray(jax.sharding.reshard(x.array, NamedSharding(mesh, spec)), x.axes)
         out.append(x)
+    return out
+
+
+def agree_on_dim(
+    caller: str, axis: Any, arrays: Sequence[Any], dims: Sequence[int], labels: Sequence[str]
+) -> list[Any]:
+    """``arrays`` with the dimension ``dims[k]`` of each (all the axis ``axis``) sharded alike.
+
+    ``jax.vmap`` on Explicit meshes wants the mapped dimension sharded the same in every mapped
+    argument, where elementwise ops accept a sharded axis meeting an unsharded one. When the
+    arrays disagree, that dimension takes the mapping in force's Explicit mesh axes for ``axis``,
+    else the one sharding the arrays use (a replicated array is split locally: no data moves).
+    Another dimension of an array holding one of those mesh axes is replicated to free it. Arrays
+    that agree, and arrays on Auto meshes, pass through untouched.
+
+    Args:
+        caller: The op's name, for messages.
+        axis: The ``Axis`` the dimensions hold (its mapping is looked up by name).
+        arrays: JAX or NumPy arrays.
+        dims: The dimension of each array that holds ``axis``.
+        labels: How messages name each array.
+
+    Raises:
+        ShardingError: if the arrays shard ``axis`` over different mesh axes and no mapping is in
+            force (the message names each array's sharding and says to set an ``axis_mapping``).
+    """
+    infos = [explicit_sharding(a) for a in arrays]
+    have = [entry_axes(info[1][d]) if info else () for info, d in zip(infos, dims)]
+    if len(set(have)) <= 1:
+        return list(arrays)
+    mesh = next(info[0] for info in infos if info is not None)
+    found = mapping_in_force(mesh)
+    if found is not None:
+        rules, context = found
+        (entry,) = resolve((axis,), rules, context, unsatisfied="replicate")
+        target = tuple(m for m in entry_axes(entry) if m in explicit_axes(context))
+    else:
+        sharded = sorted({h for h in have if h})
+        if len(sharded) > 1:
+            shown = "; ".join(f"{w}: {'+'.join(h) or 'unsharded'}" for w, h in zip(labels, have))
+            raise ShardingError(
+                f"{caller}(): axis {axis.name!r} is sharded over different mesh axes in different "
+                f"arguments on an Explicit mesh ({shown}). Put the mapping to compute with in "
+                f"force, e.g. `with na.axis_mapping({{{axis.name!r}: 'data'}}):`, and they are "
+                "resharded by it; or reshard one argument yourself."
+            )
+        (target,) = sharded
+    out = []
+    for a, info, d, h in zip(arrays, infos, dims, have):
+        if h != target:
+            entries = info[1] if info is not None else [None] * len(a.shape)
+            free = [tuple(m for m in entry_axes(e) if m not in target) for e in entries]
+            free[d] = target
+            spec = PartitionSpec(*(entry_of(f) for f in free))
+            a = jax.sharding.reshard(a, NamedSharding(mesh, spec))
+        out.append(a)
     return out

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._axis import Axis, AxisSelector, check_unique, find_axis
+from .._axis import Axis, AxisSelector, check_unique, find_axis, index_of
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to
 from ._checks import is_static_int
@@ -205,10 +205,29 @@ def updated_slice(
         replicated = NamedSharding(sharded[0], PartitionSpec())
         array = jax.sharding.reshard(array, replicated)
         upd = jax.sharding.reshard(upd, replicated)
+    starts = {i: _sharded_like(s, array, x.axes) for i, s in starts.items()}
     out = _update(array, upd, x.axes, starts, batch)
     if info is not None:
         out = jax.sharding.reshard(out, NamedSharding(info[0], PartitionSpec(*info[1])))
     return NamedArray(out, x.axes)
+
+
+def _sharded_like(start: Any, array: Any, axes: tuple[Axis, ...]) -> Any:
+    """A per-entry ``start`` with each of its (batch) axes sharded as ``array`` (with ``axes``) is.
+
+    ``jax.vmap`` on Explicit meshes maps only arguments that shard the mapped dimension alike, so
+    the (small) starts follow the operand: a KV cache sharded over batch takes replicated positions.
+    """
+    if not isinstance(start, NamedArray):
+        return start
+    have, want = explicit_sharding(start.array), explicit_sharding(array)
+    if have is None and want is None:
+        return start
+    mesh, entries = want if want is not None else (have[0], [None] * len(axes))
+    spec = PartitionSpec(*(entries[index_of(axes, a.name)] for a in start.axes))
+    if have is not None and PartitionSpec(*have[1]) == spec:
+        return start
+    return NamedArray(jax.sharding.reshard(start.array, NamedSharding(mesh, spec)), start.axes)
 
 
 def _update(

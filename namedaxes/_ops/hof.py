@@ -32,7 +32,7 @@ from .._errors import (
 from .._logical._resolve import resolve
 from .._spec import entry_axes
 from ._align import align_to
-from ._common import mapping_in_force, unshard_dims
+from ._common import agree_on_dim, mapping_in_force, unshard_dims
 
 __all__ = ["check_remat", "fold", "scan", "vmap"]
 
@@ -65,6 +65,7 @@ class _Mapped:
         self.inner_axes: list[tuple[Axis, ...] | None] = []  # None: a plain array
         self.positions: list[int] = []
         self.arrays: list[Any] = []
+        self.labels: list[str] = []  # how messages name each mapped leaf
         sizes: dict[str, int] = {}
         for k, (path, leaf) in enumerate(leaves):
             if not isinstance(leaf, NamedArray):
@@ -73,6 +74,7 @@ class _Mapped:
                     self.positions.append(0)
                     self.inner_axes.append(None)
                     self.arrays.append(leaf)
+                    self.labels.append(label(path))
                     sizes[f"{label(path)} (leading dimension)"] = np.shape(leaf)[0]
                 continue
             i = index_of(leaf.axes, name)
@@ -82,6 +84,7 @@ class _Mapped:
             self.positions.append(i)
             self.inner_axes.append(leaf.axes[:i] + leaf.axes[i + 1 :])
             self.arrays.append(leaf.array)
+            self.labels.append(label(path))
             sizes[label(path)] = leaf.axes[i].size
         if isinstance(axis, Axis):
             sizes["requested Axis"] = axis.size
@@ -225,7 +228,9 @@ def vmap(
     Several axes (``("batch", "head")``) map over each in turn, the first outermost, so outputs get
     them in front in that order. When the mapping in force places ``axis`` on Auto mesh axes, they
     are passed as ``spmd_axis_name``, so sharding constraints inside ``fn`` keep the mapped
-    dimension sharded (on Explicit mesh axes JAX takes them from the arguments' types).
+    dimension sharded (on Explicit mesh axes JAX takes them from the arguments' types). There the
+    mapped arguments must shard ``axis`` alike; where they differ (a batch-sharded activation with a
+    replicated per-batch array) they take the mapping in force's mesh axes, else the one in use.
 
     Args:
         fn: The function to map.
@@ -245,6 +250,8 @@ def vmap(
             already has an axis of that name.
         AxisNotFoundError: (when called) if no argument has the axis (and ``axis`` is a name).
         AxisSizeError: (when called) if the axis has different sizes in different arguments.
+        ShardingError: (when called, Explicit meshes) if arguments shard the axis over different
+            mesh axes and no mapping is in force.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -280,13 +287,16 @@ def vmap(
             a, kw = ins.rebuild(list(arrays))
             return outs.split(fn(*a, **kw), "output")
 
+        front = Axis(name, ins.size)
+        # JAX maps only arrays that shard the mapped dimension alike (Explicit meshes).
+        arrays = agree_on_dim("vmap", front, ins.arrays, ins.positions, ins.labels)
         result = jax.vmap(
             body,
             in_axes=tuple(ins.positions),
             out_axes=0,
             axis_size=ins.size,
-            spmd_axis_name=_spmd_axis_name(Axis(name, ins.size)),
-        )(*ins.arrays)
+            spmd_axis_name=_spmd_axis_name(front),
+        )(*arrays)
         return outs.join(result, ins.size)
 
     return mapped
