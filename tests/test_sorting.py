@@ -131,3 +131,12 @@ def test_sharded_sort_family(mesh_2x4):
     np.testing.assert_array_equal(s.array, jnp.sort(A, axis=1))
     np.testing.assert_array_equal(t.array, jax.lax.top_k(A, 2)[0])
     np.testing.assert_array_equal(g.array, jnp.argsort(A, axis=0))
+
+
+def test_top_k_takes_numpy_ints():
+    x = na.named(A, ("batch", "seq"))
+    v, i = na.top_k(x, "seq", np.int64(2))
+    assert v.axes == (Axis("batch", 4), Axis("seq", 2))
+    np.testing.assert_array_equal(i.array, jax.lax.top_k(A, 2)[1])
+    with pytest.raises(na.NamedTypeError, match=r"top_k\(\): k must be an int or an Axis"):
+        na.top_k(x, "seq", np.bool_(True))

@@ -187,3 +187,70 @@ def test_sharded(mesh_2x4):
     np.testing.assert_array_equal(rep.array, jnp.repeat(A, 2, axis=1))
     np.testing.assert_array_equal(rav.array, jnp.ravel(A))
     np.testing.assert_array_equal(tr.array, jnp.trace(A, axis1=1, axis2=2))
+
+
+PAD_MODES = ["edge", "mean", "maximum", "minimum", "median", "linear_ramp", "empty", "reflect"]
+
+
+def test_pad_every_mode_keeps_unpadded_axes_sharded(mesh_2x4):
+    """Modes that slice or reduce the padded axis used to crash on Explicit meshes when another
+    axis was sharded; now each keeps that axis' sharding."""
+    a = jax.device_put(A, NamedSharding(mesh_2x4, P("data", "model")))
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    with jax.set_mesh(mesh_2x4):
+        outs = jax.jit(
+            lambda a: [na.pad(na.named(a, AXES), {"k": (2, 1)}, mode=m) for m in PAD_MODES]
+        )(a)
+    for mode, out in zip(PAD_MODES, outs):
+        assert out.shape == {"batch": 4, "q": 8, "k": 9}
+        if explicit:
+            assert spec_of(out) == P("data", "model"), mode
+        if mode != "empty":
+            want = jnp.pad(A, ((0, 0), (0, 0), (2, 1)), mode=mode)
+            np.testing.assert_allclose(out.array, want, rtol=1e-6, err_msg=mode)
+
+
+def test_pad_values_by_axis_name_not_position():
+    """Per-side values go by axis name, and axes are padded in pad_width's order (the last fills
+    the corners), so a transposed layout gives the same result."""
+    x = na.named(jnp.arange(6.0).reshape(2, 3), ("a", "b"))
+    xt = na.named(x.array.T, ("b", "a"))
+    ab = lambda y: na.rearrange(y, ("a", "b")).array  # noqa: E731
+    want = jnp.pad(x.array, ((1, 1), (2, 2)), constant_values=((7, 8), (9, 10)))  # a, then b
+    for y in (x, xt):
+        out = na.pad(y, {"a": 1, "b": 2}, constant_values={"a": (7, 8), "b": (9, 10)})
+        np.testing.assert_array_equal(ab(out), want)
+        # A pair applies to every padded axis; stat_length by name.
+        out = na.pad(y, {"a": 1, "b": 1}, constant_values=(7, 8))
+        np.testing.assert_array_equal(ab(out), jnp.pad(x.array, 1, constant_values=(7, 8)))
+        out = na.pad(y, {"a": 1, "b": 1}, mode="maximum", stat_length={"a": 1, "b": (3, 3)})
+        np.testing.assert_array_equal(
+            ab(out), jnp.pad(x.array, 1, mode="maximum", stat_length=((1, 1), (3, 3)))
+        )
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"pad\(\): constant_values= for axis 'a' must be a scalar or a \(before, after\) "
+        r"pair, got \(\(7, 8\), \(9, 10\)\)\. Give constant_values= as a scalar",
+    ):
+        na.pad(x, {"a": 1}, constant_values=((7, 8), (9, 10)))
+    with pytest.raises(na.AxisError, match=r"pad\(\): end_values= names axes \['b'\] that"):
+        na.pad(x, {"a": 1}, mode="linear_ramp", end_values={"b": 1})
+    with pytest.raises(
+        na.AxisError, match=r"pad\(\): unknown mode 'bogus'; use one of 'constant', 'edge'"
+    ):
+        na.pad(x, {"a": 1}, mode="bogus")
+
+
+def test_repeat_per_entry_counts_must_be_nonnegative_integers():
+    x = na.named(jnp.arange(3), "s")
+    counts = lambda *c: na.named(jnp.array(c), "s")  # noqa: E731
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"repeat\(\): per-entry repeats must be integers, got dtype float32",
+    ):
+        na.repeat(x, "s", counts(1.5, 1.0, 1.0), total_repeat_length=4)
+    with pytest.raises(na.AxisSizeError, match=r"repeat\(\): per-entry repeats must be >= 0"):
+        na.repeat(x, "s", counts(-1, 2, 2), total_repeat_length=4)
+    # Under jit the counts are not known: a negative count repeats 0 times.
+    out = jax.jit(lambda r: na.repeat(x, "s", r, total_repeat_length=4))(counts(-1, 2, 2))
+    np.testing.assert_array_equal(out.array, [1, 1, 2, 2])

@@ -16,6 +16,7 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name, find_axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to
+from ._checks import is_static_int
 from ._common import expect_named, unshard_dims
 
 __all__ = ["argsort", "searchsorted", "sort", "top_k"]
@@ -126,8 +127,8 @@ def top_k(x: NamedArray, axis: AxisSelector, k: int | Axis) -> tuple[NamedArray,
     new: Axis | None
     if isinstance(k, Axis):
         new = k
-    elif isinstance(k, int) and not isinstance(k, bool):
-        new = Axis(ax.name, k) if k >= 0 else None
+    elif is_static_int(k):
+        new = Axis(ax.name, int(k)) if k >= 0 else None
     else:
         raise NamedTypeError(
             f"top_k(): k must be an int or an Axis, got {k!r} ({type(k).__name__})."

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
@@ -62,7 +63,9 @@ def repeat(
 
     Raises:
         AxisNotFoundError: if ``x`` has no ``axis``.
-        AxisSizeError: if ``repeats`` is negative.
+        AxisSizeError: if ``repeats`` is negative (per-entry counts: when known outside ``jit``;
+            under ``jit`` a negative count repeats its entry 0 times).
+        NamedTypeError: if ``repeats`` is not an int or an integer NamedArray.
         AxisError: if per-entry ``repeats`` are not over ``axis`` alone or lack
             ``total_repeat_length``.
 
@@ -91,7 +94,18 @@ def repeat(
                 "repeat(): per-entry repeats need total_repeat_length= (the static new size of "
                 f"{ax.name!r})."
             )
-        size, reps = int(total_repeat_length), repeats.array  # type: ignore[arg-type]
+        if not jnp.issubdtype(repeats.dtype, jnp.integer):
+            raise NamedTypeError(
+                f"repeat(): per-entry repeats must be integers, got dtype {repeats.dtype}. Cast "
+                "them, e.g. repeats.astype('int32')."
+            )
+        # Checked where the counts are known; under jit a negative count repeats 0 times (left to
+        # jnp.repeat, it would shift the other entries).
+        if not isinstance(repeats.array, jax.core.Tracer) and np.any(np.asarray(repeats.array) < 0):
+            raise AxisSizeError(
+                f"repeat(): per-entry repeats must be >= 0, got {np.asarray(repeats.array)}."
+            )
+        size, reps = int(total_repeat_length), jnp.maximum(repeats.array, 0)  # type: ignore[arg-type]
     else:
         raise NamedTypeError(
             f"repeat(): repeats must be an int or an integer NamedArray over {ax.name!r}, got "
@@ -213,6 +227,66 @@ def _vmapped(axis: Axis) -> Any:
     return hint
 
 
+_PAD_MODES = (
+    "constant",
+    "edge",
+    "linear_ramp",
+    "maximum",
+    "mean",
+    "median",
+    "minimum",
+    "reflect",
+    "symmetric",
+    "wrap",
+    "empty",
+)
+# The ``jnp.pad`` arguments that give a value per padded side, and what a side left out gets.
+_PAD_VALUES = {"constant_values": 0, "end_values": 0, "stat_length": None}
+
+
+def _pad_pair(v: Any) -> tuple[Any, Any] | None:
+    """``(before, after)`` from a scalar or a pair, else ``None``."""
+    if isinstance(v, NamedArray):
+        return None
+    if isinstance(v, (tuple, list)):
+        return (v[0], v[1]) if len(v) == 2 and all(np.ndim(e) == 0 for e in v) else None
+    return (v, v) if np.ndim(v) == 0 else None
+
+
+def _pad_values(
+    x: NamedArray, padded: Sequence[int], key: str, value: Any
+) -> dict[int, tuple[Any, Any]]:
+    """``value`` (a scalar, a pair, or ``{axis: scalar or pair}``) as a pair per padded axis.
+
+    By name, so the result does not depend on ``x``'s axis order; a sequence per position would.
+    """
+    hint = (
+        f"Give {key}= as a scalar, a (before, after) pair for every padded axis, or a dict by "
+        f"axis name, e.g. {key}={{{x.axes[padded[0]].name if padded else 'seq'!r}: (0, 1)}}."
+    )
+    if isinstance(value, Mapping):
+        per = _per_axis(x, value, "pad", key)
+        stray = [x.axes[d].name for d in per if d not in padded]
+        if stray:
+            raise AxisError(
+                f"pad(): {key}= names axes {stray} that pad_width does not pad. Leave them out."
+            )
+    else:
+        per = dict.fromkeys(padded, value)
+    pairs = {}
+    for d in padded:
+        default = x.axes[d].size if key == "stat_length" else _PAD_VALUES[key]
+        v = per.get(d, default)
+        pair = _pad_pair(v)
+        if pair is None:
+            raise NamedTypeError(
+                f"pad(): {key}= for axis {x.axes[d].name!r} must be a scalar or a (before, after) "
+                f"pair, got {v!r}. {hint}"
+            )
+        pairs[d] = pair
+    return pairs
+
+
 def pad(
     x: NamedArray,
     pad_width: Mapping[AxisSelector, int | tuple[int, int]],
@@ -221,11 +295,21 @@ def pad(
 ) -> NamedArray:
     """Pad named axes (``jnp.pad`` by name); axes not listed are not padded.
 
+    ``constant_values=``, ``stat_length=`` and ``end_values=`` take a scalar, a ``(before,
+    after)`` pair used for every padded axis, or a ``{axis: scalar or pair}`` dict (padded axes
+    it leaves out get ``jnp.pad``'s default: 0, or the whole axis for ``stat_length``). Every mode
+    works on sharded arrays: the padded axes are replicated, the others keep their sharding. Axes
+    are padded one after another in ``pad_width``'s order, so the last one fills the corners
+    whatever ``x``'s layout.
+
     Args:
         x: A NamedArray.
         pad_width: ``{axis: (before, after)}`` or ``{axis: n}`` (``n`` on both sides).
-        mode: Any ``jnp.pad`` mode (``"constant"``, ``"edge"``, ``"reflect"``, ``"wrap"``, ...).
-        **kwargs: Passed to ``jnp.pad`` (e.g. ``constant_values=``).
+        mode: A ``jnp.pad`` mode: ``"constant"``, ``"edge"``, ``"linear_ramp"``, ``"maximum"``,
+            ``"mean"``, ``"median"``, ``"minimum"``, ``"reflect"``, ``"symmetric"``, ``"wrap"``
+            or ``"empty"``.
+        **kwargs: Passed to ``jnp.pad`` (``constant_values=``, ``stat_length=``,
+            ``end_values=``, as above; ``reflect_type=``).
 
     Returns:
         A NamedArray with ``x``'s axes; each padded axis grows by ``before + after``.
@@ -233,6 +317,9 @@ def pad(
     Raises:
         AxisNotFoundError: if an axis is not in ``x``.
         AxisSizeError: if a width is negative or not an int.
+        AxisError: if ``mode`` is not a ``jnp.pad`` mode, or a per-axis value names an axis that
+            is not padded.
+        NamedTypeError: if a per-side value is not a scalar, a pair, or a dict of them.
 
     Example:
         >>> import jax.numpy as jnp
@@ -242,6 +329,10 @@ def pad(
         Array([[9, 1, 2]], dtype=int32)
     """
     x = expect_named(x, "pad")
+    if mode not in _PAD_MODES:
+        raise AxisError(
+            f"pad(): unknown mode {mode!r}; use one of {', '.join(map(repr, _PAD_MODES))}."
+        )
     per = _per_axis(x, pad_width, "pad", "pad_width")
     widths = [(0, 0)] * x.ndim
     for i, w in per.items():
@@ -252,9 +343,37 @@ def pad(
                 f"(before, after) pair of them, got {w!r}."
             )
         widths[i] = (int(pair[0]), int(pair[1]))
-    array = unshard_dims(x.array, tuple(i for i, w in enumerate(widths) if w != (0, 0)))
+    padded = sorted(per)
+    if not padded:
+        return x
+    values = {
+        key: _pad_values(x, padded, key, kwargs.pop(key)) for key in _PAD_VALUES if key in kwargs
+    }
     axes = tuple(Axis(a.name, a.size + b + c) for a, (b, c) in zip(x.axes, widths))
-    return NamedArray(jnp.pad(array, widths, mode=mode, **kwargs), axes)
+
+    def pad_padded(a: Any) -> Any:  # sees the padded axes only, in x's order
+        # One axis at a time in pad_width's order (as jnp.pad does in position order): the last
+        # axis padded fills the corners, so they do not depend on x's layout.
+        for d in per:
+            width = [widths[d] if e == d else (0, 0) for e in padded]
+            each = {key: pairs[d] for key, pairs in values.items()}
+            a = jnp.pad(a, width, mode=mode, **each, **kwargs)
+        return a
+
+    # The other axes are mapped over: each is a batch axis to jnp.pad, so it keeps its sharding
+    # (modes such as "edge" or "mean" cannot pad an Explicit array sharded on an unpadded axis).
+    rest = [d for d in range(x.ndim) if d not in per]
+    f = pad_padded
+    for k, d in reversed(list(enumerate(rest))):  # outermost first: inner ones see fewer dims
+        f = jax.vmap(f, in_axes=d - k, out_axes=d - k)
+    # JAX's linear_ramp loses a mapped dimension's Explicit sharding (its linspace), so that mode
+    # maps over replicated axes and reshards the result back.
+    info = explicit_sharding(x.array) if mode == "linear_ramp" else None
+    out = f(unshard_dims(x.array, range(x.ndim) if info else padded))
+    if info is not None:
+        spec = PartitionSpec(*(None if d in per else e for d, e in enumerate(info[1])))
+        out = jax.sharding.reshard(out, NamedSharding(info[0], spec))
+    return NamedArray(out, axes)
 
 
 def ravel(
