@@ -131,7 +131,6 @@ class RouterStats(eqx.Module):
         p = _sum_but(self.probs, keep) / n
         return experts.size * jnp.sum(f * p)
 
-
     def _experts_axis(self) -> Axis:
         """The experts axis, by name: the one axis of ``counts`` that ``tokens`` lacks (the
         statistics may be stacked over layers, in any axis order)."""
