@@ -118,10 +118,11 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
         check_matched(rules, planned.names, caller)
     if not planned.any_named:
         return x  # nothing to place (the plan has checked the mapping against a known mesh)
-    require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
+    mesh = require_mesh(planned.mesh, caller=caller)  # a Mesh or AbstractMesh, not sizes alone
     new, changed = place_planned(
         planned.leaves,
         planned.targets,
+        mesh,
         caller=caller,
         plan_instead="pspec_for(tree, mapping, mesh=abstract_mesh)",
     )
@@ -129,18 +130,18 @@ def _shard_with(x: T, rules: AxisRules, mesh: Any, caller: str, strict: bool = F
 
 
 def place_planned(
-    leaves: list[Any], targets: list[Any], *, caller: str, plan_instead: str
+    leaves: list[Any], targets: list[Any], mesh: Any, *, caller: str, plan_instead: str
 ) -> tuple[list[Any], bool]:
     """``place_leaves``, and the one rule for targets on an ``AbstractMesh``: fine for traced
     leaves; for concrete ones inside a traced function (constants an eager ``scan`` body closes
     over, under a concrete mesh) a constraint; outside any trace an error, as there are no devices
-    to put data on (``plan_instead`` says how to plan without them).
+    to put data on (``plan_instead`` says how to plan without them). ``mesh`` is the one mesh
+    of the targets (one check per call, not one per leaf: ``shard`` is on the hot path).
 
     Raises:
         ShardingError: for an ``AbstractMesh`` target of a concrete leaf outside any trace.
     """
-    abstract = any(t is not None and isinstance(t.mesh, AbstractMesh) for t in targets)
-    if abstract and not _tracing(leaves):
+    if isinstance(mesh, AbstractMesh) and not _tracing(leaves):
         if _inside_a_trace():
             new = [
                 leaf if t is None else constrain(leaf, t.spec, t.mesh)

@@ -279,9 +279,11 @@ def place_tree(tree: Any, shardings: Any, *, caller: str) -> Any:
         t if lf.is_array else None for lf, t in zip(leaves, treedef.flatten_up_to(shardings))
     ]
     arrays = [lf.value.array if isinstance(lf.value, NamedArray) else lf.value for lf in leaves]
+    mesh = next((t.mesh for t in targets if t is not None), None)  # to_shardings: one mesh
     placed, _ = place_planned(
         arrays,
         targets,
+        mesh,
         caller=caller,
         plan_instead="the rule's to_shardings(tree, mesh=abstract_mesh) or apply(tree)",
     )
