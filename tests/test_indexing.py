@@ -544,6 +544,24 @@ def test_indexing_on_sharded_arrays(mesh_2x4):
         assert out["add_gather"].sharding.spec == P("data", None, "model")
 
 
+def test_update_of_a_replicated_array_at_sharded_dynamic_starts(mesh_2x4):
+    """x replicated, per-batch starts sharded over 'data': JAX cannot infer the scatter's result
+    sharding on Explicit meshes; the update keeps x's (replicated), as on Auto meshes."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    starts = np.array([1, 3, 5, 7])
+    with jax.set_mesh(mesh_2x4):
+        x = na.zeros({"batch": 4, "seq": 16})
+        pos = named(jax.device_put(starts, NamedSharding(mesh_2x4, P("data"))), "batch")
+        out = x.at[{"seq": na.ds(pos, 2)}].set(na.ones({"seq": 2, "batch": 4}))
+    expected = np.zeros((4, 16))
+    for b, s in enumerate(starts):
+        expected[b, s : s + 2] = 1.0
+    same(out, expected, ("batch", "seq"))
+    assert out.sharding.spec in (P(), P(None, None))
+
+
 def test_embedding_lookup_keeps_sharded_ids_on_explicit_meshes():
     """take(table(vocab, embed), "vocab", ids(batch@data, seq)) on an Explicit mesh keeps
     the ids split (no all-gather), as plain JAX's table.at[ids].get(out_sharding=P('data')) does."""

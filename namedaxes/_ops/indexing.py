@@ -469,11 +469,26 @@ class _AtRef:
     def _update(self, method: str, values: Any, kwargs: dict[str, Any]) -> NamedArray:
         self._plan.check_range(kwargs)
         v = self._values(values, method)
-        info = explicit_sharding(self._x.array)
-        if info is not None:  # the update keeps x's sharding
-            kwargs.setdefault("out_sharding", NamedSharding(info[0], PartitionSpec(*info[1])))
+        kwargs.setdefault("out_sharding", self._keep_sharding(v))
+        if kwargs["out_sharding"] is None:
+            del kwargs["out_sharding"]
         array = getattr(self._x.array.at[self._plan.index], method)(v, **kwargs)
         return NamedArray(array, self._x.axes)
+
+    def _keep_sharding(self, values: Any) -> NamedSharding | None:
+        """``x``'s sharding, when ``x``, an index array or ``values`` is on an Explicit mesh.
+
+        JAX cannot infer the result's sharding of a scatter whose operands disagree (``x``
+        replicated, a dynamic start sharded over ``batch``) and asks for one; the update keeps
+        ``x``'s, replicated included.
+        """
+        arrays = [a for a in (self._x.array, values, *self._plan.index) if isinstance(a, jax.Array)]
+        for info in map(explicit_sharding, arrays):
+            if info is not None:
+                own = explicit_sharding(self._x.array)
+                spec = PartitionSpec(*own[1]) if own is not None else PartitionSpec()
+                return NamedSharding(info[0], spec)
+        return None
 
     def get(self, **kwargs: Any) -> NamedArray:
         """The selected region (like ``x[selection]``); ``kwargs`` go to JAX (e.g. ``mode="fill"``)."""
