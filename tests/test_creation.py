@@ -44,6 +44,15 @@ def test_full_broadcasts_a_named_fill_value_by_name():
     np.testing.assert_array_equal(like.array, jnp.broadcast_to(bias.array, (2, 3)))
 
 
+def test_full_refuses_an_int_fill_the_integer_dtype_cannot_hold():
+    """jnp.full wraps 300 into int8 (44); NumPy refuses, and so does full()."""
+    with pytest.raises(OverflowError, match=r"full\(\): fill_value 300 does not fit int8"):
+        na.full({"batch": 2}, 300, dtype=jnp.int8)
+    with pytest.raises(OverflowError, match=r"full_like\(\): fill_value -1 does not fit uint8"):
+        na.full_like(na.zeros({"batch": 2}, jnp.uint8), -1)
+    np.testing.assert_array_equal(na.full({"batch": 2}, -128, dtype=jnp.int8).array, [-128, -128])
+
+
 def test_like_functions_copy_axes_and_dtype():
     x = na.named(jnp.arange(6, dtype=jnp.int32).reshape(3, 2), ("embed", "batch"))
     for got, want in [

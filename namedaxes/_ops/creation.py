@@ -89,14 +89,27 @@ def _numeric(dtype: Any) -> bool:
     )
 
 
-def _fill(fill_value: Any, axes: tuple[Axis, ...], caller: str) -> Any:
+def _fill(fill_value: Any, axes: tuple[Axis, ...], caller: str, dtype: Any = None) -> Any:
     """``fill_value`` laid out to broadcast into ``axes`` (``None`` is refused: it means "no value"
-    to ``broadcast_into``, which also serves optional masks)."""
+    to ``broadcast_into``, which also serves optional masks). A Python int that ``dtype`` cannot
+    hold is refused, as NumPy does, where ``jnp.full`` would wrap it (300 as int8 is 44)."""
     if fill_value is None:
         raise NamedTypeError(
             f"{caller}() needs a fill_value, got None. Pass a number, e.g. {caller}(..., 0.0), or "
             "a NamedArray over some of the axes."
         )
+    if (
+        isinstance(fill_value, int)
+        and not isinstance(fill_value, bool)
+        and dtype is not None
+        and jnp.issubdtype(dtype, jnp.integer)
+    ):
+        info = jnp.iinfo(dtype)
+        if not info.min <= fill_value <= info.max:
+            raise OverflowError(
+                f"{caller}(): fill_value {fill_value} does not fit {jnp.dtype(dtype).name} "
+                f"({info.min}..{info.max}). Pass a value in that range or a wider dtype."
+            )
     return broadcast_into(fill_value, axes, caller=caller, what="fill_value")
 
 
@@ -164,6 +177,7 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         NamedTypeError: if ``axes`` has no sizes, ``dtype`` is not a dtype, or ``fill_value`` is
             ``None`` or a plain array with dimensions.
         AxisError: if a NamedArray ``fill_value`` has an axis that ``axes`` lacks.
+        OverflowError: if ``fill_value`` is a Python int that the integer ``dtype`` cannot hold.
 
     Example:
         >>> import namedaxes as na
@@ -171,8 +185,9 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([7, 7], dtype=int32, weak_type=True)
     """
     ax = to_axes(axes)
-    fill = _fill(fill_value, ax, "full")
-    return NamedArray(jnp.full(_shape(ax), fill, canonical_dtype(dtype, caller="full")), ax)
+    dtype = canonical_dtype(dtype, caller="full")
+    fill = _fill(fill_value, ax, "full", dtype)
+    return NamedArray(jnp.full(_shape(ax), fill, dtype), ax)
 
 
 def zeros_like(x: NamedArray, dtype: Any = None) -> NamedArray:
@@ -213,8 +228,8 @@ def full_like(x: NamedArray, fill_value: Any, dtype: Any = None) -> NamedArray:
         Array([5., 5.], dtype=float32)
     """
     x = _like(x, "full_like")
-    fill = _fill(fill_value, x.axes, "full_like")
     dtype = canonical_dtype(dtype, caller="full_like") or x.dtype
+    fill = _fill(fill_value, x.axes, "full_like", dtype)
     if isinstance(fill_value, NamedArray):
         # jnp.full_like drops x's sharding for an array fill; adding to zeros_like keeps it.
         return NamedArray(jnp.zeros_like(x.array, dtype) + fill.astype(dtype), x.axes)
