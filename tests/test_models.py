@@ -369,6 +369,20 @@ def test_sharded_index_and_dtype(tmp_path):
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+def test_save_hf_keeps_a_transformers_4_torch_dtype_true(tmp_path):
+    """A checkpoint whose config says torch_dtype (transformers 4's name), saved in bfloat16, says
+    bfloat16 under both names, not a stale float32 that transformers 4 would load it as."""
+    import shutil
+
+    shutil.copytree(FIXTURES / "llama", tmp_path / "v4")
+    config = json.loads((tmp_path / "v4" / "config.json").read_text())
+    config["torch_dtype"] = config.pop("dtype")
+    (tmp_path / "v4" / "config.json").write_text(json.dumps(config))
+    models.save_hf(models.from_hf(tmp_path / "v4", dtype=jnp.bfloat16), tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (saved["torch_dtype"], saved["dtype"]) == ("bfloat16", "bfloat16")
+
+
 # -- configs --------------------------------------------------------------------------------
 
 

@@ -446,7 +446,10 @@ def save_hf(
     if me == 0:
         folder.mkdir(parents=True, exist_ok=True)
     dtypes = {np.dtype(e[1]).name for e in entries}
-    config = {**config, "dtype": dtypes.pop() if len(dtypes) == 1 else config.get("dtype")}
+    dtype = dtypes.pop() if len(dtypes) == 1 else config.get("dtype", config.get("torch_dtype"))
+    config = {**config, "dtype": dtype}
+    if "torch_dtype" in config:  # transformers 4 reads this name; keep it true, not stale
+        config["torch_dtype"] = dtype
     for k, members in enumerate(files):
 
         def arrays(members: list[int] = members) -> Any:
