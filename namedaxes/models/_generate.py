@@ -350,7 +350,8 @@ def generate(
         attention_mask: Boolean, the prompt's axes, ``True`` at real tokens (left padding).
         temperature: ``0`` for greedy, else the softmax temperature (a finite real number: a
             Python, NumPy or 0-d JAX scalar).
-        top_k: Sample among the ``top_k`` most likely tokens.
+        top_k: Sample among the ``top_k`` most likely tokens (``None``: no filter; note that
+            ``transformers`` samples with ``top_k=50`` unless told otherwise).
         top_p: Sample among the most likely tokens whose probability exceeds ``top_p``.
         key: A PRNG key; needed when ``temperature > 0``.
         eos_token_id: The end-of-sequence id (or ids); ``None`` never stops early.
