@@ -267,7 +267,9 @@ class CheckpointAxisError(CheckpointError):
 
 
 class CheckpointDtypeError(CheckpointError):
-    """A leaf's dtype differs between the checkpoint and ``like`` and no cast was asked for."""
+    """A leaf's dtype cannot go where it is asked to: it differs between the checkpoint and
+    ``like`` and no cast was asked for, ``like``'s dtype cannot hold the saved value, or the
+    checkpoint cannot store it."""
 
 
 class GenerationError(NamedAxesError, ValueError):

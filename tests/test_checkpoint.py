@@ -188,23 +188,74 @@ def test_restore_places_field_axis_names_arrays_by_name(tmp_path, axis_type):
         assert {s.data.shape for s in out.weight.addressable_shards} == {(2, 8)}
         np.testing.assert_array_equal(np.asarray(out.weight), np.asarray(lin.weight))
     assert outs[0].bias.sharding == NamedSharding(mesh, P())  # no names, no like sharding
+    # without like, the recorded names place it too (it came back replicated)
+    plain = restore(tmp_path / "c", mapping={"embed": "model"}, mesh=mesh)
+    assert plain["weight"].sharding == NamedSharding(mesh, P("model", None))
+    assert plain["bias"].sharding == NamedSharding(mesh, P())
+
+
+class _LinT(eqx.Module):
+    """``_Lin``'s weight declared in the other axis order."""
+
+    weight: jax.Array = na.field(axis_names=("mlp", "embed"))
+    bias: jax.Array
+
+
+def test_field_axis_names_arrays_are_aligned_by_name(tmp_path):
+    """field(axis_names=...) arrays were saved by position: a square (embed, mlp) weight loaded
+    untransposed into an (mlp, embed) field, and a NamedArray and a field with the same names
+    were refused as different kinds. Their names are now saved and checked, as a NamedArray's."""
+    data = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+    square = data[:, :4]
+    save(tmp_path / "sq", _Lin(jnp.asarray(square), jnp.zeros(2)))
+    out = restore(tmp_path / "sq", _LinT(jnp.zeros((4, 4)), jnp.zeros(2)))
+    np.testing.assert_array_equal(np.asarray(out.weight), square.T)
+    # a field and a NamedArray with the same names restore into each other, by name
+    save(tmp_path / "f", _Lin(jnp.asarray(data), jnp.zeros(2)))
+    named = {"weight": na.named(jnp.zeros((8, 4)), ("mlp", "embed")), "bias": jnp.zeros(2)}
+    back = restore(tmp_path / "f", named)["weight"]
+    assert back.axis_names == ("mlp", "embed")
+    np.testing.assert_array_equal(np.asarray(back.array), data.T)
+    save(tmp_path / "n", {**named, "weight": na.named(jnp.asarray(data), ("embed", "mlp"))})
+    out = restore(tmp_path / "n", _LinT(jnp.zeros((8, 4)), jnp.zeros(2)))
+    np.testing.assert_array_equal(np.asarray(out.weight), data.T)
+    with pytest.raises(
+        CheckpointAxisError,
+        match=r"^Leaf 'weight': the checkpoint has axes \(embed=4, mlp=8\) but like has "
+        r"\(mlp=8, hidden=4\)\. Restore into a like with the saved axis names",
+    ):
+        restore(tmp_path / "f", {"weight": na.named(jnp.zeros((8, 4)), ("mlp", "hidden"))})
+    # state dicts align a named entry to a field like by name as well
+    state = {
+        "weight": na.named(jnp.asarray(data), ("embed", "mlp")),
+        "bias": np.zeros(2, np.float32),
+    }
+    out = from_state_dict(_LinT(jnp.zeros((8, 4)), jnp.zeros(2)), state)
+    np.testing.assert_array_equal(np.asarray(out.weight), data.T)
 
 
 def test_explicit_mesh_wins_over_like_shardings(tmp_path, axis_type):
-    """restore(like, mesh=m8) left leaves whose like was placed on another mesh there: a tree
-    spread over two meshes. An explicit mesh= now takes every leaf onto it."""
+    """restore(like, mesh=m8) left leaves whose like was placed on another mesh there, and plain
+    jnp arrays (one device) on their device: a tree spread over two device sets, which jit
+    refused. An explicit mesh= now takes every leaf onto it (the one-device ones replicated)."""
     m4 = jax.make_mesh((4,), ("data",), axis_types=(axis_type,), devices=jax.devices()[:4])
     m8 = make_mesh((8,), ("data",), axis_type)
     w = na.shard(na.named(jnp.arange(16.0), "embed"), {"embed": "data"}, mesh=m4)
     b = jax.device_put(jnp.arange(8.0), NamedSharding(m4, P("data")))
-    save(tmp_path / "c", {"w": w, "b": b})
+    one = {"c": jnp.arange(8.0), "d": jax.device_put(jnp.ones(8), jax.devices()[1])}
+    like = {"w": w, "b": b, **one}
+    save(tmp_path / "c", like)
     for mapping in (None, {"embed": "data"}):
-        out = restore(tmp_path / "c", {"w": w, "b": b}, mapping=mapping, mesh=m8)
+        out = restore(tmp_path / "c", like, mapping=mapping, mesh=m8)
         assert out["w"].sharding == out["b"].sharding == NamedSharding(m8, P("data"))
         assert {s.data.shape for s in out["b"].addressable_shards} == {(1,)}
-        assert _values(out) == _values({"w": w, "b": b})
+        assert out["c"].sharding == out["d"].sharding == NamedSharding(m8, P())
+        assert _values(out) == _values(like)
+        total = jax.jit(lambda t: t["w"].array.sum() + t["b"] + t["c"] + t["d"])(out)
+        assert total.sharding.mesh == m8
     with jax.set_mesh(m8):  # a mesh in force (not given): like's own placement is kept
-        assert restore(tmp_path / "c", {"w": w, "b": b})["b"].sharding == b.sharding
+        out = restore(tmp_path / "c", like)
+    assert out["b"].sharding == b.sharding and out["d"].sharding == one["d"].sharding
     small = jax.device_put(jnp.arange(4.0), NamedSharding(m4, P("data")))
     save(tmp_path / "s", {"b": small})
     with pytest.raises(
@@ -440,6 +491,34 @@ def test_dtype_mismatch_and_cast(saved):
         restore(path, {**tree, "step": 0.0})
 
 
+def test_casts_follow_astype_and_refuse_what_like_cannot_hold(tmp_path, mesh_2x4):
+    """Saved Python scalars that like's type or dtype cannot hold raised bare OverflowError,
+    ValueError or TypeError; cast arrays went through TensorStore's conversion, which wraps
+    (300.7 into int8 gave 44 where astype gives 127)."""
+    x = jnp.array([1.5, -2.25, 300.7, 0.1, 7.0, -1.0, 2.5, 9.9])
+    save(tmp_path / "c", {"step": 2**40, "name": "run7", "z": 1 + 2j, "x": x})
+    big = (
+        r"^Leaf 'step' is a Python int \(1099511627776\) in the checkpoint, which int32 cannot hold"
+    )
+    for cast in (False, True):
+        with pytest.raises(CheckpointDtypeError, match=big):
+            restore(tmp_path / "c", {"step": jax.ShapeDtypeStruct((), jnp.int32)}, cast=cast)
+    refused = [
+        ({"name": 0}, r"'name' is a Python str \('run7'\) in the checkpoint, which int\(\) cannot"),
+        ({"name": jax.ShapeDtypeStruct((), jnp.float32)}, r"'name' .*, which float32 cannot hold"),
+        ({"z": 0.0}, r"'z' is a Python complex \(\(1\+2j\)\) in the checkpoint, which float\(\)"),
+    ]
+    for like, match in refused:
+        with pytest.raises(CheckpointDtypeError, match=match):
+            restore(tmp_path / "c", like, cast=True)
+    sharding = NamedSharding(mesh_2x4, P("model"))
+    for dtype in (jnp.int8, jnp.uint8, jnp.bfloat16):
+        like = {"x": jax.ShapeDtypeStruct((8,), dtype, sharding=sharding)}
+        out = restore(tmp_path / "c", like, cast=True)["x"]
+        assert out.dtype == dtype and out.sharding == sharding
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(x.astype(dtype)))
+
+
 def test_paths_without_a_checkpoint(tmp_path, saved):
     path, tree = saved
     with pytest.raises(
@@ -463,6 +542,8 @@ def test_paths_without_a_checkpoint(tmp_path, saved):
         save(path, tree)
     save(path, {"only": 1}, overwrite=True)
     assert restore(path) == {"only": 1}
+    save(tmp_path / "new" / "parents" / "c", {"only": 2})  # missing parents are created
+    assert restore(tmp_path / "new" / "parents" / "c") == {"only": 2}
 
 
 def test_other_bad_input(tmp_path, saved, mesh_2x4):
@@ -631,6 +712,12 @@ def test_state_dict_unstacks_layers_and_round_trips():
     flat = {"blocks": {"w": na.named(jnp.zeros((2, 3)), ("depth", "embed"))}}
     assert sorted(to_state_dict(flat, stacked_axis="depth")) == ["blocks.0.w", "blocks.1.w"]
     assert sorted(to_state_dict(flat)) == ["blocks.w"]
+    # a dict key holding a dot is one component: the index goes by path, not by splitting on '.'
+    w = tree["blocks"]["stacked"]["attn"]["w"]
+    dotted = {"model.blocks": {"stacked": {"w": w}}, "blocks": {"w.x": w}}
+    state = to_state_dict(dotted)
+    assert sorted(state) == ["blocks.0.w.x", "blocks.1.w.x", "model.blocks.0.w", "model.blocks.1.w"]
+    assert _values(from_state_dict(dotted, state)) == _values(dotted)
 
 
 def test_state_dict_errors():
@@ -654,6 +741,37 @@ def test_state_dict_errors():
         CheckpointDtypeError, match=r"State-dict key 'head.b' is float64 but like has float32"
     ):
         from_state_dict(tree, {**state, "head.b": np.zeros(4)})
+
+
+def test_state_dict_python_numbers_for_array_leaves():
+    """Python numbers (which to_state_dict keeps) and lists for array leaves crashed
+    from_state_dict with "'float' object has no attribute 'dtype'"."""
+    like = {"b": jnp.zeros(()), "w": jnp.zeros(2), "n": jnp.zeros((), jnp.int8)}
+    out = from_state_dict(like, {"b": 1.5, "w": [1.0, 2.0], "n": 3})
+    assert [out[k].dtype for k in ("b", "w", "n")] == [jnp.float32, jnp.float32, jnp.int8]
+    assert (float(out["b"]), out["w"].tolist(), int(out["n"])) == (1.5, [1.0, 2.0], 3)
+    tree = {"lr": 0.5, "step": 7}  # to_state_dict keeps Python scalars; eval_shape makes 0-d arrays
+    out = from_state_dict(jax.eval_shape(lambda: tree), to_state_dict(tree))
+    assert (float(out["lr"]), int(out["step"])) == (0.5, 7)
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"^State-dict key 'b' is a Python int \(1\) but an array of float32 in like\. "
+        r"Build like with a matching scalar, or pass cast=True\.$",
+    ):
+        from_state_dict({"b": like["b"]}, {"b": 1})
+    assert float(from_state_dict({"b": like["b"]}, {"b": 1}, cast=True)["b"]) == 1.0
+    with pytest.raises(
+        CheckpointDtypeError,
+        match=r"^State-dict key 'n' is a Python int \(300\), which int8 cannot hold \(Python "
+        r"integer 300 out of bounds for int8\)\. Build like with a dtype that holds it\.$",
+    ):
+        from_state_dict({"n": like["n"]}, {"n": 300}, cast=True)
+    with pytest.raises(
+        CheckpointStructureError,
+        match=r"^State-dict key 'w' is a Python dict \(\{'a': 1\}\), not an array; like has an "
+        r"array of float32 with shape \(2,\) there\.",
+    ):
+        from_state_dict({"w": like["w"]}, {"w": {"a": 1}})
 
 
 def test_state_dict_named_entries_are_aligned_by_name():
@@ -771,6 +889,26 @@ def test_safetensors_low_precision_dtypes(tmp_path):
     ):
         save_safetensors(tmp_path / "int4.safetensors", {"blocks": {"q": jnp.ones(4, jnp.int4)}})
     assert not (tmp_path / "int4.safetensors").exists()
+
+
+def test_dtypes_checkpoints_cannot_store_are_refused_before_writing(tmp_path):
+    """uint4 (and uint2, float8_e4m3: TensorStore has no such types) failed inside orbax with a
+    bare ValueError after the write began; the manager's save returned and left a temporary
+    directory behind."""
+    message = (
+        r"^Leaf 'blocks\.q' is {}, which checkpoints cannot store \(TensorStore, orbax's storage, "
+        r"has no such type\)\. Cast it to a dtype it stores \(int4, int8, .*\) before saving\.$"
+    )
+    for dtype in (jnp.uint4, jnp.float8_e4m3):
+        tree = {"blocks": {"q": jnp.zeros(4, dtype)}, "w": jnp.ones(2)}
+        name = np.dtype(dtype).name
+        with pytest.raises(CheckpointDtypeError, match=message.format(name)):
+            save(tmp_path / "c", tree)
+        assert not (tmp_path / "c").exists()
+        with CheckpointManager(tmp_path / "run") as mgr:
+            with pytest.raises(CheckpointDtypeError, match=message.format(name)):
+                mgr.save(0, tree)
+            assert mgr.all_steps() == [] and not any((tmp_path / "run").iterdir())
 
 
 # -- packaging ----------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 A checkpoint is an orbax composite checkpoint with two items: ``arrays`` (every array leaf, stored
 sharded by orbax/tensorstore, each process writing and reading only its own shards) and
 ``namedaxes`` (JSON: one record per leaf with its dotted key, path, kind, dtype, shape and, for a
-NamedArray, its axis names and sizes). Orbax writes into a temporary directory and renames it when
-every process is done, then writes ``commit_success.txt``; a directory without that marker (or with
-orbax's temporary suffix) is an unfinished save and is never restored.
+NamedArray or a ``field(axis_names=...)`` array, its axis names and sizes). Orbax writes into a
+temporary directory and renames it when every process is done, then writes ``commit_success.txt``;
+a directory without that marker (or with orbax's temporary suffix) is an unfinished save and is
+never restored.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .._errors import (
     format_names,
 )
 from .._partitioning._jit_args import check_live
+from ._dtypes import python_array, python_scalar
 from ._layout import Leaf, describe, leaves_of, rebuild, scalar_value, store_keys
 from ._placement import any_named, permuted, placement
 
@@ -159,7 +161,7 @@ def save(
     array) is written from process 0, so it must hold the same value on every process.
 
     Args:
-        path: The checkpoint directory (created; its parent must exist).
+        path: The checkpoint directory (created, with any missing parents).
         tree: The tree to save.
         step: If given, save to ``path/step`` (the layout ``CheckpointManager`` uses, so
             ``restore(path)`` finds the latest step).
@@ -171,6 +173,9 @@ def save(
     Raises:
         CheckpointError: if the target exists and ``overwrite`` is false.
         CheckpointStructureError: if two leaves share a dotted key.
+        CheckpointDtypeError: for an array of a dtype checkpoints cannot store (``uint4``,
+            ``float8_e4m3``: orbax's TensorStore has no such type), naming the leaf; nothing is
+            written.
         DonatedArrayError: for an array that was donated to a step (``named_jit(...,
             donate_args=...)``, ``fsdp``), whose buffer is gone: save the tree the step returned.
         NamedTypeError: for abstract (``ShapeDtypeStruct``) or traced leaves.
@@ -257,7 +262,8 @@ def _check_shape(rec: dict[str, Any], like: Any) -> list[int]:
 
 
 def _check_dtype(rec: dict[str, Any], like_dtype: Any, cast: bool) -> Any:
-    """The dtype to read as (``None``: as stored); raises on a mismatch without ``cast``."""
+    """The dtype to convert to after reading (``None``: as stored); raises on a mismatch without
+    ``cast``."""
     stored = np.dtype(jnp.dtype(rec["dtype"]))
     wanted = np.dtype(like_dtype)
     if stored == wanted:
@@ -285,24 +291,22 @@ def _kind_error(rec: dict[str, Any], leaf: Leaf) -> CheckpointStructureError:
     )
 
 
-# Which dtype kinds a saved Python scalar may become when like has a 0-d array there (what
-# jax.eval_shape makes of a Python number).
-_SCALAR_KINDS = {"bool": "b", "int": "iu", "float": "f", "complex": "c"}
+def _scalar_subject(rec: dict[str, Any]) -> str:
+    return (
+        f"Leaf {rec['key']!r} is a Python {rec['type']} ({scalar_value(rec)!r}) in the checkpoint"
+    )
 
 
 def _scalar_as_array(rec: dict[str, Any], like: Any, cast: bool, sharding: Any) -> jax.Array:
-    value = scalar_value(rec)
-    dtype = np.dtype(like.dtype)
-    if tuple(like.shape) != () or (
-        not cast and dtype.kind not in _SCALAR_KINDS.get(rec["type"], "")
-    ):
-        what = f"shape {tuple(like.shape)}" if tuple(like.shape) != () else dtype.name
+    """A saved Python scalar into a 0-d array of like's dtype (``jax.eval_shape`` makes those of
+    Python numbers), as a weakly typed scalar converts (see ``_dtypes.python_array``)."""
+    if tuple(like.shape) != ():
         raise CheckpointDtypeError(
-            f"Leaf {rec['key']!r} is a Python {rec['type']} ({value!r}) in the checkpoint but an "
-            f"array of {what} in like. Build like with a matching scalar"
-            + (", or pass cast=True." if tuple(like.shape) == () else ".")
+            f"{_scalar_subject(rec)} but an array of shape {tuple(like.shape)} in like. Build "
+            "like with a matching scalar."
         )
-    return jax.device_put(np.asarray(value, dtype=dtype), sharding)
+    value = python_array(scalar_value(rec), like.dtype, cast, _scalar_subject(rec))
+    return jax.device_put(value, sharding)
 
 
 def _match(records: list[dict[str, Any]], likes: list[Leaf]) -> list[tuple[dict[str, Any], Leaf]]:
@@ -354,14 +358,40 @@ def _read_arrays(where: Path, args: dict[str, ocp.ArrayRestoreArgs]) -> dict[str
     return out[ARRAYS]
 
 
-def _restore_args(sharding: Any, rec: dict[str, Any], dtype: Any) -> ocp.ArrayRestoreArgs:
-    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=tuple(rec["shape"]), dtype=dtype)
+def _restore_args(sharding: Any, rec: dict[str, Any]) -> ocp.ArrayRestoreArgs:
+    # Always read as stored: TensorStore's own conversion wraps out-of-range values (300.7 into
+    # int8 gave 44), so a cast is jnp's astype, done after reading.
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=tuple(rec["shape"]))
 
 
-def _transpose(x: jax.Array, order: list[int], sharding: Any) -> jax.Array:
-    # One compiled transpose per distinct (shape, order, sharding); only when like's axis order
-    # differs from the saved one.
-    return jax.jit(lambda a: jnp.transpose(a, order), out_shardings=sharding)(x)
+def _finish(x: jax.Array, order: list[int] | None, dtype: Any, sharding: Any) -> jax.Array:
+    """``x`` transposed to like's axis order and converted to ``dtype`` (each if asked), on
+    ``sharding``: one compiled program per distinct (shape, order, dtype, sharding)."""
+    if order is None and dtype is None:
+        return x
+
+    def f(a: jax.Array) -> jax.Array:
+        a = a if order is None else jnp.transpose(a, order)
+        return a if dtype is None else a.astype(dtype)
+
+    return jax.jit(f, out_shardings=sharding)(x)
+
+
+def _data_order(rec: dict[str, Any], leaf: Leaf) -> list[int]:
+    """The order that takes the stored dimensions to like's: by name when both the checkpoint
+    and like have axis names (a NamedArray or a ``field(axis_names=...)`` array on either side),
+    else by position (the shapes must then agree).
+
+    Raises:
+        CheckpointStructureError: for a NamedArray on one side and an array without names on the
+            other.
+        CheckpointAxisError: for names, sizes or a shape that differ.
+    """
+    if "axes" in rec and leaf.axes is not None:
+        return _check_named(rec, leaf.axes)
+    if rec["kind"] == "named" or leaf.kind == "named":
+        raise _kind_error(rec, leaf)
+    return _check_shape(rec, leaf.value)
 
 
 def _restore_like(
@@ -375,23 +405,27 @@ def _restore_like(
     shardings = place.shardings(like, [leaf.key for leaf in likes])
     args: dict[str, ocp.ArrayRestoreArgs] = {}
     finish: list[Any] = []  # per pair: how to turn what was read into the leaf
+    data = ("named", "array")
     for (rec, leaf), sharding in zip(pairs, shardings):
         if rec["kind"] == "scalar" and leaf.kind == "array":
             finish.append(("value", _scalar_as_array(rec, leaf.value, cast, sharding)))
             continue
-        if rec["kind"] != leaf.kind:
+        if rec["kind"] != leaf.kind and not (rec["kind"] in data and leaf.kind in data):
             raise _kind_error(rec, leaf)
         v = leaf.value
-        if leaf.kind in ("named", "array"):
-            # A NamedArray is read in the stored axis order, then transposed to like's.
-            order = _check_named(rec, v.axes) if leaf.kind == "named" else _check_shape(rec, v)
+        if leaf.kind in data:
+            # Read in the stored axis order, then transposed to like's (aligned by name) and
+            # cast to like's dtype.
+            order = _data_order(rec, leaf)
             dtype = _check_dtype(rec, v.dtype, cast)
             moved = order != sorted(order)
             stored = permuted(sharding, order, len(order)) if moved else sharding
-            args[rec["store"]] = _restore_args(stored, rec, dtype)
-            finish.append(("read", rec, order if moved else None, sharding, leaf))
+            args[rec["store"]] = _restore_args(stored, rec)
+            finish.append(("read", rec, order if moved else None, dtype, sharding, leaf))
         elif leaf.kind == "scalar":
-            finish.append(("value", _scalar_like(rec, v, cast)))
+            finish.append(
+                ("value", python_scalar(scalar_value(rec), v, cast, _scalar_subject(rec)))
+            )
         else:
             finish.append(("value", v))
     read = _read_arrays(where, args)
@@ -400,10 +434,8 @@ def _restore_like(
         if item[0] == "value":
             out.append(item[1])
             continue
-        _, rec, order, sharding, leaf = item
-        x = read[rec["store"]]
-        if order is not None:
-            x = _transpose(x, order, sharding)
+        _, rec, order, dtype, sharding, leaf = item
+        x = _finish(read[rec["store"]], order, dtype, sharding)
         out.append(NamedArray(x, leaf.value.axes) if leaf.kind == "named" else x)
     treedef = jax.tree_util.tree_structure(like, is_leaf=lambda x: isinstance(x, NamedArray))
     return _unflatten_like(like, treedef, likes, out)
@@ -415,18 +447,6 @@ def _unflatten_like(like: Any, treedef: Any, likes: list[Leaf], out: list[Any]) 
     it = iter(out)
     merged = [x if isinstance(x, NamedArray) and x.array is None else next(it) for x in flat]
     return jax.tree_util.tree_unflatten(treedef, merged)
-
-
-def _scalar_like(rec: dict[str, Any], like: Any, cast: bool) -> Any:
-    value = scalar_value(rec)
-    if type(value) is type(like):
-        return value
-    if not cast:
-        raise CheckpointDtypeError(
-            f"Leaf {rec['key']!r} is a Python {rec['type']} ({value!r}) in the checkpoint but a "
-            f"{type(like).__name__} in like. Pass cast=True to convert it."
-        )
-    return type(like)(value)
 
 
 def _abstract(rec: dict[str, Any]) -> jax.ShapeDtypeStruct:
@@ -441,15 +461,15 @@ def _restore_saved(where: Path, records: list[dict[str, Any]], mapping: Any, mes
             f"{format_names(sorted({r['type'] for r in records if r['kind'] == 'static'}))}); "
             "restore needs like=... to take them from."
         )
-    place = placement(mapping, mesh, needs_rules=any(r["kind"] == "named" for r in records))
+    place = placement(mapping, mesh, needs_rules=any("axes" in r for r in records))
     stored = [r for r in records if r["kind"] in ("named", "array")]
-    # The saved tree's arrays, abstract, planned as one tree.
+    # The saved tree's arrays, abstract, planned as one tree; a field(axis_names=...) array is
+    # planned by its recorded names (and comes back a plain array).
     abstract = [
-        NamedArray(_abstract(r), _named_axes(r)) if r["kind"] == "named" else _abstract(r)
-        for r in stored
+        NamedArray(_abstract(r), _named_axes(r)) if "axes" in r else _abstract(r) for r in stored
     ]
     shardings = place.shardings(abstract, [r["key"] for r in stored])
-    args = {r["store"]: _restore_args(s, r, None) for r, s in zip(stored, shardings)}
+    args = {r["store"]: _restore_args(s, r) for r, s in zip(stored, shardings)}
     read = _read_arrays(where, args)
     items = []
     for rec in records:
@@ -476,22 +496,26 @@ def restore(
 
     With ``like`` (a concrete tree, or one from ``jax.eval_shape`` / ``eqx.filter_eval_shape``), the
     result has ``like``'s structure; every leaf is checked against the checkpoint by its dotted
-    key (axis names and sizes, shapes, dtypes) and NamedArrays come back in ``like``'s axis order.
+    key (axis names and sizes, shapes, dtypes). Arrays with axis names (NamedArrays, and arrays
+    declared with ``field(axis_names=...)``, which are saved with their names) are aligned by name
+    and come back in ``like``'s axis order; either kind restores into the other.
     ``like`` may be a part of the saved tree: ``{"model": like_model}`` restores the model of a
     ``{"model", "opt_state", "step"}`` checkpoint (to export or evaluate it), and only the arrays
     asked for are read. A leaf of ``like`` that the checkpoint lacks is still an error.
     Without ``like``, the saved leaves come back as nested dicts and lists: dict keys and attribute
     names (equinox fields, optax state fields) become dict keys and sequence positions list
-    entries; NamedArrays are rebuilt from their stored axis names; Python scalars come back as
-    saved. Containers that held no leaf (an optax ``EmptyState``) do not appear.
+    entries; NamedArrays are rebuilt from their stored axis names (``field(axis_names=...)``
+    arrays come back plain, placed by their names); Python scalars come back as saved. Containers
+    that held no leaf (an optax ``EmptyState``) do not appear.
 
     Placement: named leaves (NamedArrays, and arrays of equinox modules declared with
     ``field(axis_names=...)``) by ``resolve`` under ``mapping`` (else the mapping in force) on
     ``mesh`` (else the mesh set with ``jax.set_mesh``), as ``shard`` places them; without a
     mapping, ``like``'s sharding if it has one, else replicated on the mesh. Plain arrays keep
     ``like``'s sharding if it has one, else are replicated. A ``like`` sharding on another mesh
-    than an explicit ``mesh=`` is read onto ``mesh`` with the same spec (the mesh set with
-    ``jax.set_mesh`` moves none). With neither mapping nor mesh, arrays without a ``like``
+    than an explicit ``mesh=`` is read onto ``mesh`` with the same spec, and one on other devices
+    without a mesh (a plain ``jnp`` array's one device) is replicated on ``mesh``, so the tree
+    lives on ``mesh`` alone (the mesh set with ``jax.set_mesh`` moves none). With neither mapping nor mesh, arrays without a ``like``
     sharding land whole on this process's first local device (pass a mesh in multi-process runs).
 
     Args:
@@ -501,7 +525,11 @@ def restore(
         mapping: Logical-to-mesh rules (``{"embed": "model"}``, ``AxisRules``).
         mesh: A concrete ``jax.sharding.Mesh``.
         step: Read ``path/step``.
-        cast: Convert leaves whose dtype differs from ``like``'s instead of raising.
+        cast: Convert leaves whose dtype differs from ``like``'s instead of raising. An array is
+            read as stored and converted with ``x.astype(dtype)`` on like's placement, so it
+            holds what ``astype`` gives (out-of-range floats into an int dtype are not wrapped
+            around); a saved Python scalar converts as ``int(...)``/``float(...)`` do. A value like's dtype or type cannot hold
+            (``2**40`` into int32, ``"run7"`` into a number) is refused, cast or not.
 
     Raises:
         CheckpointNotFoundError: if the path holds no complete checkpoint (unfinished saves are
@@ -510,7 +538,8 @@ def restore(
             checkpoint holds them all under one prefix, the message says how to wrap ``like``),
             or a leaf of another kind.
         CheckpointAxisError: for an axis whose name or size differs (or a plain array's shape).
-        CheckpointDtypeError: for a dtype that differs and ``cast=False``.
+        CheckpointDtypeError: for a dtype that differs and ``cast=False``, or a saved Python
+            scalar that like's dtype or type cannot hold.
         MeshError: if a mapping is in force but no mesh, or a ``like`` sharding's spec does not fit
             the ``mesh=`` given.
         ShardingError: if the mapping cannot place a named leaf (naming it), or names a mesh axis

@@ -5,6 +5,8 @@ leaf. Each leaf is one of four kinds:
 
 - ``named``: a NamedArray; its axis names and sizes are recorded.
 - ``array``: a plain array (``jax.Array``, NumPy array or scalar, ``ShapeDtypeStruct`` in ``like``).
+  One declared with ``field(axis_names=...)`` has its axis names and sizes recorded too (from the
+  library's one tree walk), so it is aligned by name as a NamedArray is.
 - ``scalar``: a Python ``bool``/``int``/``float``/``complex``/``str``; its value is recorded.
 - ``static``: anything else (the activation function of an equinox module, say): not data. Its path
   is recorded and ``restore`` takes the object from ``like``.
@@ -24,9 +26,21 @@ import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from .._array import NamedArray
-from .._errors import CheckpointStructureError, NamedTypeError, format_path
+from .._axis import Axis
+from .._errors import AxisError, CheckpointStructureError, NamedTypeError, format_path
+from .._partitioning._tree import leaf_axes, walk
+from ._dtypes import check_storable
 
-__all__ = ["Leaf", "describe", "key_of", "kind_of", "leaves_of", "rebuild", "store_keys"]
+__all__ = [
+    "Leaf",
+    "describe",
+    "key_of",
+    "kind_of",
+    "leaves_of",
+    "part_of",
+    "rebuild",
+    "store_keys",
+]
 
 _SCALARS = (bool, int, float, complex, str)
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -34,12 +48,14 @@ _SAFE_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
 
 @dataclass(frozen=True)
 class Leaf:
-    """One leaf of a tree: its key path, dotted key, kind and value."""
+    """One leaf of a tree: its key path, dotted key, kind and value, and its axes (a NamedArray's,
+    or a ``field(axis_names=...)`` array's names with sizes from its shape; ``None``: no names)."""
 
     path: tuple[Any, ...]
     key: str
     kind: str
     value: Any
+    axes: tuple[Axis, ...] | None = None
 
 
 def kind_of(x: Any) -> str:
@@ -53,7 +69,8 @@ def kind_of(x: Any) -> str:
     return "static"
 
 
-def _part(k: Any) -> str:
+def part_of(k: Any) -> str:
+    """One component of a dotted key: a dict key, sequence index or attribute name."""
     for attr in ("key", "idx", "name"):
         if hasattr(k, attr):
             return str(getattr(k, attr))
@@ -68,7 +85,7 @@ def key_of(path: tuple[Any, ...]) -> str:
         >>> [key_of(p) for p, _ in jax.tree_util.tree_flatten_with_path({"a": [1, 2]})[0]]
         ['a.0', 'a.1']
     """
-    return ".".join(_part(k) for k in path) if path else "root"
+    return ".".join(part_of(k) for k in path) if path else "root"
 
 
 def leaves_of(tree: Any) -> list[Leaf]:
@@ -79,15 +96,20 @@ def leaves_of(tree: Any) -> list[Leaf]:
     Raises:
         CheckpointStructureError: if two leaves have the same dotted key (a dict key with a dot in
             it can collide with a nested one), naming both paths.
+        AxisError: for a ``field(axis_names=...)`` field holding a NamedArray with other names.
     """
     flat, _ = jax.tree_util.tree_flatten_with_path(
         tree, is_leaf=lambda x: isinstance(x, NamedArray)
     )
+    # The one walk's names, one per leaf of tree_flatten(tree): every leaf here but the
+    # NamedArrays without an array, which it skips too.
+    infos = iter(walk(tree, jax.tree_util.tree_structure(tree)).infos)
     out: list[Leaf] = []
     seen: dict[str, tuple[Any, ...]] = {}
     for path, value in flat:
         if isinstance(value, NamedArray) and value.array is None:
             continue
+        axes = _axes(next(infos), value)
         key = key_of(path)
         if key in seen:
             raise CheckpointStructureError(
@@ -96,8 +118,18 @@ def leaves_of(tree: Any) -> list[Leaf]:
                 "contains a '.' that imitates nesting."
             )
         seen[key] = path
-        out.append(Leaf(tuple(path), key, kind_of(value), value))
+        out.append(Leaf(tuple(path), key, kind_of(value), value, axes))
     return out
+
+
+def _axes(info: Any, value: Any) -> tuple[Axis, ...] | None:
+    try:
+        return leaf_axes(info, value)
+    except AxisError:
+        # A field whose rank differs from its declared names (its module stacked by
+        # nn.Stacked, say) has no names to align by: it is stored by position. Placing it by a
+        # mapping still refuses it, naming the field.
+        return None
 
 
 def _json_key(k: Any) -> list[Any]:
@@ -112,7 +144,7 @@ def _json_key(k: Any) -> list[Any]:
         return ["attr", k.name]
     if isinstance(k, FlattenedIndexKey):
         return ["idx", k.key]
-    return ["key", _part(k)]
+    return ["key", part_of(k)]
 
 
 def store_keys(leaves: list[Leaf]) -> list[str]:
@@ -146,6 +178,7 @@ def describe(leaf: Leaf, store: str) -> dict[str, Any]:
 
     Raises:
         NamedTypeError: for an abstract or traced array, which holds no values to save.
+        CheckpointDtypeError: for a dtype checkpoints cannot store (``uint4``, say).
     """
     rec: dict[str, Any] = {
         "key": leaf.key,
@@ -165,11 +198,12 @@ def describe(leaf: Leaf, store: str) -> dict[str, Any]:
                 f"Leaf {format_path(leaf.path)!r} holds typed PRNG keys ({arr.dtype}). Save "
                 "jax.random.key_data(key) and rebuild with jax.random.wrap_key_data after restore."
             )
+        check_storable(arr.dtype, leaf.key)
         rec["store"] = store
         rec["dtype"] = np.dtype(arr.dtype).name
         rec["shape"] = [int(d) for d in arr.shape]
-        if leaf.kind == "named":
-            rec["axes"] = [[a.name, a.size] for a in v.axes]
+        if leaf.axes is not None:  # a NamedArray's, or a field(axis_names=...) array's
+            rec["axes"] = [[a.name, a.size] for a in leaf.axes]
     elif leaf.kind == "scalar":
         rec["type"] = type(v).__name__
         rec["value"] = [v.real, v.imag] if isinstance(v, complex) else v

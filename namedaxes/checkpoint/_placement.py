@@ -9,8 +9,9 @@ device. Plain arrays keep ``like``'s sharding if it has one, else are replicated
 on the first local device).
 
 A ``like`` sharding on another mesh than the one given as ``mesh=`` is read onto that mesh, with
-the same spec: an explicit mesh says where the restored tree lives, so a restore never returns a
-tree spread over two meshes it was not asked for. A ``like`` built by ``jax.eval_shape`` under
+the same spec, and one on other devices (a plain ``jnp`` array's single device) is replicated on
+it: an explicit mesh says where the restored tree lives, so a restore never returns a tree spread
+over two device sets it was not asked for. A ``like`` built by ``jax.eval_shape`` under
 ``jax.set_mesh`` of an Explicit mesh carries shardings on an ``AbstractMesh`` (no devices): those
 are read onto the concrete mesh given or in force that has the same axes.
 """
@@ -150,9 +151,10 @@ def like_sharding(
     """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s).
 
     With ``move`` (``mesh`` was passed explicitly), a ``NamedSharding`` on any other mesh is read
-    onto ``mesh`` with the same spec. Otherwise a sharding on an ``AbstractMesh`` (what
-    ``jax.eval_shape`` gives under ``jax.set_mesh`` of an Explicit mesh) is moved to ``mesh``, else
-    the concrete mesh set with ``jax.set_mesh``, when it has the same axes.
+    onto ``mesh`` with the same spec, and another sharding on devices other than ``mesh``'s (a
+    ``SingleDeviceSharding``) becomes replicated on ``mesh``. Otherwise a sharding on an
+    ``AbstractMesh`` (what ``jax.eval_shape`` gives under ``jax.set_mesh`` of an Explicit mesh) is
+    moved to ``mesh``, else the concrete mesh set with ``jax.set_mesh``, when it has the same axes.
 
     Raises:
         MeshError: for a spec that does not fit ``mesh`` (a mesh axis it lacks, a size it does not
@@ -161,6 +163,11 @@ def like_sharding(
     s = getattr(x, "sharding", None)
     if not isinstance(s, Sharding):
         return None
+    if move and mesh is not None and not isinstance(s, NamedSharding):
+        # No spec to carry over: replicated on the mesh given, memory kind kept.
+        if s.device_set == set(mesh.devices.flat):
+            return s
+        return NamedSharding(mesh, PartitionSpec(), memory_kind=s.memory_kind)
     if not isinstance(s, NamedSharding):
         return s
     if move and mesh is not None and s.mesh != mesh:

@@ -32,7 +32,8 @@ from .._errors import (
 )
 from .._partitioning._jit_args import check_live
 from ..models._safetensors import CODES, SafetensorsFile, write_safetensors
-from ._layout import Leaf, leaves_of
+from ._dtypes import python_array, python_scalar
+from ._layout import Leaf, leaves_of, part_of
 from ._placement import like_sharding
 
 __all__ = ["from_state_dict", "load_safetensors", "save_safetensors", "to_state_dict"]
@@ -41,10 +42,11 @@ STACKED_FIELD = "stacked"
 
 
 def _layer_keys(leaf: Leaf, n: int) -> list[str]:
-    parts = leaf.key.split(".") if leaf.path else []
-    names = [getattr(k, "name", None) or getattr(k, "key", None) for k in leaf.path]
-    if STACKED_FIELD in names:
-        i = len(names) - 1 - names[::-1].index(STACKED_FIELD)
+    """The per-layer keys of a stacked leaf. Built from its path's components (a dict key may hold
+    a dot: ``{"model.blocks": ...}``), never by splitting its dotted key."""
+    parts = [part_of(k) for k in leaf.path]
+    if STACKED_FIELD in parts:
+        i = len(parts) - 1 - parts[::-1].index(STACKED_FIELD)
         return [".".join(parts[:i] + [str(j)] + parts[i + 1 :]) for j in range(n)]
     head, tail = parts[:-1], parts[-1:]
     return [".".join(head + [str(j)] + tail) for j in range(n)]
@@ -60,7 +62,8 @@ def to_state_dict(tree: Any, *, stacked_axis: str | None = "layer") -> dict[str,
 
     NamedArrays become their plain arrays (axis order as stored); plain arrays and Python scalars
     are kept; leaves that are not data (functions in equinox modules) are left out. A NamedArray
-    with a ``stacked_axis`` axis gives one entry per layer (that axis removed).
+    (or an array declared with ``field(axis_names=...)``) with a ``stacked_axis`` axis gives one
+    entry per layer (that axis removed).
 
     Args:
         tree: Any pytree of NamedArrays, arrays and scalars.
@@ -82,8 +85,9 @@ def to_state_dict(tree: Any, *, stacked_axis: str | None = "layer") -> dict[str,
 def _state_dict(
     tree: Any, stacked_axis: str | None, caller: str
 ) -> tuple[dict[str, Any], dict[str, tuple[str, ...]]]:
-    """The state dict of ``tree``, and the axis names of each entry that came from a NamedArray
-    (a layer's entry has its leaf's names without ``stacked_axis``)."""
+    """The state dict of ``tree``, and the axis names of each entry that came from a NamedArray or
+    a ``field(axis_names=...)`` array (a layer's entry has its leaf's names without
+    ``stacked_axis``)."""
     _check_stacked_axis(stacked_axis)
     check_live(tree, caller)
     out: dict[str, Any] = {}
@@ -91,16 +95,17 @@ def _state_dict(
     for leaf in leaves_of(tree):
         if leaf.kind == "static":
             continue
-        if leaf.kind == "named" and stacked_axis is not None and leaf.value.has_axis(stacked_axis):
-            x = leaf.value
-            axis = x.axis_index(stacked_axis)
-            keys = _layer_keys(leaf, x.axis_size(stacked_axis))
-            values = [jnp.take(x.array, j, axis=axis) for j in range(len(keys))]
-            own = tuple(n for n in x.axis_names if n != stacked_axis)
+        # NamedArrays and field(axis_names=...) arrays alike: their names, their data
+        own = None if leaf.axes is None else tuple(a.name for a in leaf.axes)
+        data = leaf.value.array if leaf.kind == "named" else leaf.value
+        axis = _stacked_index(leaf.axes, stacked_axis)
+        if leaf.axes is not None and axis is not None:
+            keys = _layer_keys(leaf, leaf.axes[axis].size)
+            values = [jnp.take(data, j, axis=axis) for j in range(len(keys))]
+            own = tuple(n for n in own or () if n != stacked_axis)
         else:
             keys = [leaf.key]
-            values = [leaf.value.array if leaf.kind == "named" else leaf.value]
-            own = leaf.value.axis_names if leaf.kind == "named" else None
+            values = [data]
         for k, v in zip(keys, values):
             if k in out:
                 raise CheckpointStructureError(
@@ -113,6 +118,12 @@ def _state_dict(
     return out, names
 
 
+def _stacked_index(axes: tuple[Axis, ...] | None, stacked_axis: str | None) -> int | None:
+    """The position of ``stacked_axis`` among a leaf's ``axes`` (``None``: not stacked)."""
+    names = [a.name for a in axes or ()]
+    return names.index(stacked_axis) if stacked_axis in names else None
+
+
 def _take(state: dict[str, Any], key: str, used: set[str]) -> Any:
     if key not in state:
         raise CheckpointStructureError(
@@ -121,6 +132,28 @@ def _take(state: dict[str, Any], key: str, used: set[str]) -> Any:
         )
     used.add(key)
     return state[key]
+
+
+def _as_array(key: str, value: Any, like: Any, cast: bool) -> Any:
+    """A state-dict value for an array leaf: arrays and NamedArrays as they are; a Python number
+    or a list of numbers (``to_state_dict`` keeps Python scalars) converted to like's dtype by the
+    scalar rules (``_dtypes.python_array``).
+
+    Raises:
+        CheckpointStructureError: for a value that is neither an array nor numbers.
+        CheckpointDtypeError: for numbers of another kind without ``cast``, or ones like's dtype
+            cannot hold.
+    """
+    if isinstance(value, NamedArray) or (hasattr(value, "shape") and hasattr(value, "dtype")):
+        return value
+    subject = f"State-dict key {key!r} is a Python {type(value).__name__} ({value!r})"
+    if isinstance(value, (bool, int, float, complex, str, list, tuple)):
+        return python_array(value, like.dtype, cast, subject)
+    raise CheckpointStructureError(
+        f"{subject}, not an array; like has an array of {np.dtype(like.dtype).name} with shape "
+        f"{tuple(like.shape)} there. Give an array (NumPy or JAX), a Python number or a list of "
+        "numbers."
+    )
 
 
 def _as_dtype(key: str, value: Any, dtype: Any, cast: bool) -> Any:
@@ -172,8 +205,11 @@ def from_state_dict(
 
     Each array is checked against ``like`` (dtype; shape from its axes) and placed with ``like``'s
     sharding if it has one (use ``na.shard`` afterwards to place by a mapping). A NamedArray entry
-    is aligned to ``like``'s axes by name (transposed if its axes are in another order); a plain
-    array must have ``like``'s shape. Per-layer keys are stacked back on ``stacked_axis``.
+    is aligned to ``like``'s axes (a NamedArray's, or a ``field(axis_names=...)`` array's) by name,
+    transposed if its axes are in another order; a plain array must have ``like``'s shape. A
+    Python number (or list of numbers) for an array leaf is converted to ``like``'s dtype when it
+    is of that dtype's kind (an ``int`` for any integer dtype), as a weakly typed JAX scalar is;
+    another kind needs ``cast=True``. Per-layer keys are stacked back on ``stacked_axis``.
 
     Args:
         like: A tree with the wanted structure, concrete or from ``eval_shape`` (under
@@ -183,11 +219,13 @@ def from_state_dict(
         cast: Convert arrays whose dtype differs from ``like``'s instead of raising.
 
     Raises:
-        CheckpointStructureError: for a key ``like`` needs that ``state`` lacks, or an extra key.
+        CheckpointStructureError: for a key ``like`` needs that ``state`` lacks, an extra key, or
+            a value for an array leaf that is neither an array nor numbers.
         CheckpointAxisError: for a NamedArray whose axes differ from ``like``'s (names or sizes),
             or a plain array whose shape does not match them.
         MeshError: for a ``like`` sharded on an abstract mesh with no such concrete mesh set.
-        CheckpointDtypeError: for a dtype that differs and ``cast=False``.
+        CheckpointDtypeError: for a dtype that differs and ``cast=False``, or a Python number
+            that like's dtype cannot hold.
 
     Example:
         >>> import jax.numpy as jnp, numpy as np, namedaxes as na
@@ -227,45 +265,39 @@ def _from_state_dict(
             value = _take(state, leaf.key, used)
             if not isinstance(value, str) and np.ndim(value) == 0:
                 value = np.asarray(value).item()  # a 0-d array (safetensors) back to Python
-            if type(value) is not type(v):
-                if not cast:
-                    raise CheckpointDtypeError(
-                        f"State-dict key {leaf.key!r} is {type(value).__name__} {value!r} but like "
-                        f"has a Python {type(v).__name__}. Pass cast=True to convert it."
-                    )
-                value = type(v)(value)
-            out.append(value)
+            subject = f"State-dict key {leaf.key!r} is a Python {type(value).__name__} ({value!r})"
+            out.append(python_scalar(value, v, cast, subject))
             continue
         wanted = v.array if leaf.kind == "named" else v
-        if leaf.kind == "named" and stacked_axis is not None and v.has_axis(stacked_axis):
-            axis = v.axis_index(stacked_axis)
-            keys = _layer_keys(leaf, v.axis_size(stacked_axis))
-            per_layer = tuple(a for a in v.axes if a.name != stacked_axis)
+        axes = leaf.axes  # a NamedArray's or a field(axis_names=...) array's: aligned by name
+        stacked = _stacked_index(axes, stacked_axis)
+        if axes is not None and stacked is not None:
+            keys = _layer_keys(leaf, axes[stacked].size)
+            per_layer = tuple(a for a in axes if a.name != stacked_axis)
             parts = [
-                np.asarray(_aligned(k, _take(state, k, used), per_layer, names.get(k)))
+                np.asarray(
+                    _aligned(
+                        k,
+                        _as_array(k, _take(state, k, used), wanted, cast),
+                        per_layer,
+                        names.get(k),
+                    )
+                )
                 for k in keys
             ]
             shapes = {p.shape for p in parts}
             if len(shapes) != 1:
                 raise CheckpointAxisError(
                     f"The per-layer keys of {leaf.key!r} ({format_names(keys[:4])}...) have "
-                    f"different shapes {sorted(shapes)}; like has ({format_axes(v.axes)})."
+                    f"different shapes {sorted(shapes)}; like has ({format_axes(axes)})."
                 )
-            x = np.stack(parts, axis=axis)
+            x = np.stack(parts, axis=stacked)
         else:
-            x = _aligned(
-                leaf.key,
-                _take(state, leaf.key, used),
-                v.axes if leaf.kind == "named" else None,
-                names.get(leaf.key),
-            )
+            value = _as_array(leaf.key, _take(state, leaf.key, used), wanted, cast)
+            x = _aligned(leaf.key, value, axes, names.get(leaf.key))
         shape = tuple(int(d) for d in wanted.shape)
         if tuple(np.shape(x)) != shape:
-            what = (
-                f"axes ({format_axes(v.axes)}), shape {shape}"
-                if leaf.kind == "named"
-                else f"shape {shape}"
-            )
+            what = f"axes ({format_axes(axes)}), shape {shape}" if axes else f"shape {shape}"
             raise CheckpointAxisError(
                 f"State-dict entry for {leaf.key!r} has shape {tuple(np.shape(x))} but like has "
                 f"{what}. Transpose or reshape it to like's layout first, or give it axis names "
