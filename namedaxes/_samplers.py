@@ -13,7 +13,7 @@ from typing import Any
 import jax
 
 from ._array import NamedArray
-from ._axis import AxisSpec, to_axes
+from ._axis import Axis, AxisSpec, to_axes
 from ._errors import AxisError, format_names
 from ._ops._checks import check_key, dtype_arg
 from ._ops._common import unshard_dims
@@ -21,6 +21,7 @@ from ._ops.elementwise import broadcast_into
 
 __all__ = [
     "SAMPLERS",
+    "sampler_params",
     "exponential",
     "laplace",
     "cauchy",
@@ -58,9 +59,29 @@ SAMPLERS: dict[str, tuple[Any, tuple[str, ...], str]] = {
     ),
 }
 
-# The dtypes jax.random accepts: integers for poisson, any number for rademacher, else floats.
-_DTYPE_KINDS = {"poisson": "integer", "rademacher": None}
+# The dtypes jax.random accepts: integers for poisson, a type that holds -1 for rademacher,
+# else floats.
+_DTYPE_KINDS = {"poisson": "integer", "rademacher": "signed"}
 _GUMBEL_MODES = (None, "low", "high", "highest")
+
+
+def sampler_params(caller: str, axes: tuple[Axis, ...], params: dict[str, Any]) -> dict[str, Any]:
+    """Each distribution parameter laid out to broadcast against ``axes``, replicated.
+
+    Samplers mix parameters and fresh draws elementwise. On Explicit meshes JAX needs the operands
+    sharded alike, and the draws are unsharded; two parameters sharded over one mesh axis on
+    different named axes would even give a result sharded twice over it. So sharded parameters are
+    replicated first (they are small); on Auto meshes XLA chooses the same layout either way.
+
+    Raises:
+        AxisError: if a parameter has an axis that ``axes`` lacks.
+        AxisSizeError: if a parameter's axis has another size than in ``axes``.
+    """
+    values = {p: broadcast_into(v, axes, caller=caller, what=p) for p, v in params.items()}
+    return {
+        p: unshard_dims(v, tuple(range(v.ndim))) if getattr(v, "ndim", 0) else v
+        for p, v in values.items()
+    }
 
 
 def _draw(
@@ -68,13 +89,7 @@ def _draw(
 ) -> NamedArray:
     check_key(key, name)
     ax = to_axes(axes)
-    values = {p: broadcast_into(v, ax, caller=name, what=p) for p, v in params.items()}
-    # Samplers mix parameters and fresh draws elementwise; on Explicit meshes JAX needs them
-    # sharded alike, and the draws are unsharded: replicate sharded parameters (they are small).
-    values = {
-        p: unshard_dims(v, tuple(range(v.ndim))) if getattr(v, "ndim", 0) else v
-        for p, v in values.items()
-    }
+    values = sampler_params(name, ax, params)
     if dtype is not None:
         options["dtype"] = dtype_arg(dtype, name, _DTYPE_KINDS.get(name, "float"))
     fn = SAMPLERS[name][0]
@@ -212,13 +227,14 @@ def rademacher(key: jax.Array, axes: AxisSpec, dtype: Any = None) -> NamedArray:
     Args:
         key: A PRNG key.
         axes: A ``{name: size}`` dict, a sequence of ``Axis``, or one ``Axis``.
-        dtype: A numeric dtype; JAX's default when ``None``.
+        dtype: A signed integer, float or complex dtype (one that holds -1); JAX's default when
+            ``None``.
 
     Returns:
         A NamedArray with exactly ``axes``.
 
     Raises:
-        NamedTypeError: if ``key`` is not one PRNG key or ``dtype`` is not of the right kind.
+        NamedTypeError: if ``key`` is not one PRNG key or ``dtype`` is unsigned or ``bool``.
 
     Example:
         >>> import jax

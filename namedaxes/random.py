@@ -27,7 +27,7 @@ from ._array import NamedArray
 from ._axis import Axis, AxisSelector, AxisSpec, find_axis, to_axes
 from ._errors import AxisError, NamedTypeError, format_axes, format_names
 from ._ops._checks import check_key, check_nonempty, dtype_arg
-from ._ops._common import unshard_dims
+from ._ops._common import describe_operand, unshard_dims
 from ._ops.creation import single_axis
 from ._ops.elementwise import broadcast_into
 from ._samplers import SAMPLERS as SAMPLERS
@@ -42,6 +42,7 @@ from ._samplers import logistic as logistic
 from ._samplers import pareto as pareto
 from ._samplers import poisson as poisson
 from ._samplers import rademacher as rademacher
+from ._samplers import sampler_params
 from ._samplers import t as t
 from ._samplers import weibull_min as weibull_min
 
@@ -130,8 +131,8 @@ def uniform(
     """
     check_key(key, "uniform")
     ax = to_axes(axes)
-    lo = broadcast_into(minval, ax, caller="uniform", what="minval")
-    hi = broadcast_into(maxval, ax, caller="uniform", what="maxval")
+    bounds = sampler_params("uniform", ax, {"minval": minval, "maxval": maxval})
+    lo, hi = bounds["minval"], bounds["maxval"]
     dtype = dtype_arg(dtype, "uniform", "float")
     return NamedArray(jax.random.uniform(key, _shape(ax), dtype, minval=lo, maxval=hi), ax)
 
@@ -147,6 +148,9 @@ def bernoulli(key: jax.Array, axes: AxisSpec, p: Any = 0.5) -> NamedArray:
     Returns:
         A boolean NamedArray with exactly ``axes``.
 
+    Raises:
+        NamedTypeError: if ``p`` is not floating-point (an int or bool probability).
+
     Example:
         >>> import jax
         >>> import namedaxes as na
@@ -155,7 +159,16 @@ def bernoulli(key: jax.Array, axes: AxisSpec, p: Any = 0.5) -> NamedArray:
     """
     check_key(key, "bernoulli")
     ax = to_axes(axes)
-    prob = broadcast_into(p, ax, caller="bernoulli", what="p")
+    prob = sampler_params("bernoulli", ax, {"p": p})["p"]
+    p_dtype = jnp.result_type(prob)
+    if not jnp.issubdtype(p_dtype, jnp.floating):
+        got = repr(p) if isinstance(p, NamedArray) else describe_operand(p)
+        if hasattr(p, "dtype") and not isinstance(p, NamedArray):
+            got += f" of dtype {p_dtype}"
+        raise NamedTypeError(
+            f"bernoulli(): p must be a floating-point probability, got {got}. Pass a float "
+            "(p=1.0), or cast it with .astype(jnp.float32)."
+        )
     return NamedArray(jax.random.bernoulli(key, prob, _shape(ax)), ax)
 
 
@@ -182,8 +195,8 @@ def randint(
     """
     check_key(key, "randint")
     ax = to_axes(axes)
-    lo = broadcast_into(minval, ax, caller="randint", what="minval")
-    hi = broadcast_into(maxval, ax, caller="randint", what="maxval")
+    bounds = sampler_params("randint", ax, {"minval": minval, "maxval": maxval})
+    lo, hi = bounds["minval"], bounds["maxval"]
     dtype = dtype_arg(dtype, "randint", "integer")
     return NamedArray(jax.random.randint(key, _shape(ax), lo, hi, dtype), ax)
 
@@ -211,8 +224,8 @@ def truncated_normal(
     """
     check_key(key, "truncated_normal")
     ax = to_axes(axes)
-    lo = broadcast_into(lower, ax, caller="truncated_normal", what="lower")
-    hi = broadcast_into(upper, ax, caller="truncated_normal", what="upper")
+    bounds = sampler_params("truncated_normal", ax, {"lower": lower, "upper": upper})
+    lo, hi = bounds["lower"], bounds["upper"]
     dtype = dtype_arg(dtype, "truncated_normal", "float")
     return NamedArray(jax.random.truncated_normal(key, lo, hi, _shape(ax), dtype), ax)
 
@@ -238,6 +251,7 @@ def categorical(
         An integer NamedArray of indices into ``axis``.
 
     Raises:
+        NamedTypeError: if ``logits`` is not a floating-point NamedArray.
         AxisNotFoundError: if ``logits`` has no ``axis``.
         AxisError: if ``axes`` misses an axis of ``logits`` or contains ``axis``, or ``axis`` has
             size 0 (there is no category to draw).
@@ -256,6 +270,11 @@ def categorical(
     if not isinstance(logits, NamedArray):
         raise NamedTypeError(
             f"categorical() needs logits as a NamedArray, got {type(logits).__name__}."
+        )
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+        raise NamedTypeError(
+            f"categorical(): logits must be floating-point, got {logits!r}. Cast them first: "
+            "logits.astype(jnp.float32)."
         )
     i = find_axis(logits.axes, axis)
     check_nonempty("categorical", logits, (i,), "Sample from an axis with at least one category.")

@@ -202,3 +202,80 @@ def test_choice_with_probabilities_sharded_over_the_mesh(mesh_2x4):
     np.testing.assert_array_equal(ids.array, expected)
     np.testing.assert_array_equal(rows.array, jnp.arange(32.0).reshape(8, 4)[expected])
     assert rows.axis_names == ("n", "embed")
+
+
+def test_bounds_sharded_on_one_mesh_axis_over_different_axes(mesh_2x4):
+    """minval over batch and maxval over embed, both split on `model`: on Explicit meshes uniform,
+    randint and truncated_normal raised JAX's ShardingTypeError (the result would be sharded twice
+    over `model`); the bounds are replicated first, as the table samplers do."""
+    on_model = NamedSharding(mesh_2x4, P("model"))
+    lo, hi = jnp.zeros(4), jnp.arange(1.0, 5.0)
+    ilo, ihi = jnp.zeros(4, jnp.int32), jnp.arange(1, 5, dtype=jnp.int32)
+    lo_n, hi_n, ilo_n, ihi_n = (
+        na.named(jax.device_put(v, on_model), n)
+        for v, n in ((lo, "batch"), (hi, "embed"), (ilo, "batch"), (ihi, "embed"))
+    )
+    axes = {"batch": 4, "embed": 4}
+
+    @jax.jit  # one compile for the four samplers
+    def draw(lo_n, hi_n, ilo_n, ihi_n):
+        return {
+            "uniform": na.random.uniform(KEY, axes, minval=lo_n, maxval=hi_n),
+            "randint": na.random.randint(KEY, axes, ilo_n, ihi_n),
+            "truncated_normal": na.random.truncated_normal(KEY, axes, lo_n - 1.0, hi_n),
+            "bernoulli": na.random.bernoulli(KEY, axes, hi_n / 8.0),
+        }
+
+    with jax.set_mesh(mesh_2x4):
+        got = draw(lo_n, hi_n, ilo_n, ihi_n)
+    col, row = (slice(None), None), (None, slice(None))
+    expected = {
+        "uniform": jax.random.uniform(KEY, (4, 4), minval=lo[col], maxval=hi[row]),
+        "randint": jax.random.randint(KEY, (4, 4), ilo[col], ihi[row]),
+        "truncated_normal": jax.random.truncated_normal(KEY, lo[col] - 1.0, hi[row], (4, 4)),
+        "bernoulli": jax.random.bernoulli(KEY, hi[row] / 8.0, (4, 4)),
+    }
+    for name, out in got.items():
+        assert out.axis_names == ("batch", "embed"), name
+        np.testing.assert_array_equal(np.asarray(out.array), np.asarray(expected[name]), name)
+
+
+def test_rademacher_needs_a_dtype_that_holds_minus_one():
+    """uint8 gave 255 for -1 and bool gave all True."""
+    for dtype in (jnp.int8, jnp.float32, jnp.complex64):
+        out = na.random.rademacher(KEY, AXES, dtype=dtype)
+        assert out.dtype == dtype
+        assert set(np.asarray(out.array).real.ravel().tolist()) <= {-1, 1}
+    for dtype, name in ((jnp.uint8, "uint8"), (bool, "bool")):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^rademacher\(\): dtype {name} is not a signed integer, floating-point or "
+            r"complex dtype\. Pass a signed integer, floating-point or complex dtype such as "
+            r"jnp\.int32 or jnp\.float32",
+        ):
+            na.random.rademacher(KEY, AXES, dtype=dtype)
+
+
+def test_bernoulli_and_categorical_need_floating_point():
+    """An int or bool p or logits reached JAX's TypeError ("dtype argument to gumbel must be a
+    float dtype" for categorical, a function the user never called)."""
+    fix = r"Pass a float \(p=1\.0\), or cast it with \.astype\(jnp\.float32\)\.$"
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^bernoulli\(\): p must be a floating-point probability, got 1 \(int\)\. " + fix,
+    ):
+        na.random.bernoulli(KEY, AXES, p=1)
+    with pytest.raises(na.NamedTypeError, match=r"got True \(bool\)\. " + fix):
+        na.random.bernoulli(KEY, AXES, p=True)
+    with pytest.raises(na.NamedTypeError, match=r"got NamedArray\(int32, embed=3\)\. " + fix):
+        na.random.bernoulli(KEY, AXES, p=na.named(jnp.ones(3, jnp.int32), "embed"))
+    assert na.random.bernoulli(KEY, AXES, p=1.0).array.all()
+    for dtype in (jnp.int32, bool):
+        logits = na.named(jnp.zeros((2, 5), dtype), ("batch", "vocab"))
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^categorical\(\): logits must be floating-point, got NamedArray\("
+            rf"{jnp.dtype(dtype)}, batch=2, vocab=5\)\. Cast them first: "
+            r"logits\.astype\(jnp\.float32\)\.$",
+        ):
+            na.random.categorical(KEY, logits, "vocab")

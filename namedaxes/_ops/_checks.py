@@ -235,12 +235,19 @@ _KINDS = {
     "float": (("floating",), "floating-point", "jnp.float32 or 'bfloat16'"),
     "inexact": (("floating", "complexfloating"), "floating-point or complex", "jnp.float32"),
     "integer": (("integer",), "integer", "jnp.int32"),
+    # Numbers that can hold -1 (an unsigned or bool -1 would wrap or read as True).
+    "signed": (
+        ("signedinteger", "floating", "complexfloating"),
+        "signed integer, floating-point or complex",
+        "jnp.int32 or jnp.float32",
+    ),
 }
 
 
 def dtype_arg(dtype: Any, caller: str, kind: str | None = None) -> Any:
     """``dtype`` checked to be a dtype (``None``, the default, passes) and, if ``kind`` is given,
-    of that kind: ``"float"``, ``"inexact"`` (float or complex) or ``"integer"``.
+    of that kind: ``"float"``, ``"inexact"`` (float or complex), ``"integer"`` or ``"signed"``
+    (signed integer, float or complex: a type that holds -1).
 
     Raises:
         NamedTypeError: if ``dtype`` is not a dtype (a misspelt string), or is of the wrong kind;
