@@ -546,14 +546,47 @@ def test_host_mesh_shape_matches_create_mesh_layout():
 
 def test_host_mesh_shape_defaults_to_this_run():
     assert calculate_host_mesh_shape((2, 4)) == (2, 4)
+    assert calculate_host_mesh_shape((2, -1), devices=jax.devices()[:4]) == (2, 2)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2), (8, 1), (1, 8), (2, -1)])
+def test_host_mesh_shape_of_devices_follows_create_mesh_across_slices(shape):
+    """2 slices x 2 hosts x 2 devices: create_mesh((2, 4)) gives a host (1, 2), but the counts
+    (which take each process as a granule) said (2, 1)."""
+    devs = fake_devices(2, 4, slices=True)
+    g = granule_of(create_mesh(shape, ("a", "b"), devices=devs).devices, "process_index")
+    host = calculate_host_mesh_shape(shape, devices=devs)
+    for p in range(4):
+        assert tuple(len(set(ix)) for ix in np.nonzero(g == p)) == host
+    assert calculate_host_mesh_shape((2, 4), devices=devs) == (1, 2)
+
+
+def test_host_mesh_shape_takes_numpy_ints():
+    assert calculate_host_mesh_shape((2, 4), np.int64(4), np.int32(2)) == (1, 4)
+    with pytest.raises(
+        NamedTypeError, match=r"^total_devices must be an int, got 2\.0 \(float\)\. Pass e\.g\."
+    ):
+        calculate_host_mesh_shape((2, 4), 2.0, 2)
 
 
 def test_host_mesh_shape_errors():
     with pytest.raises(
         MeshError,
-        match=r"global_mesh_shape \(2, 4\) needs 8 devices \(2 processes x 2\), but 4 are available",
+        match=r"^global_mesh_shape \(2, 4\) needs 8 devices, but 6 \(2 processes x 3\) are "
+        r"available\. Make the sizes multiply to 6",
     ):
-        calculate_host_mesh_shape((2, 4), total_devices=2, num_processes=2)
+        calculate_host_mesh_shape((2, 4), total_devices=3, num_processes=2)
+    with pytest.raises(
+        MeshError,
+        match=r"global_mesh_shape \(4, -1\) cannot use 6 devices \(2 processes x 3\): the other",
+    ):
+        calculate_host_mesh_shape((4, -1), total_devices=3, num_processes=2)
+    with pytest.raises(
+        MeshError,
+        match=r"^calculate_host_mesh_shape got devices \(8 of them\) and device counts "
+        r"\(total_devices=2, num_processes=4\)\. Pass one",
+    ):
+        calculate_host_mesh_shape((2, 4), 2, 4, devices=fake_devices(4, 2))
     with pytest.raises(MeshError, match=r"Cannot split mesh \(2, 2\) across 4 processes"):
         calculate_host_mesh_shape((2, 2), total_devices=1, num_processes=4)
     with pytest.raises(MeshError, match=r"num_processes must be a positive int, got 0"):

@@ -26,6 +26,7 @@ from ._layout import (
     check_dims,
     create_device_array,
     host_mesh_shape,
+    host_mesh_shape_of,
     more_cpu_devices,
     resolve_dims,
     select_devices,
@@ -55,9 +56,11 @@ def create_mesh(
             ``None``, the first axis whose size the granule count divides is split.
         axis_types: An ``AxisType``, ``"auto"`` / ``"explicit"`` / ``"manual"``, or one per axis.
             Default ``Auto``.
-        devices: The devices to use; default all devices of ``backend``. Stand-in objects
-            (hashable, with ``id``, ``process_index`` and ``slice_index``) give a ``Mesh`` over
-            them, so multi-host layouts can be checked without the hardware.
+        devices: The devices to use (a subset); default all devices of ``backend``. Their order
+            does not matter: within a slice or host devices are laid out by id (or by physical
+            topology on TPU). Stand-in objects (hashable, with ``id``, ``process_index`` and
+            ``slice_index``) give a ``Mesh`` over them, so multi-host layouts can be checked
+            without the hardware.
         backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default backend. Not together
             with ``devices``.
 
@@ -314,30 +317,56 @@ def calculate_host_mesh_shape(
     global_mesh_shape: Sequence[int],
     total_devices: int | None = None,
     num_processes: int | None = None,
+    *,
+    devices: Sequence[Any] | None = None,
 ) -> tuple[int, ...]:
     """The block of a global mesh that one host (process) holds.
 
-    Uses the same split as ``create_mesh``: all processes go on the first axis whose size the
-    process count divides; that axis is divided by the process count and the others are whole.
+    Without counts, this is the block each process holds in ``create_mesh``'s layout of
+    ``devices`` (default ``jax.devices()``), slices included: on 2 TPU slices of 2 hosts each,
+    ``(2, 4)`` splits the first axis between the slices and each slice's ``(1, 4)`` between its
+    hosts, so a host holds ``(1, 2)``.
+
+    With ``total_devices`` and ``num_processes``, it plans for hardware that is not there, taking
+    each process as one granule (CPU and GPU hosts, or one process per TPU slice): the processes
+    split the first axis whose size their count divides, and each holds the other axes whole. For
+    several processes per slice, pass stand-in ``devices`` instead (see ``docs/mesh.md``).
 
     Args:
         global_mesh_shape: The global mesh shape; one entry may be ``-1``.
-        total_devices: Devices on *one* host; default ``jax.local_device_count()``.
-        num_processes: Number of processes; default ``jax.process_count()``.
+        total_devices: Devices on *one* host; default ``jax.local_device_count()`` when
+            ``num_processes`` is given.
+        num_processes: Number of processes; default ``jax.process_count()`` when
+            ``total_devices`` is given.
+        devices: The devices to lay out (real ones or stand-ins with ``id``, ``process_index``
+            and ``slice_index``); default ``jax.devices()``. Not together with the counts.
 
     Returns:
-        The per-host mesh shape (its product is ``total_devices``).
+        The per-host mesh shape (its product is the devices of one host).
 
     Raises:
-        MeshError: if the global shape does not cover ``total_devices * num_processes`` devices
-            or no axis size is divisible by the process count.
+        MeshError: if the global shape does not cover the devices, no axis size is divisible by
+            the granule count, ``devices`` are given with counts, or the hosts hold no equal
+            blocks of the mesh.
+        NamedTypeError: if a count is not an int.
 
     Example:
         >>> calculate_host_mesh_shape((2, 4), total_devices=4, num_processes=2)
         (1, 4)
         >>> calculate_host_mesh_shape((1, 8), total_devices=2, num_processes=4)
         (1, 2)
+        >>> calculate_host_mesh_shape((2, 4))  # this run: one process of 8 devices
+        (2, 4)
     """
+    if total_devices is None and num_processes is None:
+        return host_mesh_shape_of(global_mesh_shape, devices)
+    if devices is not None:
+        raise MeshError(
+            f"calculate_host_mesh_shape got devices ({len(devices)} of them) and device counts "
+            f"(total_devices={total_devices!r}, num_processes={num_processes!r}). Pass one: "
+            "devices to lay them out as create_mesh does, or the counts to plan for one process "
+            "per granule."
+        )
     if total_devices is None:
         total_devices = jax.local_device_count()
     if num_processes is None:

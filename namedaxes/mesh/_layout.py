@@ -35,10 +35,12 @@ __all__ = [
     "create_device_array",
     "device_granules",
     "host_mesh_shape",
+    "host_mesh_shape_of",
     "hybrid_device_array",
     "infer_dcn_dims",
     "more_cpu_devices",
     "normalize_axis_types",
+    "process_block",
     "resolve_dims",
     "select_devices",
 ]
@@ -138,11 +140,13 @@ def resolve_dims(
     what: str = "axis_dims",
     unit: str = "devices",
     devices: Sequence[Any] | None = None,
+    count_note: str = "",
 ) -> tuple[int, ...]:
     """Fill in the ``-1`` of checked ``dims`` so that their product is ``num_devices``.
 
     ``devices`` (the ``num_devices`` devices), when given, let a mesh too large for them say how to
-    get more CPU devices (see ``more_cpu_devices``).
+    get more CPU devices (see ``more_cpu_devices``). ``count_note`` follows the available count in
+    messages (e.g. ``" (2 processes x 3)"``).
 
     Raises:
         MeshError: if the product cannot equal ``num_devices``.
@@ -152,16 +156,16 @@ def resolve_dims(
     if -1 in dims:
         if num_devices % known:
             raise MeshError(
-                f"{what} {format_dims(dims, names)} cannot use {num_devices} {unit}: the other "
-                f"axes multiply to {known}, which does not divide {num_devices}. Choose sizes "
-                f"whose product divides {num_devices}.{hint}"
+                f"{what} {format_dims(dims, names)} cannot use {num_devices} {unit}{count_note}: "
+                f"the other axes multiply to {known}, which does not divide {num_devices}. Choose "
+                f"sizes whose product divides {num_devices}.{hint}"
             )
         return tuple(num_devices // known if d == -1 else d for d in dims)
     if known != num_devices:
         raise MeshError(
-            f"{what} {format_dims(dims, names)} needs {known} {unit}, but {num_devices} are "
-            f"available. Make the sizes multiply to {num_devices}, or use -1 for one axis to take "
-            f"the remaining ones.{hint}"
+            f"{what} {format_dims(dims, names)} needs {known} {unit}, but {num_devices}"
+            f"{count_note} are available. Make the sizes multiply to {num_devices}, or use -1 for "
+            f"one axis to take the remaining ones.{hint}"
         )
     return tuple(dims)
 
@@ -430,9 +434,19 @@ def create_device_array(
     """
     names = check_axis_names(axis_names)
     dims = check_dims(axis_dims, names)
-    devices = select_devices(devices)
+    return _device_array(dims, names, dcn_mesh_dims, select_devices(devices))
+
+
+def _device_array(
+    dims: tuple[int, ...],
+    names: tuple[str, ...] | None,
+    dcn_mesh_dims: Sequence[int] | None,
+    devices: list[Any],
+    what: str = "axis_dims",
+) -> np.ndarray:
+    """``create_device_array`` on checked sizes and devices (``names`` may be ``None``)."""
     kind, granules = device_granules(devices)
-    global_dims = resolve_dims(dims, names, len(devices), devices=devices)
+    global_dims = resolve_dims(dims, names, len(devices), what=what, devices=devices)
     if dcn_mesh_dims is None:
         dcn = infer_dcn_dims(global_dims, names, len(granules), kind)
     else:
@@ -499,20 +513,83 @@ def build_mesh(
     return jax.sharding.Mesh(device_array, tuple(names), axis_types=types)
 
 
+def process_block(device_array: np.ndarray, process: int) -> tuple[tuple[int, ...], bool]:
+    """How many positions along each axis of ``device_array`` hold devices of ``process``, and
+    whether those devices fill that block (one rectangle of the mesh, contiguous or not).
+
+    All zeros when the process owns no device there.
+    """
+    mine = np.vectorize(lambda d: int(getattr(d, "process_index", 0)) == process, otypes=[bool])(
+        device_array
+    )
+    extents = tuple(
+        int(np.any(mine, axis=tuple(j for j in range(mine.ndim) if j != i)).sum())
+        for i in range(mine.ndim)
+    )
+    return extents, math.prod(extents) == int(mine.sum())
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise NamedTypeError(
+            f"{name} must be an int, got {value!r} ({type(value).__name__}). Pass e.g. {name}=4."
+        )
+    n = operator.index(value)
+    if n < 1:
+        raise MeshError(f"{name} must be a positive int, got {n}.")
+    return n
+
+
 def host_mesh_shape(
-    global_mesh_shape: Sequence[int], devices_per_host: int, num_processes: int
+    global_mesh_shape: Sequence[int], devices_per_host: Any, num_processes: Any
 ) -> tuple[int, ...]:
-    """The block of a global mesh that one host owns under the default DCN split."""
+    """The block of a global mesh that one host owns when every process is one granule.
+
+    That is the layout ``create_device_array`` gives processes that are the granules (CPU and GPU
+    hosts, or one process per TPU slice): the processes split the first axis that their count
+    divides, and each holds the rest whole.
+    """
     dims = check_dims(global_mesh_shape, what="global_mesh_shape")
-    for name, value in (("total_devices", devices_per_host), ("num_processes", num_processes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MeshError(f"{name} must be a positive int, got {value!r}.")
+    per_host = _positive_int("total_devices", devices_per_host)
+    processes = _positive_int("num_processes", num_processes)
     dims = resolve_dims(
         dims,
         None,
-        devices_per_host * num_processes,
+        per_host * processes,
         what="global_mesh_shape",
-        unit=f"devices ({num_processes} processes x {devices_per_host})",
+        count_note=f" ({processes} processes x {per_host})",
     )
-    dcn = infer_dcn_dims(dims, None, num_processes, "process")
+    dcn = infer_dcn_dims(dims, None, processes, "process")
     return tuple(g // d for g, d in zip(dims, dcn))
+
+
+def host_mesh_shape_of(
+    global_mesh_shape: Sequence[int], devices: Sequence[Any] | None
+) -> tuple[int, ...]:
+    """The block of a global mesh that each host owns in ``create_device_array``'s layout of
+    ``devices`` (slices and processes as they are).
+
+    Raises:
+        MeshError: if some process's devices are not one block of the mesh, or the processes hold
+            blocks of different shapes.
+    """
+    dims = check_dims(global_mesh_shape, what="global_mesh_shape")
+    device_list = select_devices(devices)
+    array = _device_array(dims, None, None, device_list, what="global_mesh_shape")
+    blocks = {}
+    for process in sorted({int(getattr(d, "process_index", 0)) for d in device_list}):
+        block, whole = process_block(array, process)
+        if not whole:
+            raise MeshError(
+                f"In the mesh {format_dims(array.shape)}, the devices of process {process} are "
+                "not one block of it, so a host holds no mesh-shaped piece. Choose a shape whose "
+                "axes split each host's devices evenly."
+            )
+        blocks.setdefault(block, []).append(process)
+    if len(blocks) > 1:
+        shown = "; ".join(f"{b} on process {format_names(p)}" for b, p in blocks.items())
+        raise MeshError(
+            f"In the mesh {format_dims(array.shape)}, hosts hold blocks of different shapes: "
+            f"{shown}. Choose a shape whose axes split every host's devices alike."
+        )
+    return next(iter(blocks))
