@@ -97,9 +97,41 @@ def check_interleaved_rows(out: dict) -> None:
     }
 
 
+def check_fallback_rows(out: dict) -> None:
+    """A mapping with a fallback: 6 rows do not divide `data` (4, across the processes), so `batch`
+    falls back to `model` (inside each process) and every process passes all 6 rows."""
+    import namedaxes as na
+
+    mesh = na.mesh.create_mesh((4, 2), ("data", "model"))
+    mapping = [("batch", "data"), ("batch", "model")]
+    axes = {"batch": 6, "embed": 2}
+    data = np.arange(12, dtype=np.float32).reshape(6, 2)
+    rows = na.distributed.process_local_indices(axes, mapping, mesh)["batch"]
+    local = na.named(data[rows], ("batch", "embed"))
+    try:  # 6 local rows are also half of 12 rows on `data`
+        na.distributed.from_process_local(local, mapping, mesh)
+        ambiguous = None
+    except na.ShardingError as e:
+        ambiguous = str(e)
+    x = na.distributed.from_process_local(local, mapping, mesh, global_axes=axes)
+    out["fallback"] = {
+        "rows": rows.tolist(),
+        "resolve": str(na.resolve(tuple(na.Axis(n, s) for n, s in axes.items()), mapping, mesh)),
+        "spec": str(x.sharding.spec),
+        "shape": x.shape,
+        "gathered": np.asarray(na.distributed.process_allgather(x).array).tolist(),
+        "ambiguous_error": ambiguous,
+    }
+
+
 def check_barriers(out: dict) -> None:
     import namedaxes as na
 
+    try:  # refused up front on every process, instead of an OverflowError at the runtime call
+        na.distributed.barrier_sync(timeout=float("inf"))
+        out["inf_timeout_error"] = None
+    except na.NamedTypeError as e:
+        out["inf_timeout_error"] = str(e)
     t = time.monotonic()
     na.distributed.barrier_sync(timeout=30)
     out["barrier_ok_seconds"] = time.monotonic() - t
@@ -130,6 +162,7 @@ def check_all(out: dict) -> None:
     for axis_type in ("auto", "explicit"):
         check_arrays(out, axis_type)
     check_interleaved_rows(out)
+    check_fallback_rows(out)
     check_barriers(out)
 
 

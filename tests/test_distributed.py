@@ -10,6 +10,7 @@ from _helpers import run_two_processes
 from jax.sharding import PartitionSpec as P
 
 from namedaxes import (
+    AxisError,
     BarrierTimeoutError,
     DistributedError,
     MappingTypeError,
@@ -44,10 +45,20 @@ def test_single_process_basics():
     assert issubclass(BarrierTimeoutError, NamedAxesError)
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, "10", True])
+@pytest.mark.parametrize("bad", [0, -1.0, "10", True, float("inf"), float("nan"), 1e300])
 def test_barrier_rejects_bad_timeout(bad):
-    with pytest.raises(NamedTypeError, match=r"timeout must be a positive number of seconds, got"):
+    """inf passed the check and crashed at math.ceil(inf * 1000) with several processes."""
+    with pytest.raises(
+        NamedTypeError,
+        match=r"^barrier_sync timeout must be a positive, finite number of seconds, got "
+        r".+\. Pass a finite number of seconds, such as timeout=3600\.$",
+    ):
         barrier_sync(timeout=bad)
+
+
+def test_barrier_takes_numpy_numbers():
+    assert barrier_sync(timeout=np.float32(2.5)) is None
+    assert barrier_sync(timeout=np.int64(10)) is None
 
 
 def test_barrier_rejects_bad_name():
@@ -148,6 +159,49 @@ def test_process_local_indices_errors(mesh_2x4):
         process_local_indices(("batch",), {"batch": "data"}, mesh_2x4)
 
 
+def test_from_process_local_takes_the_global_axes(mesh_2x4):
+    """global_axes= places the global array by resolve; a local piece of another size is refused."""
+    data = np.arange(24, dtype=np.float32).reshape(6, 4)
+    mapping = [("batch", "data"), ("batch", None)]
+    x = from_process_local(
+        named(data, ("batch", "embed")), mapping, mesh_2x4, global_axes={"embed": 4, "batch": 6}
+    )
+    assert x.axis_names == ("batch", "embed") and x.shape == {"batch": 6, "embed": 4}
+    assert x.sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(x.array), data)
+    with pytest.raises(
+        ShardingError,
+        match=r"^from_process_local: process 0's local axis 'batch' has size 6, but the global "
+        r"array \(batch=12, embed=4\) placed as P\('data', None\) on Mesh\(data=2, model=4\) "
+        r"gives each process 12 of it\. Pass the indices process_local_indices names",
+    ):
+        from_process_local(
+            named(data, ("batch", "embed")),
+            mapping,
+            mesh_2x4,
+            global_axes={"batch": 12, "embed": 4},
+        )
+    with pytest.raises(
+        AxisError,
+        match=r"global_axes \(batch=6\) must name exactly the axes of the local piece "
+        r"NamedArray\(float32, batch=6, embed=4\): 'batch', 'embed'\.",
+    ):
+        from_process_local(
+            named(data, ("batch", "embed")), mapping, mesh_2x4, global_axes={"batch": 6}
+        )
+
+
+def test_process_allgather_refuses_traced_arrays():
+    """Under jit it reached JAX's ConcretizationTypeError."""
+    with pytest.raises(
+        NamedTypeError,
+        match=r"^process_allgather got the traced NamedArray\(float32, x=3\): it gathers concrete "
+        r"arrays across processes on the host and cannot run under jax\.jit, vmap or grad\. Call "
+        r"it outside the jitted function, on its output\.",
+    ):
+        jax.jit(lambda a: process_allgather(named(a, "x")).array)(jnp.ones(3))
+
+
 def test_process_allgather_is_identity_when_fully_addressable(mesh_2x4):
     data = np.arange(64, dtype=np.float32).reshape(8, 8)
     x = from_process_local(named(data, ("batch", "embed")), {"batch": "data"}, mesh_2x4)
@@ -228,8 +282,33 @@ def test_process_local_indices_follow_the_mesh_order_of_the_devices(two_processe
         np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
 
 
+def test_fallback_rule_rows_are_placed_as_resolve_says(two_processes):
+    """6 rows under [batch -> data (4, across processes), batch -> model]: resolve falls back to
+    `model`, so each process holds all 6 rows. from_process_local read the 6 local rows as half of
+    12 on `data` (duplicated data); now it asks for the global sizes, and places them as resolve."""
+    data = np.arange(12, dtype=np.float32).reshape(6, 2)
+    for pid, r in enumerate(two_processes):
+        got = r["fallback"]
+        assert got["rows"] == list(range(6))
+        assert got["resolve"] == got["spec"] == "P('model', None)"
+        assert got["shape"] == {"batch": 6, "embed": 2}
+        np.testing.assert_array_equal(np.asarray(got["gathered"]), data)
+        assert got["ambiguous_error"] == (
+            "from_process_local cannot tell the global size of axis 'batch' from process "
+            f"{pid}'s local piece (batch=6, embed=2): under the mapping on Mesh(data=4, model=2) it "
+            "is the piece of (batch=6, embed=2) placed as P('model', None) and of (batch=12, "
+            "embed=2) placed as P('data', None). Pass the global sizes given to "
+            "process_local_indices: global_axes={'batch': 6, 'embed': 2} or {'batch': 12, "
+            "'embed': 2}."
+        )
+
+
 def test_barrier_passes_and_times_out_when_a_process_never_arrives(two_processes):
     first, second = two_processes
+    for r in two_processes:
+        assert r["inf_timeout_error"].startswith(
+            "barrier_sync timeout must be a positive, finite number of seconds, got inf."
+        )
     assert first["barrier_ok_seconds"] < 10 and second["barrier_ok_seconds"] < 10
     err = first["timeout_error"]
     assert err is not None, "barrier_sync returned although process 1 never called it"
