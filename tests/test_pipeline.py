@@ -416,3 +416,239 @@ def test_stages_over_mesh_axes_listed_out_of_mesh_order(axis_type, schedule):
         piped, xs = na.shard((stack.with_pipeline(schedule=schedule, microbatches=8, repeats=1), x))
         got = jax.jit(lambda s, x: s(x))(piped, xs)
     np.testing.assert_allclose(np.asarray(got.array), np.asarray(want.array), atol=1e-6)
+
+
+class _Scaled(eqx.Module):
+    """A layer with an extra argument: ``table``, reduced over its own ``microbatch`` axis;
+    ``with_y`` returns it as the layer's y too (for ``scan``)."""
+
+    mlp: na.nn.MLP
+    with_y: bool = eqx.field(static=True, default=False)
+
+    def __call__(self, x, table):
+        out = x + self.mlp(x) * table.sum("microbatch")
+        return (out, table) if self.with_y else out
+
+
+def _scaled_stack(with_y=False):
+    make = lambda k: _Scaled(na.nn.MLP(Embed, {"mlp": 16}, key=k), with_y)
+    return na.nn.Stacked(na.Axis("layer", 4), make, key=jax.random.key(0))
+
+
+def test_axes_named_microbatch_are_the_users(axis_type):
+    """The pipeline's own microbatch axis is private: an argument whose first axis the user named
+    ``microbatch`` (no batch axis) was taken for a split one and each stage got one slice of it
+    (wrong values, or AxisNotFoundError inside the layer), and an input with a ``microbatch`` axis
+    raised DuplicateAxisError from unflatten_axis. Only scan's ys without the batch axis get that
+    name, so a y that has it already is refused."""
+    x = na.random.normal(jax.random.key(1), {"microbatch": 2, "batch": 8, "embed": 8})
+    table = na.named(jnp.array([[1.0] * 8, [3.0] * 8]), ("microbatch", "embed"))
+    stack = _scaled_stack()
+    want = stack(x, table)
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage"}):
+        piped = stack.with_pipeline(microbatches=2)
+        got = jax.jit(lambda s, x, t: s(x, t), **FAST)(piped, x, table)
+        assert got.axis_names == want.axis_names
+        _close(got.array, want.array)
+        scan = _scaled_stack(with_y=True).with_pipeline(microbatches=2).scan
+        with pytest.raises(
+            na.DuplicateAxisError,
+            match=r"Stacked\.scan pipelined gives each y without the 'batch' axis a 'microbatch' "
+            r"axis \(one entry per microbatch\), but the layers returned a y that already has "
+            r"one \(stacked: NamedArray\(layer=4, microbatch=2, embed=8\)\)\. Rename that axis",
+        ):
+            jax.eval_shape(scan, x, table)
+
+
+def test_two_stacks_with_their_own_layer_names_share_the_stage_axis(axis_type):
+    """``{"enc_layer": "stage", "dec_layer": "stage"}``: each stack pipelines its own layer axis
+    (it raised ShardingError "also places 'dec_layer' on them", though no array entering the
+    encoder has that axis); an axis that does enter the stages on them is still refused, named
+    with the array that has it."""
+    make = lambda k: na.nn.MLP(Embed, {"mlp": 16}, key=k)
+    enc = na.nn.Stacked(na.Axis("enc_layer", 4), make, key=jax.random.key(0))
+    dec = na.nn.Stacked(na.Axis("dec_layer", 4), make, key=jax.random.key(1))
+    x = _input()
+    want = dec(enc(x))
+    mesh = make_mesh((2, 4), ("stage", "data"), axis_type)
+    with jax.set_mesh(mesh), na.axis_mapping({"enc_layer": "stage", "dec_layer": "stage"}):
+        e, d, xs = na.shard((enc, dec, x))
+        got = jax.jit(lambda e, d, x: d(e(x)), **FAST)(e, d, xs)
+    _close(got.array, want.array)
+    with jax.set_mesh(mesh), na.axis_mapping({"enc_layer": "stage", "position": "stage"}):
+        with pytest.raises(
+            na.ShardingError,
+            match=r"The mapping pipelines 'enc_layer' \(4 layers\) over mesh axes \('stage',\), "
+            r"and also places 'position' on them \(the stack's input: NamedArray\(batch=8, "
+            r"position=2, embed=8\) has 'position' on \('stage',\)\)\. The stage axes carry the "
+            r"layers only: map 'position' to other mesh axes\.",
+        ):
+            jax.eval_shape(enc, x)
+
+
+def test_microbatches_checked_against_the_inputs_own_layout():
+    """Explicit mesh: an input placed over ``data`` before entering a mapping that only names the
+    layers keeps that layout, so 8 microbatches of one row cannot split over it: a typed error (it
+    was JAX's ShardingTypeError from dynamic_slice). On an Auto mesh XLA re-lays the input out."""
+    mesh = make_mesh((2, 4), ("stage", "data"), AxisType.Explicit)
+    with jax.set_mesh(mesh):
+        x = na.shard(_input(), {"batch": "data"})
+        with na.axis_mapping({"layer": "stage"}):
+            piped = na.shard(_stack(microbatches=8))
+            with pytest.raises(
+                na.AxisSizeError,
+                match=r"into 8 microbatches of size 1, but 'batch' is split over mesh axes "
+                r"\('data',\) \(4 shards\), so each microbatch needs a multiple of 4 rows",
+            ):
+                jax.eval_shape(lambda s, x: s(x), piped, x)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_scan_ys_keep_the_batch_placement_on_explicit_meshes(schedule):
+    """Explicit mesh, ``{"layer": "stage", "batch": "data"}``: per-token ys come back with the
+    layer on ``stage`` and the batch on ``data`` as the circular schedule gave them (gpipe and
+    1f1b typed them ``P('stage', None, None)``: the batch replicated)."""
+
+    class Block(eqx.Module):
+        mlp: na.nn.MLP
+
+        def __call__(self, x):
+            y = self.mlp(x)
+            return x + y, y.sum("position")
+
+    stack = na.nn.Stacked(
+        na.Axis("layer", 4),
+        lambda k: Block(na.nn.MLP(Embed, {"mlp": 16}, key=k)),
+        key=jax.random.key(0),
+    )
+    want = stack.scan(_input())[1]
+    mesh = make_mesh((2, 4), ("stage", "data"), AxisType.Explicit)
+    with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage", "batch": "data"}):
+        piped, x = na.shard((stack.with_pipeline(schedule=schedule, microbatches=2), _input()))
+        _, ys = jax.jit(lambda s, x: s.scan(x), **FAST)(piped, x)
+    assert ys.axis_names == ("layer", "batch", "embed")
+    assert jax.typeof(ys.array).sharding.spec == P("stage", "data", None)
+    assert ys.array.sharding.shard_shape(ys.array.shape) == (2, 2, 8)
+    _close(ys.array, want.array)
+
+
+@pytest.mark.parametrize("bad", [5, "", None, ("batch",)])
+def test_with_pipeline_checks_the_batch_axis(bad):
+    """``with_pipeline(batch_axis=...)`` checks it as the constructor does (it took anything and
+    failed later, generically)."""
+    with pytest.raises(na.NamedTypeError, match=r"Stacked needs an axis name for batch_axis, got "):
+        _stack(batch_axis=bad)
+
+
+def _stack_shape(layers, **options):
+    return jax.eval_shape(
+        lambda: na.nn.Stacked(
+            na.Axis("layer", layers),
+            lambda k: na.nn.Linear({"embed": 64}, {"mlp": 64}, key=k),
+            key=jax.random.key(0),
+        ).with_pipeline(**options)
+    )
+
+
+def test_plan_prices_only_pipelines_that_run():
+    """``plan`` applies the checks the stack applies when it runs, per stack: a circular schedule
+    with fewer microbatches than stages and layers that do not divide into the blocks are
+    PlanErrors naming the stack (they were priced), and a stack whose layers the rules leave
+    whole (a fallback rule) is not listed (its neighbour's placement was taken for it)."""
+    mesh = {"stage": 2, "data": 4}
+    with pytest.raises(
+        na.PlanError,
+        match=r"The stack at <root> cannot run pipelined on Mesh\(stage=2, data=4\) \('layer' "
+        r"over \['stage'\]\): The circular schedule needs at least one microbatch per stage \(2\), "
+        r"got microbatches=1\. Pass microbatches >= 2\.",
+    ):
+        na.analysis.plan(
+            _stack_shape(8, schedule="circular", microbatches=1), mesh, {"layer": "stage"}
+        )
+    with pytest.raises(
+        na.PlanError,
+        match=r"The stack at enc cannot run .*: Pipelining 'layer' \(6 layers\) over 2 stages x 2 "
+        r"repeats needs a layer count divisible by 4\.",
+    ):
+        na.analysis.plan({"enc": _stack_shape(6, schedule="circular")}, mesh, {"layer": "stage"})
+    tree = {"enc": _stack_shape(8), "dec": _stack_shape(3)}
+    p = na.analysis.plan(tree, mesh, [("layer", "stage"), ("layer", None)])
+    assert [(x["stages"], x["layers_per_stage"]) for x in p.pipeline] == [(2, 4)]
+
+
+def test_plan_search_skips_mappings_whose_pipelines_cannot_run():
+    """A circular stack of 6 layers cannot run over 2 stages (it needs a multiple of 4 layers):
+    plan_search ranks the mappings that do not pipeline it and says why the others lost."""
+    found = na.analysis.plan_search(
+        {"enc": _stack_shape(6, schedule="circular")}, {"stage": 2}, logical_axes=["layer"], top=5
+    )
+    assert found and all(not p.pipeline for p in found)
+    assert found.counts["cannot_run"] == 1
+    assert any("divisible by 4" in r["reason"] for r in found.rejected)
+
+
+def test_pipeline_search_ranks_only_candidates_that_run():
+    """Circular over 8 layers: 8 stages x 2 repeats would need 16 layers (it was ranked); a stack
+    built with too few microbatches for the circular schedule still gets the search's counts; and
+    a batch over ``("data", "model")`` needs each microbatch's rows to divide into 4 shards (it
+    was ranked with 2 rows)."""
+    circular = na.analysis.pipeline_search(
+        _stack_shape(8, schedule="circular", microbatches=1), {"data": 8}, {"batch": "data"},
+        batch=64, top=50,
+    )  # fmt: skip
+    assert sorted({p.mesh["stage"] for p in circular}) == [1, 2, 4]
+    assert all(x["microbatches"] >= x["stages"] for p in circular for x in p.pipeline)
+    both = na.analysis.pipeline_search(
+        _stack_shape(8), {"data": 4, "model": 2}, {"batch": ("data", "model")}, batch=16, top=50
+    )
+    assert [p.notes[0] for p in both] == [
+        "no pipeline: no bubble",
+        "2 stages x 4 microbatches of 4 rows: bubble 20.0%",
+        "4 stages x 8 microbatches of 2 rows: bubble 27.3%",
+        "2 stages x 2 microbatches of 8 rows: bubble 33.3%",
+        "4 stages x 4 microbatches of 4 rows: bubble 42.9%",
+    ]
+    two = na.AxisRules({"batch": "data"}, unsatisfied="replicate")
+    mixed = na.analysis.pipeline_search(
+        {"enc": _stack_shape(8), "dec": _stack_shape(3)}, {"data": 8}, two, batch=64, top=50
+    )
+    assert {len(p.pipeline) for p in mixed if p.mesh["stage"] > 1} == {1}  # dec stays whole
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"microbatches": (0,)}, na.PlanError, r"microbatches must be ints >= 1 .* got \(0,\)"),
+        (
+            {"microbatches": (1.5,)},
+            na.NamedTypeError,
+            r"microbatches must be a tuple of ints .* where 1\.5 is a float",
+        ),
+        ({"microbatches": ()}, na.PlanError, r"microbatches is empty"),
+        ({"batch": 0}, na.PlanError, r"batch must be >= 1 \(rows per step\), got 0"),
+        ({"batch": -8}, na.PlanError, r"batch must be >= 1 \(rows per step\), got -8"),
+        ({"batch": 8.0}, na.NamedTypeError, r"batch must be an int \(rows per step\)"),
+        ({"top": -1}, na.PlanError, r"top must be >= 1 \(how many plans to return\), got -1"),
+    ],
+)
+def test_pipeline_search_refuses_bad_counts(kwargs, error, match):
+    """Counts that are not ints >= 1 are refused (a zero raised ZeroDivisionError, a negative
+    batch gave "microbatches of -4 rows", top=-1 dropped the last plan, a float dropped every
+    pipelined candidate)."""
+    with pytest.raises(error, match=f"pipeline_search: {match}"):
+        na.analysis.pipeline_search(
+            _stack_shape(8), {"data": 8}, {"batch": "data"}, **{"batch": 64, **kwargs}
+        )
+
+
+def test_bubble_fraction_takes_counts():
+    """Stages, microbatches and repeats are ints >= 1 (NumPy ints too); 2.5 stages gave 0.27 and
+    True stages 0.0."""
+    assert na.analysis.bubble_fraction(np.int64(2), 2) == 1 / 3
+    with pytest.raises(na.NamedTypeError, match=r"stages must be an int .* got 2\.5 \(float\)"):
+        na.analysis.bubble_fraction(2.5, 4)
+    with pytest.raises(na.NamedTypeError, match=r"stages must be an int .* got True \(bool\)"):
+        na.analysis.bubble_fraction(True, 4)
+    with pytest.raises(na.PlanError, match=r"microbatches must be >= 1 .* got 0"):
+        na.analysis.bubble_fraction(2, 0)

@@ -356,7 +356,7 @@ def state_plan(
         largest=largest[:top],
         replicated={"bytes_per_device": rep_bytes, "leaves": len(rep_paths), "paths": rep_paths},
         unmatched=unmatched_entries(rules, axes),
-        pipeline=pipelines(tree, axes, sizes),
+        pipeline=pipelines(tree, axes, sizes, rules),
     )
 
 

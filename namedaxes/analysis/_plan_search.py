@@ -49,7 +49,8 @@ class PlanSearch(list):  # type: ignore[type-arg]
         counts: How many were dropped, per reason: ``"conflict"`` (two logical axes of one array
             on the same mesh axis), ``"duplicate"`` (same layout as a simpler mapping),
             ``"over_budget"`` (state alone exceeds the budget), ``"step_over_budget"`` (compiled
-            step exceeds it), ``"ranked_lower"``.
+            step exceeds it), ``"cannot_run"`` (it pipelines a stack its stages cannot run:
+            a layer count that does not divide, too few microbatches), ``"ranked_lower"``.
         rejected: Examples of losers: ``{"rules", "state_bytes_per_device", "reason"}``, the
             closest ones first.
         compiled: How many distinct layouts were compiled.
@@ -247,6 +248,7 @@ def plan_search(
         "duplicate": 0,
         "over_budget": 0,
         "step_over_budget": 0,
+        "cannot_run": 0,
         "ranked_lower": 0,
     }
     seen: dict[tuple[Any, ...], int] = {}  # layout -> index into survivors
@@ -333,16 +335,31 @@ def plan_search(
     result.candidates = total
     result.compiled = 0
     if step is None:
-        chosen = survivors[:top]
-        best_state = chosen[0][0]
+        best_state = survivors[0][0]
         plans = []
-        for rank, (state, n_rules, _, choice) in enumerate(chosen, 1):
+        looked = 0
+        for state, n_rules, _, choice in survivors:
+            if len(plans) == top:
+                break
+            looked += 1
             note = (
-                f"rank {rank} of {len(survivors)} surviving mappings by state per device "
+                f"rank {len(plans) + 1} of {len(survivors)} surviving mappings by state per device "
                 f"({format_bytes(state)}; best {format_bytes(best_state)}), then fewest rules ({n_rules})"
             )
-            plans.append(_final_plan(tree, sizes, where, names, choice, params, budget_bytes, note))
-        for state, n_rules, _, choice in survivors[top : top + 5]:
+            try:
+                plans.append(
+                    _final_plan(tree, sizes, where, names, choice, params, budget_bytes, note)
+                )
+            except PlanError as e:  # e.g. it pipelines a stack that cannot run on those stages
+                counts["cannot_run"] += 1
+                rejected.append({"rules": describe(choice), "state_bytes_per_device": state,
+                                 "reason": str(e)})  # fmt: skip
+        if not plans:
+            raise PlanError(
+                f"None of the {len(survivors)} mappings of {names} that fit can run: "
+                f"{rejected[-1]['reason']}"
+            )
+        for state, n_rules, _, choice in survivors[looked : looked + 5]:
             rejected.append(
                 {
                     "rules": describe(choice),
@@ -350,7 +367,7 @@ def plan_search(
                     "reason": f"ranked lower: state {format_bytes(state)} per device with {n_rules} rules",
                 }
             )
-        counts["ranked_lower"] = max(len(survivors) - top, 0)
+        counts["ranked_lower"] = max(len(survivors) - looked, 0)
     else:
         plans = _rank_compiled(
             tree,

@@ -28,6 +28,12 @@ Schedules (``SCHEDULES``):
   the gradient comes back, so at most ``p`` microbatches are in flight per stage and activation
   memory no longer grows with ``m``. Costs one extra forward pass (as the ``"full"`` remat policy).
 
+The microbatch axis is private while the batch is split (the stack's input and arguments may have
+an axis named ``microbatch`` of their own); only ``Stacked.scan``'s ``ys`` without the batch axis
+come out with a ``microbatch`` axis. On an Explicit mesh the outputs get their types back: the
+carry the input's, ``ys`` the layer axis on the stage axes and their other axes where the input
+has those names.
+
 What is outside the stack (embeddings, the final norm, the head and the loss) is not pipelined: it
 runs on every stage (replicated over the stage axes, split over the others as the mapping says).
 The stack's input enters every stage (the first uses it) and its output, made by the last stage,
@@ -54,16 +60,19 @@ from .._axis import Axis
 from .._errors import (
     AxisNotFoundError,
     AxisSizeError,
+    DuplicateAxisError,
     NamedTypeError,
     ShardingError,
     format_axes,
 )
 from .._logical._context import axis_mapping, current_rules
+from .._logical._resolve import resolve
 from .._mesh import context_mesh, explicit_axes
 from .._ops.shape import flatten_axes, rearrange, unflatten_axis
 from .._partitioning._collectives import permute_blocks
 from .._partitioning._shard import constrain
 from .._spec import entry_axes, entry_of
+from ..analysis._pipeline_plan import pipeline_counts
 from ._common import mesh_entries
 from ._stacked_leaves import layer_dim, map_layers, plain_axes
 
@@ -73,10 +82,13 @@ SCHEDULES = ("gpipe", "1f1b", "circular")
 #: The pipeline schedules ``nn.Stacked(schedule=...)`` takes (see ``namedaxes.nn._pipeline``).
 PIPELINE_SCHEDULES = SCHEDULES
 
-# The microbatch axis the stack's batch is split into (inside the pipeline only).
-_MICRO = "microbatch"
+# The microbatch axis the stack's batch is split into: a private name inside the pipeline, so
+# that inputs, arguments and ys may have an axis named "microbatch" of their own.
+_MICRO = "_pipeline_microbatch"
+# What ``Stacked.scan``'s ys without the batch axis call it when they come out.
+MICROBATCH = "microbatch"
 # The circular schedule's blocks per stage (inside the pipeline only).
-_REPEAT = "pipeline_repeat"
+_REPEAT = "_pipeline_repeat"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +120,11 @@ class Pipeline:
         return self.repeats * self.microbatches + self.stages - 1
 
 
-def check_options(microbatches: Any, schedule: Any, repeats: Any, where: str) -> None:
-    """Typed errors for pipeline options that can never be right (checked at construction)."""
+def check_options(
+    microbatches: Any, schedule: Any, repeats: Any, where: str, *, batch_axis: Any = "batch"
+) -> None:
+    """Typed errors for pipeline options that can never be right (checked at construction and by
+    ``with_pipeline``)."""
     if microbatches is not None and (
         isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1
     ):
@@ -124,6 +139,11 @@ def check_options(microbatches: Any, schedule: Any, repeats: Any, where: str) ->
         )
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise NamedTypeError(f"{where}: repeats must be a positive int, got {repeats!r}.")
+    if not isinstance(batch_axis, str) or not batch_axis:
+        raise NamedTypeError(
+            f"{where} needs an axis name for batch_axis, got {batch_axis!r}. Pass the name of "
+            "the input's batch axis, e.g. batch_axis='batch'."
+        )
 
 
 def pipeline_for(
@@ -151,43 +171,58 @@ def pipeline_for(
     p = math.prod(mesh.shape[a] for a in mesh_axes)
     if p == 1:
         return None
-    rules = current_rules()
-    if rules is not None:
-        others = [
-            n for n, t in rules.ordered_pairs if n != Layer.name and set(t or ()) & set(mesh_axes)
-        ]
-        if others:
-            raise ShardingError(
-                f"The mapping pipelines {Layer} over mesh axes {mesh_axes!r}, and also places "
-                f"{', '.join(repr(n) for n in others)} on them. The stage axes carry the layers "
-                "only: map those names to other mesh axes."
-            )
-    if schedule != "circular":
-        repeats = 1
-    m = p if microbatches is None else microbatches
-    blocks = p * repeats
-    if Layer.size % blocks:
-        raise AxisSizeError(
-            f"Pipelining {Layer} over {p} stages"
-            + (f" x {repeats} repeats" if repeats > 1 else "")
-            + f" needs a layer count divisible by {blocks}. Change the layer count, the stage "
-            "axis size or the repeats."
-        )
-    if schedule == "circular" and m < p:
-        raise AxisSizeError(
-            f"The circular schedule needs at least one microbatch per stage ({p}), got "
-            f"microbatches={m}. Pass microbatches >= {p}."
-        )
+    m, repeats = pipeline_counts(Layer.name, Layer.size, p, microbatches, schedule, repeats)
     return Pipeline(tuple(mesh_axes), p, m, schedule, repeats, batch_axis)
+
+
+def _placement(v: NamedArray) -> dict[str, tuple[str, ...]]:
+    """The mesh axes of each of ``v``'s axes (by name): by the mapping in force, and on an
+    Explicit mesh also by ``v``'s type (an array placed before it entered the mapping keeps that
+    layout until something reshards it)."""
+    found = mesh_entries(v)
+    out = {n: entry_axes(found[0].get(n)) if found is not None else () for n in v.axis_names}
+    mesh = context_mesh()
+    explicit = explicit_axes(mesh) if mesh is not None else frozenset()
+    if explicit:
+        spec = tuple(jax.typeof(v.array).sharding.spec) + (None,) * v.ndim
+        for n, e in zip(v.axis_names, spec):
+            out[n] += tuple(a for a in entry_axes(e) if a in explicit and a not in out[n])
+    return out
+
+
+def _check_stage_axes(
+    pipe: Pipeline, Layer: Axis, operands: dict[str, Any], body_rules: Any
+) -> None:
+    """Fail when the mapping inside the stages (``body_rules``: ``Layer`` replicated) places an
+    axis of an array entering them (``operands``: what -> tree) on the stage axes: they carry the
+    layers only, and a constraint on them inside would fail. Names the mapping places there that
+    no operand has are fine (two stacks, each with its own layer axis name, on one stage axis)."""
+    if body_rules is None:
+        return
+    stage, mesh = set(pipe.mesh_axes), context_mesh()
+    for what, tree in operands.items():
+        for v in jax.tree.leaves(tree, is_leaf=is_named_array):
+            if not isinstance(v, NamedArray):
+                continue
+            for n, e in zip(v.axis_names, resolve(v.axes, body_rules, mesh)):
+                if stage & set(entry_axes(e)):
+                    raise ShardingError(
+                        f"The mapping pipelines {Layer.name!r} ({Layer.size} layers) over mesh "
+                        f"axes {pipe.mesh_axes!r}, and also places {n!r} on them ({what}: "
+                        f"NamedArray({format_axes(v.axes)}) has {n!r} on {entry_axes(e)!r}). "
+                        f"The stage axes carry the layers only: map {n!r} to other mesh axes."
+                    )
 
 
 # -- splitting into microbatches and back -------------------------------------------------------
 
 
-def _split(x: Any, pipe: Pipeline, what: str) -> Any:
+def _split(x: Any, pipe: Pipeline, what: str) -> tuple[Any, list[bool]]:
     """Each NamedArray leaf with the batch axis as ``(microbatch, ...)``; row ``b`` of the batch goes
     to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part, so each
-    microbatch's rows must divide into the batch's shards)."""
+    microbatch's rows must divide into the batch's shards). Also returns which leaves (as
+    ``jax.tree.leaves(..., is_leaf=is_named_array)`` lists them) were split: ``_pick`` and
+    ``_take`` go by that, never by an axis name."""
     m, name = pipe.microbatches, pipe.batch_axis
 
     def one(v: Any) -> Any:
@@ -199,8 +234,7 @@ def _split(x: Any, pipe: Pipeline, what: str) -> Any:
                 f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches, "
                 f"which do not divide it. Pass microbatches= a divisor of {size}."
             )
-        found = mesh_entries(v)
-        placed = entry_axes(found[0].get(name)) if found is not None else ()
+        placed = _placement(v)[name]
         shards = math.prod(context_mesh().shape[a] for a in placed)
         if (size // m) % shards:
             raise AxisSizeError(
@@ -213,18 +247,31 @@ def _split(x: Any, pipe: Pipeline, what: str) -> Any:
         v = unflatten_axis(v, name, (Axis(name, size // m), Axis(_MICRO, m)))
         return rearrange(v, (_MICRO, *(a for a in v.axis_names if a != _MICRO)))
 
-    return jax.tree.map(one, x, is_leaf=is_named_array)
+    split = [
+        isinstance(v, NamedArray) and v.has_axis(name)
+        for v in jax.tree.leaves(x, is_leaf=is_named_array)
+    ]
+    return jax.tree.map(one, x, is_leaf=is_named_array), split
 
 
 def _merge(x: Any, pipe: Pipeline) -> Any:
-    """The inverse of ``_split`` on the outputs."""
+    """The inverse of ``_split`` on the outputs; a ``ys`` leaf without the batch axis keeps the
+    microbatch axis, named ``microbatch``."""
 
     def one(v: Any) -> Any:
         if not isinstance(v, NamedArray) or not v.has_axis(_MICRO):
             return v
         names = [a for a in v.axis_names if a != _MICRO]
         if pipe.batch_axis not in names:
-            return v
+            if MICROBATCH in names:
+                stacked = format_axes(a for a in v.axes if a.name != _MICRO)
+                raise DuplicateAxisError(
+                    f"Stacked.scan pipelined gives each y without the {pipe.batch_axis!r} axis a "
+                    f"{MICROBATCH!r} axis (one entry per microbatch), but the layers returned a "
+                    f"y that already has one (stacked: NamedArray({stacked})). Rename that axis "
+                    f"of the y, or give the y the {pipe.batch_axis!r} axis."
+                )
+            return v.rename({_MICRO: MICROBATCH})
         i = names.index(pipe.batch_axis)
         v = rearrange(v, (*names[: i + 1], _MICRO, *names[i + 1 :]))
         return flatten_axes(v, (pipe.batch_axis, _MICRO), pipe.batch_axis)
@@ -238,20 +285,17 @@ def _describe(v: Any) -> str:
     return f"{type(v).__name__} {getattr(v, 'shape', v)!r}"
 
 
-def _has_micro(v: Any) -> bool:
-    return isinstance(v, NamedArray) and v.ndim > 0 and v.axis_names[0] == _MICRO
-
-
-def _pick(x: Any, j: Any) -> Any:
-    """Microbatch ``j`` (traced) of every split leaf; other leaves as they are."""
-
-    def one(v: Any) -> Any:
-        if not _has_micro(v):
-            return v
-        a = jax.lax.dynamic_index_in_dim(v.array, j, 0, keepdims=False)
-        return NamedArray(a, v.axes[1:])
-
-    return jax.tree.map(one, x, is_leaf=is_named_array)
+def _pick(x: Any, j: Any, split: list[bool]) -> Any:
+    """Microbatch ``j`` (traced) of every split leaf (``split``, from ``_split``); other leaves as
+    they are."""
+    leaves, treedef = jax.tree.flatten(x, is_leaf=is_named_array)
+    out = [
+        NamedArray(jax.lax.dynamic_index_in_dim(v.array, j, 0, keepdims=False), v.axes[1:])
+        if s
+        else v
+        for v, s in zip(leaves, split, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, out)
 
 
 # -- the stage loop ------------------------------------------------------------------------------
@@ -348,14 +392,21 @@ def run(
     name = Layer.name
     mesh = context_mesh()
     rules = current_rules()
+    body_rules = rules.replace({name: None}) if rules is not None else None
+    _check_stage_axes(
+        pipe, Layer,
+        {"the stack's parameters": stacked, "the stack's input": x,
+         "an argument of the stack": (args, kwargs)},
+        body_rules,
+    )  # fmt: skip
     if pipe.schedule == "circular" and pipe.repeats > 1:
         stacked = _circular_layout(stacked, name, pipe)
         if keys is not None:
             keys = _circular_keys(keys, pipe)
-    xs = _split(x, pipe, "the stack's input")
-    extra = _split((args, kwargs), pipe, "an argument of the stack")
+    xs, x_split = _split(x, pipe, "the stack's input")
+    extra, e_split = _split((args, kwargs), pipe, "an argument of the stack")
     carry = jax.tree.leaves(xs, is_leaf=is_named_array)
-    unsplit = [v for v in carry if not _has_micro(v)]
+    unsplit = [v for v, s in zip(carry, x_split) if not s]
     if not carry or unsplit:
         got = "nothing" if not carry else _describe(unsplit[0])
         raise AxisNotFoundError(
@@ -363,7 +414,6 @@ def run(
             f"each leaf of the input must be a NamedArray with that axis, got {got}. Give the "
             "input a batch axis, or pass batch_axis= to the Stacked."
         )
-    body_rules = rules.replace({name: None}) if rules is not None else None
 
     p_arrays, p_rebuild = _arrays(stacked)
     p_specs = _layer_specs(stacked, name, pipe)
@@ -373,7 +423,8 @@ def run(
     e_arrays, e_rebuild = _arrays(extra)
     n_p, n_k, n_x = len(p_arrays), len(k_arrays), len(x_arrays)
     in_specs = tuple(p_specs + k_specs + [PartitionSpec()] * (n_x + len(e_arrays)))
-    traced: list[Any] = []  # (how to rebuild the outputs, how many are the carry's)
+    # (how to rebuild the outputs, how many are the carry's, each output's axes or None)
+    traced: list[Any] = []
 
     operands = (*p_arrays, *k_arrays, *x_arrays, *e_arrays)
     dtypes = [a.dtype for a in operands]
@@ -391,9 +442,11 @@ def run(
         h_all = x_rebuild(list(flat[n_p + n_k : n_p + n_k + n_x]))
         ex = e_rebuild(list(flat[n_p + n_k + n_x :]))
         with axis_mapping(body_rules) if body_rules is not None else contextlib.nullcontext():
-            out, ys = _loop(pipe, Layer, stage, params, kb, h_all, ex, with_ys)
+            out, ys = _loop(pipe, Layer, stage, params, kb, h_all, ex, e_split, with_ys)
         o_arrays, o_rebuild = _arrays((out, ys))
-        traced.append((o_rebuild, len(_arrays(out)[0])))
+        leaves, _, idx = _array_leaves((out, ys))
+        o_axes = [leaves[i].axes if isinstance(leaves[i], NamedArray) else None for i in idx]
+        traced.append((o_rebuild, len(_arrays(out)[0]), o_axes))
         return tuple(o_arrays)
 
     def mapped(out_specs: Any) -> Any:
@@ -414,9 +467,10 @@ def run(
         # Sharding in types inside a partly manual shard_map loses the loop's saved activations'
         # layout in XLA (it gathered them over the data and model axes): run the pipeline with
         # the mesh's axes Auto inside, as on an Auto mesh, and give the outputs' types back (the
-        # carry as the input, ys on the stage axes).
+        # carry as the input, ys on the stage axes and, by name, where the input's axes are).
         out_types = [jax.typeof(a).sharding.spec for a in x_arrays]
-        out_types += [PartitionSpec(pipe.axis)] * (len(probe) - n_out)
+        by_name = _input_placement(x, explicit_axes(mesh))
+        out_types += [_ys_type(axes, by_name, Layer, pipe, mesh) for axes in traced[-1][2][n_out:]]
         call = jax.sharding.auto_axes(call, out_sharding=tuple(out_types))
     flat_out = call(*operands)
     out, ys = traced[-1][0](list(flat_out))
@@ -428,6 +482,45 @@ def run(
     return out, _merge(ys, pipe)
 
 
+def _input_placement(x: Any, explicit: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    """The (Explicit) mesh axes of the stack's input's axes, by name (the first leaf that has a
+    name decides)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for v in jax.tree.leaves(x, is_leaf=is_named_array):
+        if isinstance(v, NamedArray):
+            for n, axes in _placement(v).items():
+                out.setdefault(n, tuple(a for a in axes if a in explicit))
+    return out
+
+
+def _ys_type(
+    axes: tuple[Axis, ...] | None, by_name: dict[str, tuple[str, ...]], Layer: Axis,
+    pipe: Pipeline, mesh: Any,
+) -> PartitionSpec:  # fmt: skip
+    """The type of one ``ys`` output of the stages (``axes`` as a stage makes it, ``None`` for a
+    plain array): the layer axis on the stage axes, every other axis where the input has that
+    name (the batch's rows as the input's), when its mesh axes divide it and are still free."""
+    if axes is None:
+        return PartitionSpec(pipe.axis)
+    used = set(pipe.mesh_axes)
+    entries = []
+    for a in axes:
+        if a.name == Layer.name:
+            entries.append(pipe.axis)
+            continue
+        placed = by_name.get(a.name, ())
+        if (
+            placed
+            and not used & set(placed)
+            and a.size % math.prod(mesh.shape[m] for m in placed) == 0
+        ):
+            used |= set(placed)
+            entries.append(entry_of(placed))
+        else:
+            entries.append(None)
+    return PartitionSpec(*entries)
+
+
 def _circular_keys(keys: Any, pipe: Pipeline) -> Any:
     p, v = pipe.stages, pipe.repeats
     c = keys.shape[0] // (p * v)
@@ -436,9 +529,10 @@ def _circular_keys(keys: Any, pipe: Pipeline) -> Any:
 
 def _loop(
     pipe: Pipeline, Layer: Axis, stage: Callable[..., Any], params: Any, keys: Any,
-    h_all: Any, extra: Any, with_ys: bool,
+    h_all: Any, extra: Any, extra_split: list[bool], with_ys: bool,
 ) -> tuple[Any, Any]:  # fmt: skip
-    """The per-device tick loop (inside ``shard_map`` over the stage axes)."""
+    """The per-device tick loop (inside ``shard_map`` over the stage axes). ``h_all``'s leaves
+    are all split into microbatches, ``extra``'s where ``extra_split`` says."""
     p, m, v = pipe.stages, pipe.microbatches, pipe.repeats
     s = jax.lax.axis_index(pipe.axis)
     c = Layer.size // (p * v)  # layers per block
@@ -457,7 +551,8 @@ def _loop(
         kb = None if keys is None else jax.lax.dynamic_slice_in_dim(keys, r * c, c)
         return map_layers(params, Layer.name, one), kb
 
-    first = _pick(h_all, 0)
+    all_split = [True] * len(jax.tree.leaves(h_all, is_leaf=is_named_array))
+    first = _pick(h_all, 0, all_split)
     zeros = jax.tree.map(lambda a: jnp.zeros_like(a), first)
     circ = jax.tree.map(lambda a: jnp.zeros_like(a), h_all) if v > 1 else None
     # What stage 0 takes in at each tick: microbatch t mod m (from the input in the first round,
@@ -480,10 +575,10 @@ def _loop(
         kc = jnp.clip(k, 0, v * m - 1)
         j, r = kc % m, kc // m
         if v > 1:
-            fresh = _where(t < m, fresh, _pick(circ, t % m))
+            fresh = _where(t < m, fresh, _pick(circ, t % m, all_split))
         h = _where(s == 0, fresh, state)
         blk, kb = block(r)
-        h, y = run_stage(blk, kb, h, *_pick(extra, j), j)
+        h, y = run_stage(blk, kb, h, *_pick(extra, j, extra_split), j)
         recv = jax.tree.map(lambda a: permute_blocks(a, pipe.axis, ring), h)
         if v > 1:
             # What the last stage sent at this tick reaches stage 0 and waits for its next round.
@@ -528,10 +623,10 @@ def _psum(a: jax.Array, axis: str) -> jax.Array:
 
 
 def _take(x: Any, index: list[int]) -> Any:
-    """The arrays of ``x``'s split leaves at the (static) microbatch ``index`` list (a leading
-    tick dimension; a scan input)."""
+    """The arrays of ``x``'s leaves (all split into microbatches: the stack's input) at the
+    (static) microbatch ``index`` list (a leading tick dimension; a scan input)."""
     idx = jnp.asarray(index, jnp.int32)
-    return [jnp.take(v.array, idx, axis=0) for v in jax.tree.leaves(x, is_leaf=_has_micro)]
+    return [jnp.take(v.array, idx, axis=0) for v in jax.tree.leaves(x, is_leaf=is_named_array)]
 
 
 def _named_like(arrays: list[Any], like: Any) -> Any:

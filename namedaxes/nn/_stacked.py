@@ -168,9 +168,7 @@ class Stacked(eqx.Module, Generic[M]):
         if not callable(make):
             raise NamedTypeError(f"Stacked needs a callable key -> layer, got {make!r}.")
         check_gradient_checkpointing(gradient_checkpointing, "Stacked")
-        check_options(microbatches, schedule, repeats, "Stacked")
-        if not isinstance(batch_axis, str) or not batch_axis:
-            raise NamedTypeError(f"Stacked needs an axis name for batch_axis, got {batch_axis!r}.")
+        check_options(microbatches, schedule, repeats, "Stacked", batch_axis=batch_axis)
         self.stacked = vmap(make, Layer, map_plain=True)(jax.random.split(key, Layer.size))
         self.Layer = Layer
         self.gradient_checkpointing = gradient_checkpointing
@@ -225,7 +223,10 @@ class Stacked(eqx.Module, Generic[M]):
             k: new.get(k, getattr(self, k))
             for k in ("microbatches", "schedule", "repeats", "batch_axis", "gradient_checkpointing")
         }
-        check_options(merged["microbatches"], merged["schedule"], merged["repeats"], "Stacked")
+        check_options(
+            merged["microbatches"], merged["schedule"], merged["repeats"], "Stacked",
+            batch_axis=merged["batch_axis"],
+        )  # fmt: skip
         check_gradient_checkpointing(merged["gradient_checkpointing"], "Stacked")
         out = copy.copy(self)
         for k, v in merged.items():
@@ -238,7 +239,9 @@ class Stacked(eqx.Module, Generic[M]):
         """Apply layers that return ``(x, y)``; returns ``(x, ys)``, ``ys`` stacked on ``Layer``.
 
         Pipelined, a ``y`` without the batch axis comes back once per microbatch: with a
-        ``microbatch`` axis after ``Layer`` (a plain array: as dimension 1)."""
+        ``microbatch`` axis after ``Layer`` (a plain array: as dimension 1); so such a ``y`` must
+        not have an axis named ``microbatch`` already (``DuplicateAxisError``). The input and
+        the arguments may have one: the pipeline's own microbatch axis is private."""
 
         def body(h: Any, xs: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             layer, k = xs
@@ -316,7 +319,8 @@ class Stacked(eqx.Module, Generic[M]):
 
     def pipeline_options(self) -> dict[str, Any]:
         """The runtime options the planner prices (``namedaxes.analysis.plan``): the layer axis's
-        name and size, ``microbatches`` (``None``: one per stage), ``schedule`` and ``repeats``.
+        name and size, ``microbatches`` (``None``: one per stage), ``schedule``, ``repeats`` and
+        ``batch_axis``.
 
         Example:
             >>> import jax
@@ -329,6 +333,7 @@ class Stacked(eqx.Module, Generic[M]):
         return {
             "layer": self.Layer.name, "layers": self.Layer.size,
             "microbatches": self.microbatches, "schedule": self.schedule, "repeats": self.repeats,
+            "batch_axis": self.batch_axis,
         }  # fmt: skip
 
     def unstacked(self) -> tuple[M, ...]:
