@@ -59,8 +59,6 @@ from .._array import NamedArray, is_named_array
 from .._axis import Axis
 from .._errors import (
     AxisNotFoundError,
-    AxisSizeError,
-    DuplicateAxisError,
     NamedTypeError,
     ShardingError,
     format_axes,
@@ -74,6 +72,14 @@ from .._partitioning._shard import constrain
 from .._spec import entry_axes, entry_of
 from ..analysis._pipeline_plan import pipeline_counts
 from ._common import mesh_entries
+from ._pipeline_microbatches import (
+    MICRO,
+    axis_placement,
+    merge_microbatches,
+    pick_microbatch,
+    split_microbatches,
+    take_microbatches,
+)
 from ._stacked_leaves import layer_dim, map_layers, plain_axes
 
 __all__ = ["PIPELINE_SCHEDULES", "SCHEDULES", "Pipeline", "pipeline_for", "run"]
@@ -82,11 +88,6 @@ SCHEDULES = ("gpipe", "1f1b", "circular")
 #: The pipeline schedules ``nn.Stacked(schedule=...)`` takes (see ``namedaxes.nn._pipeline``).
 PIPELINE_SCHEDULES = SCHEDULES
 
-# The microbatch axis the stack's batch is split into: a private name inside the pipeline, so
-# that inputs, arguments and ys may have an axis named "microbatch" of their own.
-_MICRO = "_pipeline_microbatch"
-# What ``Stacked.scan``'s ys without the batch axis call it when they come out.
-MICROBATCH = "microbatch"
 # The circular schedule's blocks per stage (inside the pipeline only).
 _REPEAT = "_pipeline_repeat"
 
@@ -175,21 +176,6 @@ def pipeline_for(
     return Pipeline(tuple(mesh_axes), p, m, schedule, repeats, batch_axis)
 
 
-def _placement(v: NamedArray) -> dict[str, tuple[str, ...]]:
-    """The mesh axes of each of ``v``'s axes (by name): by the mapping in force, and on an
-    Explicit mesh also by ``v``'s type (an array placed before it entered the mapping keeps that
-    layout until something reshards it)."""
-    found = mesh_entries(v)
-    out = {n: entry_axes(found[0].get(n)) if found is not None else () for n in v.axis_names}
-    mesh = context_mesh()
-    explicit = explicit_axes(mesh) if mesh is not None else frozenset()
-    if explicit:
-        spec = tuple(jax.typeof(v.array).sharding.spec) + (None,) * v.ndim
-        for n, e in zip(v.axis_names, spec):
-            out[n] += tuple(a for a in entry_axes(e) if a in explicit and a not in out[n])
-    return out
-
-
 def _check_stage_axes(
     pipe: Pipeline, Layer: Axis, operands: dict[str, Any], body_rules: Any
 ) -> None:
@@ -214,88 +200,10 @@ def _check_stage_axes(
                     )
 
 
-# -- splitting into microbatches and back -------------------------------------------------------
-
-
-def _split(x: Any, pipe: Pipeline, what: str) -> tuple[Any, list[bool]]:
-    """Each NamedArray leaf with the batch axis as ``(microbatch, ...)``; row ``b`` of the batch goes
-    to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part, so each
-    microbatch's rows must divide into the batch's shards). Also returns which leaves (as
-    ``jax.tree.leaves(..., is_leaf=is_named_array)`` lists them) were split: ``_pick`` and
-    ``_take`` go by that, never by an axis name."""
-    m, name = pipe.microbatches, pipe.batch_axis
-
-    def one(v: Any) -> Any:
-        if not isinstance(v, NamedArray) or not v.has_axis(name):
-            return v
-        size = v.axis_size(name)
-        if size % m:
-            raise AxisSizeError(
-                f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches, "
-                f"which do not divide it. Pass microbatches= a divisor of {size}."
-            )
-        placed = _placement(v)[name]
-        shards = math.prod(context_mesh().shape[a] for a in placed)
-        if (size // m) % shards:
-            raise AxisSizeError(
-                f"The pipeline splits {what}'s {name!r} axis (size {size}) into {m} microbatches "
-                f"of size {size // m}, but {name!r} is split over mesh axes {tuple(placed)!r} "
-                f"({shards} shards), so each microbatch needs a multiple of {shards} rows. Pass "
-                f"microbatches={max(size // shards, 1)} (the most that keep every shard busy) or "
-                f"a divisor of it, or a larger batch."
-            )
-        v = unflatten_axis(v, name, (Axis(name, size // m), Axis(_MICRO, m)))
-        return rearrange(v, (_MICRO, *(a for a in v.axis_names if a != _MICRO)))
-
-    split = [
-        isinstance(v, NamedArray) and v.has_axis(name)
-        for v in jax.tree.leaves(x, is_leaf=is_named_array)
-    ]
-    return jax.tree.map(one, x, is_leaf=is_named_array), split
-
-
-def _merge(x: Any, pipe: Pipeline) -> Any:
-    """The inverse of ``_split`` on the outputs; a ``ys`` leaf without the batch axis keeps the
-    microbatch axis, named ``microbatch``."""
-
-    def one(v: Any) -> Any:
-        if not isinstance(v, NamedArray) or not v.has_axis(_MICRO):
-            return v
-        names = [a for a in v.axis_names if a != _MICRO]
-        if pipe.batch_axis not in names:
-            if MICROBATCH in names:
-                stacked = format_axes(a for a in v.axes if a.name != _MICRO)
-                raise DuplicateAxisError(
-                    f"Stacked.scan pipelined gives each y without the {pipe.batch_axis!r} axis a "
-                    f"{MICROBATCH!r} axis (one entry per microbatch), but the layers returned a "
-                    f"y that already has one (stacked: NamedArray({stacked})). Rename that axis "
-                    f"of the y, or give the y the {pipe.batch_axis!r} axis."
-                )
-            return v.rename({_MICRO: MICROBATCH})
-        i = names.index(pipe.batch_axis)
-        v = rearrange(v, (*names[: i + 1], _MICRO, *names[i + 1 :]))
-        return flatten_axes(v, (pipe.batch_axis, _MICRO), pipe.batch_axis)
-
-    return jax.tree.map(one, x, is_leaf=is_named_array)
-
-
 def _describe(v: Any) -> str:
     if isinstance(v, NamedArray):
         return f"NamedArray({format_axes(v.axes)})"
     return f"{type(v).__name__} {getattr(v, 'shape', v)!r}"
-
-
-def _pick(x: Any, j: Any, split: list[bool]) -> Any:
-    """Microbatch ``j`` (traced) of every split leaf (``split``, from ``_split``); other leaves as
-    they are."""
-    leaves, treedef = jax.tree.flatten(x, is_leaf=is_named_array)
-    out = [
-        NamedArray(jax.lax.dynamic_index_in_dim(v.array, j, 0, keepdims=False), v.axes[1:])
-        if s
-        else v
-        for v, s in zip(leaves, split, strict=True)
-    ]
-    return jax.tree.unflatten(treedef, out)
 
 
 # -- the stage loop ------------------------------------------------------------------------------
@@ -403,8 +311,8 @@ def run(
         stacked = _circular_layout(stacked, name, pipe)
         if keys is not None:
             keys = _circular_keys(keys, pipe)
-    xs, x_split = _split(x, pipe, "the stack's input")
-    extra, e_split = _split((args, kwargs), pipe, "an argument of the stack")
+    xs, x_split = split_microbatches(x, pipe, "the stack's input")
+    extra, e_split = split_microbatches((args, kwargs), pipe, "an argument of the stack")
     carry = jax.tree.leaves(xs, is_leaf=is_named_array)
     unsplit = [v for v, s in zip(carry, x_split) if not s]
     if not carry or unsplit:
@@ -474,12 +382,12 @@ def run(
         call = jax.sharding.auto_axes(call, out_sharding=tuple(out_types))
     flat_out = call(*operands)
     out, ys = traced[-1][0](list(flat_out))
-    out = _merge(out, pipe)
+    out = merge_microbatches(out, pipe)
     if not with_ys:
         return out
     if pipe.repeats > 1:
         ys = _circular_layout(ys, name, pipe, inverse=True)
-    return out, _merge(ys, pipe)
+    return out, merge_microbatches(ys, pipe)
 
 
 def _input_placement(x: Any, explicit: frozenset[str]) -> dict[str, tuple[str, ...]]:
@@ -488,7 +396,7 @@ def _input_placement(x: Any, explicit: frozenset[str]) -> dict[str, tuple[str, .
     out: dict[str, tuple[str, ...]] = {}
     for v in jax.tree.leaves(x, is_leaf=is_named_array):
         if isinstance(v, NamedArray):
-            for n, axes in _placement(v).items():
+            for n, axes in axis_placement(v).items():
                 out.setdefault(n, tuple(a for a in axes if a in explicit))
     return out
 
@@ -552,12 +460,12 @@ def _loop(
         return map_layers(params, Layer.name, one), kb
 
     all_split = [True] * len(jax.tree.leaves(h_all, is_leaf=is_named_array))
-    first = _pick(h_all, 0, all_split)
+    first = pick_microbatch(h_all, 0, all_split)
     zeros = jax.tree.map(lambda a: jnp.zeros_like(a), first)
     circ = jax.tree.map(lambda a: jnp.zeros_like(a), h_all) if v > 1 else None
     # What stage 0 takes in at each tick: microbatch t mod m (from the input in the first round,
     # from the ring after that). A scan input, so that its gradient is one slice per tick.
-    feed = _take(h_all, [t % m for t in range(pipe.ticks)])
+    feed = take_microbatches(h_all, [t % m for t in range(pipe.ticks)])
     # 1f1b: a tick keeps only the stage's input; the backward pass recomputes one stage on one
     # microbatch and runs its backward at once (the stack's policy applies inside that recompute).
     run_stage = (
@@ -575,10 +483,10 @@ def _loop(
         kc = jnp.clip(k, 0, v * m - 1)
         j, r = kc % m, kc // m
         if v > 1:
-            fresh = _where(t < m, fresh, _pick(circ, t % m, all_split))
+            fresh = _where(t < m, fresh, pick_microbatch(circ, t % m, all_split))
         h = _where(s == 0, fresh, state)
         blk, kb = block(r)
-        h, y = run_stage(blk, kb, h, *_pick(extra, j, extra_split), j)
+        h, y = run_stage(blk, kb, h, *pick_microbatch(extra, j, extra_split), j)
         recv = jax.tree.map(lambda a: permute_blocks(a, pipe.axis, ring), h)
         if v > 1:
             # What the last stage sent at this tick reaches stage 0 and waits for its next round.
@@ -622,13 +530,6 @@ def _psum(a: jax.Array, axis: str) -> jax.Array:
     return jax.lax.psum(_cpu_wide(a), axis).astype(a.dtype)
 
 
-def _take(x: Any, index: list[int]) -> Any:
-    """The arrays of ``x``'s leaves (all split into microbatches: the stack's input) at the
-    (static) microbatch ``index`` list (a leading tick dimension; a scan input)."""
-    idx = jnp.asarray(index, jnp.int32)
-    return [jnp.take(v.array, idx, axis=0) for v in jax.tree.leaves(x, is_leaf=is_named_array)]
-
-
 def _named_like(arrays: list[Any], like: Any) -> Any:
     """``like`` (one microbatch's NamedArrays) with ``arrays`` in their place."""
     leaves, treedef = jax.tree.flatten(like, is_leaf=is_named_array)
@@ -653,9 +554,9 @@ def _ys_layout(y: Any, s: Any, pipe: Pipeline, name: str) -> Any:
     a = jax.lax.dynamic_slice_in_dim(y.array if named else y, s, v * m, axis=0)
     a = a.reshape(v, m, *a.shape[1:])
     axes = y.axes if named else plain_axes(a.shape[2:], name)
-    out = NamedArray(a, (Axis(_REPEAT, v), Axis(_MICRO, m), *axes))
-    rest = [n for n in out.axis_names if n not in (_REPEAT, _MICRO, name)]
-    out = flatten_axes(rearrange(out, (_REPEAT, name, _MICRO, *rest)), (_REPEAT, name), name)
+    out = NamedArray(a, (Axis(_REPEAT, v), Axis(MICRO, m), *axes))
+    rest = [n for n in out.axis_names if n not in (_REPEAT, MICRO, name)]
+    out = flatten_axes(rearrange(out, (_REPEAT, name, MICRO, *rest)), (_REPEAT, name), name)
     return out if named else out.array
 
 
