@@ -390,6 +390,18 @@ def test_python_scalars_into_a_jax_eval_shape_like(tmp_path, mesh_2x4):
     )
 
 
+def test_numpy_scalars_are_saved_as_0d_arrays(tmp_path):
+    """np.bool_ had no orbax handler (a bare ValueError mid-save); NumPy scalars save as 0-d
+    arrays and come back with their dtype."""
+    tree = {"flag": np.bool_(True), "lr": np.float32(0.5), "n": np.uint8(4)}
+    save(tmp_path / "c", tree)
+    out = restore(tmp_path / "c", tree)
+    assert {k: (v.dtype, v.item()) for k, v in out.items()} == {
+        "flag": (np.dtype(bool), True), "lr": (np.dtype("float32"), 0.5),
+        "n": (np.dtype("uint8"), 4),
+    }  # fmt: skip
+
+
 def test_eval_shape_like_under_the_context_mesh(tmp_path, mesh_2x4):
     """``restore`` and ``from_state_dict`` into an ``eqx.filter_eval_shape`` like built under
     ``jax.set_mesh``, no ``mesh=``: on Explicit meshes the like's shardings are on an abstract mesh,

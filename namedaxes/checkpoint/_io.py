@@ -117,7 +117,10 @@ def _why_not(p: Path) -> str:
 def _global(x: Any) -> Any:
     """In multi-process runs, an array held by one process alone (optax's step count made outside
     jit, say) is saved as NumPy from process 0: orbax refuses host-local jax.Arrays, and such a
-    value is the same on every process in a data-parallel program."""
+    value is the same on every process in a data-parallel program. A NumPy scalar is saved as a
+    0-d array (orbax has no handler for ``np.bool_``)."""
+    if isinstance(x, np.generic):
+        return np.asarray(x)
     if jax.process_count() > 1 and isinstance(x, jax.Array) and x.is_fully_addressable:
         return np.asarray(x)
     return x
