@@ -142,8 +142,16 @@ def test_restore_uses_the_mapping_and_mesh_in_force(tmp_path, mesh_2x4):
         out = restore(tmp_path / "c", like)
     assert out["x"].sharding == NamedSharding(mesh, P(None, "data"))
     assert out["layers"][0]["scale"].sharding == NamedSharding(mesh, P("data"))
-    # a concrete like's plain array keeps like's sharding (here: one device)
-    assert out["bias"].sharding == like["bias"].sharding == SingleDeviceSharding(jax.devices()[0])
+    # an uncommitted plain array (jnp.arange) carries no placement: replicated on the mesh in
+    # force, so the tree is on one device set (it came back committed to device 0 and a jit over
+    # the tree failed); one committed to a device keeps that placement
+    assert not like["bias"].committed
+    assert out["bias"].sharding == NamedSharding(mesh, P())
+    jax.jit(lambda b, x: (b.sum(), x.array.sum()))(out["bias"], out["x"])
+    pinned = {"bias": jax.device_put(like["bias"], jax.devices()[1])}
+    with jax.set_mesh(mesh):
+        kept = restore(tmp_path / "c", pinned)
+    assert kept["bias"].sharding == SingleDeviceSharding(jax.devices()[1])
 
 
 def test_like_axis_order_wins(tmp_path, mesh_2x4):

@@ -148,7 +148,8 @@ def placement(mapping: Any, mesh: Any, *, needs_rules: bool, caller: str = "rest
 def like_sharding(
     x: Any, key: str, mesh: Mesh | None = None, *, move: bool = False
 ) -> Sharding | None:
-    """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s).
+    """The sharding a ``like`` leaf carries (a concrete array's, or a ``ShapeDtypeStruct``'s); an
+    uncommitted array (made by ``jnp`` without ``device_put``) carries none.
 
     With ``move`` (``mesh`` was passed explicitly), a ``NamedSharding`` on any other mesh is read
     onto ``mesh`` with the same spec, and another sharding on devices other than ``mesh``'s (a
@@ -162,6 +163,10 @@ def like_sharding(
     """
     s = getattr(x, "sharding", None)
     if not isinstance(s, Sharding):
+        return None
+    if isinstance(x, jax.Array) and not x.committed and not isinstance(s, NamedSharding):
+        # A plain ``jnp.zeros(...)`` was never placed (JAX moves it freely); restoring it committed
+        # to its one device would split the tree over two device sets under a mesh in force.
         return None
     if move and mesh is not None and not isinstance(s, NamedSharding):
         # No spec to carry over: replicated on the mesh given, memory kind kept.
