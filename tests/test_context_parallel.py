@@ -664,3 +664,113 @@ def test_model_laid_out_by_its_ids_split_without_a_mapping(axis_type):
         got = jax.jit(lambda m, i, k: m(i, k))(m, i, k).array
     keep = np.asarray(mask.array)[..., None]
     np.testing.assert_allclose(np.where(keep, got, 0), np.where(keep, want, 0), atol=1e-5)
+
+
+# -- the zig-zag layout is read over the query's split ---------------------------------------------
+
+
+def test_model_lays_out_by_the_split_its_queries_have():
+    """Heads and position share `model`, heads first: the query's positions are not split
+    (`position` falls back to None), though the ids' are. The model laid out its ids over the
+    ids' 2 shards while attention ran unsplit on the permuted positions (wrong logits); it lays
+    out by the query's split, here none. (Values: one axis type; the refusal below takes both.)"""
+    cfg = CONFIG.replace(context_strategy="ring", context_balance="zigzag")
+    model = Transformer(cfg, key=jax.random.key(0))
+    ids = named(jax.random.randint(jax.random.key(1), (2, 16), 0, 64), ("batch", "position"))
+    want = model(ids).array
+    mapping = [(n, "model") for n in ("heads", "kv_heads", "mlp", "position")]
+    with jax.set_mesh(make_mesh((4, 2), ("data", "model"), AxisType.Auto)):
+        with na.axis_mapping(mapping + [("position", None)]):
+            got = jax.jit(lambda m, i: m(i), **FAST)(*na.shard((model, ids))).array
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_layout_over_unsplit_query_positions_is_refused(axis_type):
+    """context_layout="zigzag" with the query's positions not split (heads take the mesh axis
+    position's rule names) raised nothing and read a permuted sequence in order. With no mesh
+    the layout is over one shard: the identity, allowed."""
+    q, k, v = qkv(1, 16, 16, 2, 2, 4)
+    no_split = r"the query NamedArray\(batch=1, position=16, heads=2, head_dim=4\) does not have "
+    fix = r"Lay the inputs out by the query's split, namedaxes.nn.zigzag\(x, like=query\)"
+    mapping = [("heads", "model"), ("position", "model"), ("position", None)]
+    with jax.set_mesh(make_mesh((4, 2), ("data", "model"), axis_type)), na.axis_mapping(mapping):
+        with pytest.raises(
+            na.AttentionKernelError,
+            match=r"context_layout='zigzag'\): " + no_split + r"'position' split here \(it runs "
+            r"as P\(None, None, 'model', None\)\), so there are no context shards to "
+            r"read the layout over\. " + fix,
+        ):
+            na.nn.dot_product_attention(q, k, v, causal=True, context_layout="zigzag")
+    # with no mesh, zigzag() is the identity and the layout reads the inputs in order
+    in_order = na.nn.dot_product_attention(q, k, v, causal=True)
+    laid = na.nn.dot_product_attention(na.nn.zigzag(q), k, v, causal=True, context_layout="zigzag")
+    np.testing.assert_array_equal(laid.array, in_order.array)
+
+
+def test_attention_lays_out_its_default_positions_like_its_input(axis_type):
+    """nn.Attention(context_layout="zigzag") without positions: rotary took the laid-out tokens
+    at positions 0 .. n-1 in order (wrong values); the default positions follow the layout."""
+    E, H, D = na.Axis("embed", 8), na.Axis("heads", 2), na.Axis("head_dim", 4)
+    attn = na.nn.Attention(E, H, D, key=jax.random.key(0), rotary=na.nn.RotaryEmbedding(D))
+    x = na.random.normal(jax.random.key(1), {"batch": 1, "position": 16, "embed": 8})
+    want = attn(x).array
+    mapping = {"position": "context"}
+    with jax.set_mesh(make_mesh((2, 4), ("data", "context"), axis_type)):
+        with na.axis_mapping(mapping):
+            a, xs = na.shard((attn, x))
+            out = jax.jit(lambda a, x: a(na.nn.zigzag(x), context_layout="zigzag"), **FAST)(a, xs)
+            got = na.nn.zigzag(out, inverse=True)
+    np.testing.assert_allclose(got.array, want, atol=1e-5)
+
+
+def test_keys_laid_out_by_the_queries_split():
+    """Under the documented mapping (no rule for key_position) keys have no split of their own:
+    zigzag((k, v), "key_position") left them in order, and like=q found no key_position on q and
+    left them too; attention then read keys in order as zig-zag (wrong values). like_axis takes
+    the query's split of position; a like without the axis is refused. (Values, not placement:
+    one axis type.)"""
+    q, k, v = qkv(1, 16, 16, 2, 2, 4)
+    causal = jnp.arange(16)[None, :] <= jnp.arange(16)[:, None]
+    want = reference(q.array, k.array, v.array, causal[None, None], 0.5)
+    with jax.set_mesh(make_mesh((2, 4), ("data", "context"), AxisType.Explicit)):
+        with na.axis_mapping({"position": "context"}):
+            q, k, v = na.shard((q, k, v))
+            with pytest.raises(
+                na.AxisNotFoundError,
+                match=r"zigzag: like NamedArray\(batch=1, position=16, heads=2, head_dim=4\) has "
+                r"no axis 'key_position' whose split would lay out 'key_position'\. Available "
+                r"axes: 'batch', 'position', 'heads', 'head_dim'\. Name the axis to take the "
+                r"split from, e.g\. like_axis='position'",
+            ):
+                na.nn.zigzag((k, v), "key_position", like=q)
+            zk, zv = na.nn.zigzag((k, v), "key_position", like=q, like_axis="position")
+            out = na.nn.dot_product_attention(
+                na.nn.zigzag(q), zk, zv, causal=True, context_layout="zigzag"
+            )
+            got = na.nn.zigzag(out, inverse=True)
+    np.testing.assert_allclose(got.array, want, atol=1e-5)
+
+
+def test_general_path_refuses_context_parallelism():
+    """A value with another head size runs by named ops, which neither read a laid-out sequence
+    (a causal mask in order: wrong values) nor run a ring (silently not ringed)."""
+    q, k, _ = qkv(1, 16, 16, 2, 2, 4)
+    v = na.random.normal(jax.random.key(5), {"batch": 1, "key_position": 16, "heads": 2, "v": 6})
+    general = (
+        r"the value NamedArray\(batch=1, key_position=16, heads=2, v=6\) has other axes than "
+        r"the key NamedArray\(batch=1, key_position=16, heads=2, head_dim=4\), so attention runs "
+        r"by named ops, and only the kernel path does context parallelism\. Give the value the "
+        r"key's axes"
+    )
+    mapping = {"position": "context", "key_position": "context"}
+    with jax.set_mesh(make_mesh((2, 4), ("data", "context"), AxisType.Explicit)):
+        with na.axis_mapping(mapping):
+            q, k, v = na.shard((q, k, v))
+            with pytest.raises(na.AttentionKernelError, match=r"\(context_layout='zigzag'\): "):
+                na.nn.dot_product_attention(q, k, v, causal=True, context_layout="zigzag")
+            with pytest.raises(
+                na.AttentionKernelError, match=r"\(context_strategy='ring'\): " + general
+            ):
+                na.nn.dot_product_attention(q, k, v, causal=True, context_strategy="ring")
+            out = na.nn.dot_product_attention(q, k, v, causal=True)  # placed by XLA
+    assert out.axis_names == ("batch", "position", "heads", "v")

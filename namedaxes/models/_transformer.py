@@ -24,7 +24,7 @@ from .._ops.hof import fold
 from .._ops.shape import rename
 from .._partitioning._plan import tree_axis_names
 from ..nn._attention_kernels import preferred
-from ..nn._context_layout import context_shards
+from ..nn._context_layout import context_shards, lay_out
 from ..nn._context_parallel import strategy_for
 from ..nn._kv_cache import KEY_POSITION
 from ._config import TransformerConfig, runtime_options
@@ -474,10 +474,14 @@ class Transformer(eqx.Module):
             _check_like_ids(attention_mask, "attention_mask", ids)
         if positions is not None:
             _check_like_ids(positions, "positions", ids)
-        layout = None if cache is not None else self._context_layout(ids)
+        layout = split = None
+        if cache is None:
+            layout, split = self._context_layout(ids)
         if layout is not None:  # laid out once for all the layers: see _context_layout
-            # by the ids' split: default positions and a mask may be placed otherwise
-            ids, positions, attention_mask = nn.zigzag((ids, positions, attention_mask), like=ids)
+            # all alike: default positions and a mask may be placed otherwise than the ids
+            ids, positions, attention_mask = lay_out(
+                (ids, positions, attention_mask), pos.name, split
+            )
         if attention_mask is not None:
             key_mask = rename(attention_mask, {pos.name: KEY_POSITION})
         x = self.embed(ids)
@@ -496,27 +500,32 @@ class Transformer(eqx.Module):
         else:
             x = self.layers(x, **kw)
         x = self.final_norm(x)
-        return (x if layout is None else nn.zigzag(x, inverse=True)), cache, aux
+        return (x if layout is None else lay_out(x, pos.name, split, inverse=True)), cache, aux
 
-    def _context_layout(self, ids: NamedArray) -> str | None:
-        """``"zigzag"`` when the mapping splits ``position`` and attention will run a causal
-        ring balanced by ``config.context_balance``, else ``None``.
+    def _context_layout(self, ids: NamedArray) -> tuple[str | None, tuple[Any, int]]:
+        """``"zigzag"`` when attention's queries will have ``position`` split and it will run a
+        causal ring balanced by ``config.context_balance``, else ``None``; and that split (mesh
+        axes, shard count).
 
         Everything but attention works per position, so the model lays out its inputs (ids,
         positions, mask: integers and booleans) once and its hidden states back once, instead of
         every attention call moving its queries, keys, values and output in and out of the
-        layout (4 exchanges per layer, and 4 more backward). Attention takes the zig-zag layout
-        whatever strategy it runs, so a wrong guess of the strategy here costs time, not
-        correctness.
+        layout (4 exchanges per layer, and 4 more backward). Attention reads the layout over the
+        shards that split its query's positions, so the split is the query's (the ids' axes
+        with the heads and head size, resolved together: heads may take the mesh axis that
+        ``position``'s rule names), not the ids'. Attention takes the zig-zag layout whatever
+        strategy it runs, so a wrong guess of the strategy here costs time, not correctness.
         """
         cfg = self.config
-        _, shards = context_shards(ids, POSITION)
+        query = (cfg.axis("heads"), cfg.axis("head_dim"))
+        split = context_shards(ids, POSITION, beside=query)
+        shards = split[1]
         n = ids.axis_size(POSITION)
         if cfg.context_balance is None or shards == 1 or n % (2 * shards):
-            return None
+            return None, split
         fused = preferred() != "xla"
         strategy = strategy_for(cfg.context_strategy, n, shards, heads=cfg.num_heads, fused=fused)
-        return cfg.context_balance if strategy == "ring" else None
+        return (cfg.context_balance if strategy == "ring" else None), split
 
     def _cached_layers(
         self,

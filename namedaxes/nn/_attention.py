@@ -20,6 +20,7 @@ from .._ops._checks import is_static_int
 from .._ops.creation import arange
 from .._ops.shape import rename
 from ._common import expect_axes, place
+from ._context_layout import zigzag
 from ._context_parallel import BALANCES, STRATEGIES
 from ._dot_product_attention import dot_product_attention
 from ._kv_cache import KEY_POSITION, KVCache
@@ -302,8 +303,9 @@ class Attention(eqx.Module):
                 contiguous run of them per row (left or right padding); passed to the kernel.
                 With a cache, it marks ``x``'s positions and is kept in the cache's ``mask``.
             positions: Integer position ids for ``rotary``, with the ``position`` axis (e.g.
-                ``(batch, position)``); default ``0 .. n-1`` (with a cache, ``index ..
-                index + n - 1``).
+                ``(batch, position)``), in ``x``'s layout; default ``0 .. n-1`` (with a cache,
+                ``index .. index + n - 1``; with ``context_layout="zigzag"``, laid out so over
+                the shards that split the queries' positions).
             cache: A :class:`KVCache` (of this layer) to write to and attend over.
             context_layout: ``None`` (``x``'s positions are in order) or ``"zigzag"`` (``x``,
                 ``key_mask`` and ``positions`` are laid out by :func:`zigzag` over the context
@@ -325,8 +327,11 @@ class Attention(eqx.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
-            if positions is None:
-                positions = arange(pos) if cache is None else arange(pos) + cache.index
+            if positions is None and cache is not None:
+                positions = arange(pos) + cache.index
+            elif positions is None:  # laid out as x is, over the split attention reads
+                laid_out = context_layout == "zigzag"
+                positions = zigzag(arange(pos), pos.name, like=q) if laid_out else arange(pos)
             positions = expect_axes(positions, (pos,), "Attention", "positions")
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         k, v = rename(k, {pos.name: kpos.name}), rename(v, {pos.name: kpos.name})

@@ -22,20 +22,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from .._array import NamedArray, is_named_array
-from .._errors import AxisSizeError, format_axes, format_names
+from .._axis import Axis
+from .._errors import AxisNotFoundError, AxisSizeError, format_axes, format_names
+from .._logical._context import current_rules
 from .._mesh import context_mesh
 from .._partitioning._collectives import permute_blocks
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes
 from ._common import mesh_entries, spec_by_name
 
-__all__ = ["LAYOUTS", "Piece", "exchange", "from_sequence", "pieces", "to_sequence", "zigzag"]
+__all__ = [
+    "LAYOUTS",
+    "Piece",
+    "context_shards",
+    "exchange",
+    "from_sequence",
+    "lay_out",
+    "pieces",
+    "to_sequence",
+    "zigzag",
+]
 
 #: The layouts of a split sequence besides its order: ``None`` (in order) or these.
 LAYOUTS = ("zigzag",)
@@ -109,9 +122,19 @@ def pieces(zig: bool, block: int, shards: int, shard: Any) -> tuple[Piece, ...]:
     return Piece(0, h, shard * h), Piece(h, h, (2 * shards - 1 - shard) * h)
 
 
-def context_shards(x: NamedArray, axis: str) -> tuple[Any, int]:
+def context_shards(x: NamedArray, axis: str, *, beside: Sequence[Axis] = ()) -> tuple[Any, int]:
     """The mesh axes (a ``PartitionSpec`` entry) that split ``x``'s ``axis`` by the mapping in
-    force (else by its sharding on an Explicit mesh), and how many shards they make."""
+    force (else by its sharding on an Explicit mesh), and how many shards they make.
+
+    ``beside``: axes that the array attention splits has besides ``x``'s (the query's heads and
+    head size, where ``x`` is the token ids). Under a mapping they are resolved with ``x``'s, as
+    attention resolves its query: an axis ahead in the rules may take the mesh axis ``axis``'s
+    rule names, and then attention does not see ``axis`` split so.
+    """
+    extra = tuple(a for a in beside if not x.has_axis(a.name))
+    if extra and current_rules() is not None:  # the query's axes, resolved as attention does
+        axes = x.axes + extra
+        x = NamedArray(jax.ShapeDtypeStruct(tuple(a.size for a in axes), x.dtype), axes)
     entries = mesh_entries(x)
     entry = None if entries is None else entries[0].get(axis)
     if entry is None:
@@ -121,7 +144,12 @@ def context_shards(x: NamedArray, axis: str) -> tuple[Any, int]:
 
 
 def zigzag(
-    tree: Any, axis: str = "position", *, inverse: bool = False, like: NamedArray | None = None
+    tree: Any,
+    axis: str = "position",
+    *,
+    inverse: bool = False,
+    like: NamedArray | None = None,
+    like_axis: str | None = None,
 ) -> Any:
     """Every NamedArray of ``tree`` with ``axis`` laid out zig-zag over the shards that split it.
 
@@ -132,23 +160,31 @@ def zigzag(
     anything without ``axis``. It moves half of each shard's block to another shard (two
     ``ppermute`` s per array).
 
-    ``namedaxes.models.Transformer`` calls it once on its inputs and once, inverted, on its
-    outputs, and tells attention (``context_layout="zigzag"``) that the positions in between are
-    laid out so: see :func:`dot_product_attention`.
+    A layout is only read right over the shards it was made for: attention
+    (``context_layout="zigzag"``) reads it over the shards that split its *query*'s positions.
+    Keys and values follow the queries, so ``key_position`` needs no rule of its own, and then
+    has no split of its own: lay them out by the query's, ``zigzag((k, v), "key_position",
+    like=q, like_axis="position")``.
+
+    ``namedaxes.models.Transformer`` lays out its inputs once and its outputs back once (by the
+    split its attention's queries will have), and tells attention (``context_layout="zigzag"``)
+    that the positions in between are laid out so: see :func:`dot_product_attention`.
 
     Args:
         tree: A pytree of NamedArrays (other leaves pass through).
         axis: The sequence axis.
         inverse: Back from the zig-zag layout to the order.
-        like: A NamedArray whose split of ``axis`` lays out every array of ``tree`` (arrays that
-            go together, such as token ids and their positions and mask, must be permuted alike
-            even where some of them are not split so: replicated default positions on an
-            Explicit mesh). By default each array's own split decides.
+        like: A NamedArray whose split of ``like_axis`` lays out every array of ``tree`` (arrays
+            that go together, such as queries and their keys, or token ids and their positions
+            and mask, must be permuted alike even where some of them are not split so). By
+            default each array's own split of ``axis`` decides.
+        like_axis: The axis of ``like`` whose split to take; default ``axis``.
 
     Returns:
         ``tree`` with the permuted arrays.
 
     Raises:
+        AxisNotFoundError: if ``like`` lacks ``like_axis``.
         AxisSizeError: if a split ``axis`` does not cut into ``2c`` equal chunks.
 
     Example:
@@ -159,16 +195,35 @@ def zigzag(
         >>> with jax.set_mesh(mesh), na.axis_mapping({"position": "context"}):
         ...     z = na.nn.zigzag(x)
         ...     back = na.nn.zigzag(z, inverse=True)
+        ...     k = x.rename({"position": "key_position"})  # no rule: keys follow queries
+        ...     zk = na.nn.zigzag(k, "key_position", like=x, like_axis="position")
         >>> z.array, back.array
         (Array([0, 1, 6, 7, 2, 3, 4, 5], dtype=int32), Array([0, 1, 2, 3, 4, 5, 6, 7], dtype=int32))
+        >>> zk.array
+        Array([0, 1, 6, 7, 2, 3, 4, 5], dtype=int32)
     """
+    split = None
+    if like is not None:
+        from_axis = axis if like_axis is None else like_axis
+        if not like.has_axis(from_axis):
+            raise AxisNotFoundError(
+                f"zigzag: like NamedArray({format_axes(like.axes)}) has no axis {from_axis!r} "
+                f"whose split would lay out {axis!r}. Available axes: "
+                f"{format_names(like.axis_names)}. Name the axis to take the split from, e.g. "
+                f"like_axis='position' to lay out keys by the queries' split."
+            )
+        split = context_shards(like, from_axis)
+    return lay_out(tree, axis, split, inverse=inverse)
 
-    fixed = None if like is None else context_shards(like, axis)
+
+def lay_out(tree: Any, axis: str, split: tuple[Any, int] | None, *, inverse: bool = False) -> Any:
+    """``zigzag`` over ``split`` (mesh axes and their shard count, from ``context_shards``), or
+    each array's own split of ``axis`` when ``None``."""
 
     def one(x: Any) -> Any:
         if not isinstance(x, NamedArray) or not x.has_axis(axis):
             return x
-        entry, shards = context_shards(x, axis) if fixed is None else fixed
+        entry, shards = context_shards(x, axis) if split is None else split
         if shards == 1:
             return x
         size = x.axis_size(axis)

@@ -204,6 +204,19 @@ def _run_kernel(
     q, k, v = arrays[:3]
 
     placed = _kernel_specs(impl, layout, q, k, v, causal, options)
+    if options.layout is not None and placed is not None and placed.context is None:
+        # A layout is made over some shards: read over none, it is a permuted sequence. With no
+        # placement at all (no mesh), zigzag() left the inputs in order, and so reads them.
+        name = layout.position or "position"
+        spec = f" (it runs as {spec_by_name(q, placed.entries)})"
+        raise AttentionKernelError(
+            f"{_WHAT}(context_layout={options.layout!r}): the query "
+            f"NamedArray({format_axes(q.axes)}) does not have {name!r} split here{spec}, so "
+            "there are no context shards to read the layout over. Lay the inputs out by the "
+            "query's split, namedaxes.nn.zigzag(x, like=query) (another array's split of "
+            f"{name!r} may differ: a query axis ahead in the rules, such as the heads, may take "
+            "that mesh axis), or pass them in order (context_layout=None)."
+        )
     if placed is None:
         return _local_attention(impl, layout, scale, causal, window, None, None, *arrays)
 
@@ -227,6 +240,30 @@ def _general(
         scores = where(allowed, scores, float(jnp.finfo(scores.dtype).min))
     weights = softmax(scores, kpos).astype(v.dtype)
     return dot(weights, v, axis=kpos)
+
+
+def _general_refuses_context(
+    q: NamedArray, k: NamedArray, v: NamedArray, position: str, strategy: str | None,
+    layout: str | None,
+) -> None:  # fmt: skip
+    """The general path (named ops) neither reads a laid-out sequence nor exchanges keys by a
+    strategy: XLA places it by the mapping. Asking it for either raises."""
+    if layout is not None:
+        if mesh_entries(q) is None:  # no placement: zigzag() left the inputs in order
+            return
+        asked = f"context_layout={layout!r}"
+    else:
+        entries = mesh_entries(q) if strategy is not None and q.has_axis(position) else None
+        if entries is None or entries[0].get(position) is None:
+            return
+        asked = f"context_strategy={strategy!r}"
+    raise AttentionKernelError(
+        f"{_WHAT}({asked}): the value NamedArray({format_axes(v.axes)}) has other axes than the "
+        f"key NamedArray({format_axes(k.axes)}), so attention runs by named ops, and only the "
+        "kernel path does context parallelism. Give the value the key's axes (its head axis "
+        "too), or pass the positions in order with context_strategy=None and "
+        "context_layout=None."
+    )
 
 
 def _structural(position: Axis | None, kpos: Axis, offset: Any, window: int | None) -> NamedArray:
@@ -376,13 +413,19 @@ def dot_product_attention(
     inputs' split positions (queries, keys, values, ``key_mask``) are in that layout already
     (made by :func:`zigzag`, as ``namedaxes.models.Transformer`` does once for all its layers):
     nothing is moved, the output stays in it, and every strategy takes it; causal masks, windows
-    and offsets still use the positions in the sequence.
+    and offsets still use the positions in the sequence. The layout is read over the shards that
+    split the *query*'s positions, so lay the inputs out by that split (``zigzag(x,
+    like=query)``; keys ``zigzag((key, value), "key_position", like=query,
+    like_axis="position")``): on a mesh, a query whose positions are not split raises rather
+    than read a permuted sequence in order (with no mesh, ``zigzag`` is the identity). Only the kernel path does context parallelism: a value with
+    other axes than the key refuses ``context_layout``, and a ``context_strategy`` under split
+    query positions.
 
     Args:
         query: ``(..., position, heads..., head_dim)``; must not have ``key_position``.
         key: ``(..., key_position, heads or kv_heads, head_dim)``.
         value: Like ``key`` (the general XLA path also takes other value axes, e.g. another
-            head size).
+            head size, without context parallelism).
         head_axis: The feature axis contracted between query and key.
         key_position: The key position axis (softmax axis).
         position: The query position axis.
@@ -416,8 +459,9 @@ def dot_product_attention(
         AttentionKernelError: if ``implementation`` or a context option is unknown, names a
             kernel that cannot run here (with the reason: device, dtype, shapes or options), asks
             for a ring whose key positions do not split into equal blocks, for Ulysses with query
-            heads that do not split into the shards, or for a zig-zag layout the lengths cannot
-            have (or with ``mask=``).
+            heads that do not split into the shards, for a zig-zag layout the lengths cannot
+            have (or with ``mask=``, or query positions that are not split), or for context
+            parallelism on the general path (a value with other axes than the key).
 
     Example:
         >>> import namedaxes as na
@@ -492,6 +536,7 @@ def dot_product_attention(
 
     layout = classify(query, key, value, head, kpos_name, pos_name, heads_name)
     if layout is None:
+        _general_refuses_context(query, key, value, pos_name, context_strategy, context_layout)
         if implementation not in (None, "xla"):
             raise AttentionKernelError(
                 f"{_WHAT}(implementation={implementation!r}) cannot run: the value "
