@@ -1,5 +1,7 @@
 """nn.Precision: layers compute in the policy's dtypes; norms, softmax and loss stay in float32."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -321,6 +323,37 @@ def test_row_scaling_scales_each_token_and_channel():
     assert err["row"] < 0.07 < 0.1 < err["tensor"], err
 
 
+def test_float8_under_float16_keeps_the_scales_in_float32():
+    """float16 cannot hold the scales of small tensors: a gradient of 1e-4 has a scale of 2e-9
+    in e5m2, below float16's smallest number (6e-8). They stay float32 (the product in the
+    "output" form), so under compute=float16 the weight's gradient is the float32 one within
+    float8's rounding (it was zero), an all-zero input gives zeros (it gave NaN: 0 / 0), and the
+    matmuls still read float8."""
+    lin = na.nn.Linear(Embed, {"mlp": 8}, key=KEY, use_bias=False)
+    x = na.random.normal(jax.random.key(1), {"batch": 4, "embed": Embed.size})
+    policy = "compute=float16,matmul=float8"
+
+    def grad(policy, lin):
+        @na.nn.precision(policy)
+        def loss(lin):
+            return (lin(x).astype(jnp.float32).sum() * 1e-4).scalar()
+
+        return jax.grad(loss)(lin).weight
+
+    @jax.jit
+    def run(lin):
+        with na.nn.precision(policy):
+            zeros = lin(x * 0.0)
+        return grad(policy, lin), grad("compute=float32", lin), zeros
+
+    got, want, zeros = run(lin)
+    jaxpr = jax.make_jaxpr(functools.partial(grad, policy))(lin).jaxpr
+    assert got.dtype == jnp.float32 and float8_operands(jaxpr) == {"float8_e4m3fn", "float8_e5m2"}
+    assert float(abs(got - want).max().array) <= 0.1 * float(abs(want).max().array)  # 0.03
+    assert zeros.dtype == jnp.float16 and not bool(jnp.isnan(zeros.array).any())
+    assert float(abs(zeros.array).max()) == 0.0
+
+
 def test_float8_is_chosen_by_the_names_of_a_layers_axes():
     """By default the MLP-like layer goes to float8 and the output head (a vocab Linear, or the
     tied embedding) and a router stay in the compute dtype; matmul_rules move them either way."""
@@ -382,6 +415,48 @@ def test_a_float8_rule_that_names_no_layers_axis_is_refused_when_the_block_ends(
         assert [y.dtype for y in jax.eval_shape(both, x)] == [jnp.bfloat16] * 2
     with na.nn.precision(typo):
         pass  # no layer asked: nothing to check
+
+
+def test_float8_rules_are_checked_against_every_layer_that_asked_the_policy():
+    """No rule that did pick a layer is refused: (a) a function decorated with the policy, called
+    in a block of the same policy, leaves the check to that block, which counts its layers (the
+    head's 'vocab' was counted in the inner block only, and the inner block alone refused 'mlp');
+    (b) a jitted function whose trace a later block reuses asks nothing there, but its layers
+    asked when it was traced (a layer run eagerly beside it made the block refuse 'vocab'); (c) a
+    quantized layer asks the policy too (its narrow weight is not made float8), so 'mlp' -> False
+    names the quantized MLP. A rule naming no layer's axis is still refused."""
+    head = na.nn.Linear(Embed, Vocab, key=KEY, use_bias=False)
+    mlp = na.nn.Linear(Embed, {"mlp": 32}, key=KEY, use_bias=False)
+    x = na.ones({"batch": 2, "embed": Embed.size})
+    # policies of their own (the policies a check counts layers of are process-wide)
+    nested = na.nn.Precision(compute="float32", matmul="float8",
+                             matmul_rules=[("vocab", True), ("mlp", False)])  # fmt: skip
+    logits = na.nn.precision(nested)(lambda x: head(x))
+    with na.nn.precision(nested):  # (traced only: eval_shape)
+        jax.eval_shape(logits, x)  # the head alone: its block is inside one of the same policy
+        jax.eval_shape(mlp, x)
+
+    reused = na.nn.Precision(compute="float32", matmul="float8", matmul_rules={"vocab": True})
+    traces = []
+    step = jax.jit(lambda x: traces.append(1) or head(x))
+    with na.nn.precision(reused):
+        step(x)
+    with na.nn.precision(reused):
+        step(x)  # the trace reused
+        jax.eval_shape(mlp, x)
+    assert len(traces) == 1
+
+    quantized = eqx.tree_at(
+        lambda m: m.weight, mlp, na.nn.QuantizedArray.of(mlp.weight, "int8", contracted="embed")
+    )
+    kept = na.nn.Precision(compute="float32", matmul="float8", matmul_rules={"mlp": False})
+    both = lambda x: (quantized(x), head(x))  # noqa: E731
+    with na.nn.precision(kept):
+        jax.eval_shape(both, x)
+    typo = na.nn.Precision(compute="float32", matmul="float8", matmul_rules={"mpl": False})
+    with pytest.raises(na.AxisNotFoundError, match=r"the rule 'mpl' -> False \(did you mean"):
+        with na.nn.precision(typo):
+            jax.eval_shape(both, x)
 
 
 def test_float8_policy_parse_and_errors():

@@ -144,6 +144,121 @@ def test_quantized_weights_are_placed_by_the_models_mapping(mesh_2x4):
     np.testing.assert_allclose(np.asarray(logits.array), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "float8"])
+def test_a_float16_computation_scales_in_float32(fmt):
+    """Weights of 1e-5 have scales of 1e-7 to 1e-8, which float16 cannot hold (its smallest
+    normal number is 6e-5, its smallest 6e-8): under compute=float16 a quantized layer's dot
+    writes float32 and the float32 scales multiply it before the cast, so the result is the
+    dequantized weight's within float16's rounding (it was all zeros); dequantize(float16) is the
+    float32 weight rounded to float16."""
+    lin = na.nn.Linear(na.Axis("embed", 64), {"mlp": 8}, key=jax.random.key(0), use_bias=False)
+    weight = na.nn.QuantizedArray.of(lin.weight * 1e-5, fmt, contracted="embed")
+    small = eqx.tree_at(lambda m: m.weight, lin, weight)
+    x = na.random.normal(jax.random.key(1), {"batch": 4, "embed": 64})
+    want = na.dot(x, weight.dequantize(jnp.float32), axis="embed").array
+    with na.nn.precision("compute=float16"):
+        y = small(x)
+    assert y.dtype == jnp.float16
+    err = np.abs(np.asarray(y.array, np.float32) - want).max()
+    assert err <= 0.01 * np.abs(want).max()  # measured: 0.0012
+    half = weight.dequantize(jnp.float16).array
+    np.testing.assert_array_equal(half, weight.dequantize(jnp.float32).array.astype(jnp.float16))
+    assert bool((jnp.abs(half).max(0) > 0).all())  # no channel flushed to zero
+
+
+def test_quantized_experts_under_float16_scale_in_float32():
+    """A quantized MoE's dense dispatch dequantized its experts in float16: weights of 1e-5
+    lost their small channels (error 1.2e-5 on outputs of 2.3e-5); scaled in float32 it errs as
+    the same model with its weights dequantized beforehand does."""
+    moe = na.nn.MoE(
+        {"embed": 16}, na.Axis("experts", 4), {"expert_mlp": 8}, top_k=2,
+        key=jax.random.key(1), dispatch="dense",
+    )  # fmt: skip
+    moe = eqx.tree_at(lambda m: m.experts.up.weight, moe, moe.experts.up.weight * 1e-5)
+    small = models.quantize(moe, "int8")
+    plain = jax.tree.map(
+        lambda v: v.dequantize() if isinstance(v, na.nn.QuantizedArray) else v,
+        small, is_leaf=lambda v: isinstance(v, na.nn.QuantizedArray),
+    )  # fmt: skip
+    x = na.random.normal(jax.random.key(3), {"batch": 2, "position": 4, "embed": 16})
+    want = np.asarray(small(x)[0].array)
+    with na.nn.precision("compute=float16"):
+        got, ref = small(x)[0].array, plain(x)[0].array
+    err = np.abs(np.asarray(got, np.float32) - want).max()
+    assert err <= 2 * np.abs(np.asarray(ref, np.float32) - want).max() + 1e-9  # measured: equal
+
+
+def test_quantized_array_takes_a_name_and_refuses_what_it_cannot_hold():
+    """A bare axis name is one contracted axis (it was read letter by letter); a format that is
+    not a string, and a dtype to dequantize to that is not floating (int32 truncated the weight
+    to zeros, bool gave booleans), are refused, naming them."""
+    w = na.random.normal(jax.random.key(0), {"embed": 4, "mlp": 3})
+    q = na.nn.QuantizedArray.of(w, "int8", contracted="embed")
+    assert q.scale.axis_names == ("mlp",)
+    np.testing.assert_array_equal(
+        q.scale.array, na.nn.QuantizedArray.of(w, "int8", contracted=("embed",)).scale.array
+    )
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^QuantizedArray.of: the weight NamedArray\(float32, embed=4, mlp=3\) has no axis "
+        r"'embd' \(did you mean 'embed'\?\) to contract. Pass contracted= the axes the layer "
+        r"contracts, of 'embed', 'mlp'.$",
+    ):
+        na.nn.QuantizedArray.of(w, "int8", contracted="embd")
+    with pytest.raises(
+        na.QuantizationError,
+        match=r"^QuantizedArray.of: unknown format \['int8'\]. Pass one of 'int8', 'float8'",
+    ):
+        na.nn.QuantizedArray.of(w, ["int8"], contracted="embed")
+    for dtype, name in ((jnp.int32, "int32"), ("bool", "bool")):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^QuantizedArray.dequantize needs a floating dtype, got {name}. Pass e.g.",
+        ):
+            q.dequantize(dtype)
+
+
+def test_a_quantize_that_would_pick_nothing_is_refused():
+    """A tree without layers, or whose layers the default rules all keep (a head alone), came
+    back unchanged without a word; rules that decide against every layer themselves still
+    return it unchanged."""
+    w = na.random.normal(jax.random.key(0), {"embed": 4, "mlp": 3})
+    with pytest.raises(
+        na.QuantizationError,
+        match=r"^quantize: the dict holds no nn.Linear or nn.Embedding, so there is nothing to "
+        r"quantize. Pass a model or a pytree of namedaxes.nn layers.$",
+    ):
+        models.quantize({"w": w}, "int8")
+    head = na.nn.Linear({"embed": 4}, {"vocab": 8}, key=jax.random.key(0))
+    with pytest.raises(
+        na.QuantizationError,
+        match=r"^quantize: the rules pick none of the model's layers, whose axes are 'embed', "
+        r"'vocab', so it would come back unchanged. Add a rule that picks one \(e.g. "
+        r"rules=\{'vocab': True\} for an output head\).$",
+    ):
+        models.quantize(head, "int8")
+    assert models.quantize(head, "int8", rules=[("*", False)]) is head
+    assert isinstance(models.quantize(head, "int8", rules={"vocab": True}).weight,
+                      na.nn.QuantizedArray)  # fmt: skip
+
+
+def test_quantized_array_of_places_the_scales_by_the_mapping(mesh_2x4):
+    """With a mapping in force the scales are placed as resolve places them (as shard and the
+    layers that read them do): here 'mlp' takes 'data' on the scales, which the weight's 'embed'
+    holds on the weight. Without one they take the weight's entries of their axes. The values
+    keep the weight's sharding either way."""
+    mapping = [("embed", "data"), ("mlp", "data"), ("mlp", None)]
+    with jax.set_mesh(mesh_2x4), na.axis_mapping(mapping):
+        lin = na.shard(na.nn.Linear({"embed": 16}, {"mlp": 8}, key=jax.random.key(0)))
+        q = na.nn.QuantizedArray.of(lin.weight, "int8", contracted="embed")
+        assert spec_of(lin.weight) == spec_of(q.values) == P("data")
+        assert spec_of(q.scale) == spec_of(na.shard(q).scale) == P("data")
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"mlp": "model"}):
+        w = na.shard(lin.weight)
+    q = na.nn.QuantizedArray.of(w, "int8", contracted="embed")
+    assert spec_of(q.values) == P(None, "model") and spec_of(q.scale) == P("model")
+
+
 def test_what_a_quantized_model_refuses_and_keeps():
     model = load("llama")
     small = models.quantize(model, "int8")

@@ -39,17 +39,20 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
     Weight-only quantization: each picked weight becomes a :class:`~namedaxes.nn.QuantizedArray`,
     ``int8`` (symmetric, rounded) or ``float8`` (e4m3) values with one float32 scale per output
     channel (per slice over the axes the layer contracts; stacked layers get one per layer too),
-    named like the weight and placed like it (a model loaded onto a mesh stays placed by its
-    mapping). Layers read the narrow values (converted to the compute dtype where they multiply;
-    a mixture of experts' grouped kernel converts them tile by tile) and scale the products, so
-    the model runs, and :func:`generate` decodes, as before, with a quarter (from float32) or
-    half (from bfloat16) of the weight bytes. ``model`` itself is not changed: keep
-    it for :func:`save_hf`, which refuses a quantized model.
+    named like the weight. The values keep the weight's sharding (a model loaded onto a mesh stays
+    placed by its mapping); the scales are placed by the mapping in force, as layers read them,
+    else by the weight's entries of their axes (:meth:`~namedaxes.nn.QuantizedArray.of`). Layers
+    read the narrow values (converted to the compute dtype where they multiply; a mixture of
+    experts' grouped kernel converts them tile by tile) and scale the products, so the model
+    runs, and :func:`generate` decodes, as before, with a quarter (from float32) or half (from
+    bfloat16) of the weight bytes. ``model`` itself is not changed: keep it for :func:`save_hf`,
+    which refuses a quantized model.
 
     Which layers: those the rules pick by the names of their matmul's axes, as for float8
     matmuls: ``rules`` first, then ``namedaxes.nn.MATMUL_RULES`` (by default every ``Linear``
-    but the output head, the router and a shared-expert gate; ``{"vocab": True}`` adds the head,
-    tied or not, and with it the embedding table).
+    but the output head, the router and a shared-expert gate). An ``Embedding`` is a layer named
+    ``vocab`` and ``embed``: ``{"vocab": True}`` adds the head and every embedding table, the
+    input embedding of an untied model too (its lookups read it dequantized).
 
     Args:
         model: A :class:`Transformer`, or any pytree of ``namedaxes.nn`` layers.
@@ -61,9 +64,12 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
         The quantized model (the arrays of the layers left alone are shared, not copied).
 
     Raises:
-        QuantizationError: for an unknown format, a model that is already quantized, or a rule
+        QuantizationError: for an unknown format, a model that is already quantized, a rule
             whose name (other than ``"*"``) is no axis of any of the model's layers (named, with
-            the closest axis name and the layers' axes).
+            the closest axis name and the layers' axes), or a model of which the rules pick no
+            layer (none at all, or only layers the defaults keep, such as an output head alone),
+            which would come back unchanged; ``rules`` that themselves decide against every
+            layer (``[("*", False)]``) return it unchanged.
         NamedTypeError: for a rule that is not ``(name, bool)``.
 
     Example:
@@ -94,7 +100,7 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
             "(quantize returns a new model and leaves its argument as it was)."
         )
 
-    _check_rules_match(rules, model)
+    _check_what_is_picked(rules, model)
 
     def one(node: Any) -> Any:
         if not _layer(node):
@@ -108,10 +114,17 @@ def quantize(model: Any, format: str, *, rules: Any = None) -> Any:  # noqa: A00
     return jax.tree.map(one, model, is_leaf=_layer)
 
 
-def _check_rules_match(rules: tuple[tuple[str, bool], ...], model: Any) -> None:
-    """Refuse a rule that names no axis of any layer: it would pick nothing, silently."""
-    layers = [x for x in jax.tree.leaves(model, is_leaf=_layer) if _layer(x)]
-    names = {name for layer in layers for name in _names(layer)[0]}
+def _check_what_is_picked(rules: tuple[tuple[str, bool], ...], model: Any) -> None:
+    """Refuse a rule that names no axis of any layer (it would pick nothing, silently), and a call
+    that would quantize nothing: a tree without layers, or layers none of which the rules pick
+    unless ``rules`` themselves decide against every one (an explicit opt-out)."""
+    layers = [_names(x)[0] for x in jax.tree.leaves(model, is_leaf=_layer) if _layer(x)]
+    if not layers:
+        raise QuantizationError(
+            f"quantize: the {type(model).__name__} holds no nn.Linear or nn.Embedding, so there "
+            "is nothing to quantize. Pass a model or a pytree of namedaxes.nn layers."
+        )
+    names = {name for layer in layers for name in layer}
     for name, yes in rules:
         if name != "*" and name not in names:
             raise QuantizationError(
@@ -119,3 +132,10 @@ def _check_rules_match(rules: tuple[tuple[str, bool], ...], model: Any) -> None:
                 f"axis of the model's layers, whose axes are {format_names(sorted(names))}, so it "
                 "would pick nothing. Name an axis the layers have (or drop the rule)."
             )
+    decided = lambda layer: any(n == "*" or n in layer for n, _ in rules)  # noqa: E731
+    if not any(picks(rules, layer) for layer in layers) and not all(map(decided, layers)):
+        raise QuantizationError(
+            f"quantize: the rules pick none of the model's layers, whose axes are "
+            f"{format_names(sorted(names))}, so it would come back unchanged. Add a rule that "
+            "picks one (e.g. rules={'vocab': True} for an output head)."
+        )

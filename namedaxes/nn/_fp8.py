@@ -8,7 +8,8 @@ XLA's GEMM rewriter turns into cuBLASLt float8 GEMMs on Hopper GPUs (``TENSOR_FO
 - ``"operands"`` (the default, tensor scaling): each float8 operand converted to the compute
   dtype and multiplied by its scale, a value of the compute dtype, before a plain ``dot``. The
   rewriter takes the scales as the GEMM's operand scales and the GEMM writes the compute dtype.
-  This is the form flax's float8 ops write.
+  This is the form flax's float8 ops write. A float16 computation cannot hold the scales (those
+  of gradients and small weights are below its smallest number): it takes the ``"output"`` form.
 - ``"output"``: a ``dot`` of the float8 operands with a float32 result
   (``preferred_element_type``), multiplied by the product of the scales. The rewriter folds the
   scales in too, but the GEMM writes float32, which a second pass reads to cast: for the 1b model
@@ -38,7 +39,7 @@ from .._partitioning._held import held_placed
 from .._partitioning._shard import auto_sharded
 from ._common import param
 from ._precision import current_precision
-from ._quantized import QuantizedArray, quantize
+from ._quantized import QuantizedArray, quantize, scaling_dtype
 
 __all__ = ["E4M3", "E5M2", "fp8_dot", "matmul"]
 
@@ -53,11 +54,17 @@ def _scaled(
     out_dtype: Any, out_axes: Sequence[str],
 ) -> NamedArray:  # fmt: skip
     """``a . b`` over ``axis`` from their float8 values and scales, scaled back, in ``out_dtype``."""
-    if sa.ndim == 0 and sb.ndim == 0 and TENSOR_FORM == "operands":
+    if sa.ndim == 0 and sb.ndim == 0 and _operands_form(False, out_dtype):
         da, db = (q.astype(out_dtype) * s.astype(out_dtype) for q, s in ((qa, sa), (qb, sb)))
         return dot(da, db, axis=axis, out_axes=out_axes)
     y = dot(qa, qb, axis=axis, preferred_element_type=F32, out_axes=out_axes)
     return (y * (sa * sb)).astype(out_dtype)
+
+
+def _operands_form(row: bool, dtype: Any) -> bool:
+    """Whether a product in ``dtype`` takes the "operands" form: tensor scaling, with scales that
+    ``dtype`` holds (not float16's: ``scaling_dtype``); else the "output" form, float32 scales."""
+    return not row and TENSOR_FORM == "operands" and scaling_dtype(dtype) == jnp.dtype(dtype)
 
 
 def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any, dtype: Any) -> Any:
@@ -66,7 +73,7 @@ def _quantized(a: NamedArray, axis: tuple[str, ...], row: bool, fmt: Any, dtype:
     product's), and XLA takes that scale as the GEMM's: it is a ``dtype`` value, so that the GEMM
     scales by exactly what the operand was quantized with."""
     keep = [n for n in a.axis_names if n not in axis] if row else ()
-    return quantize(a, keep, fmt, dtype if not row and TENSOR_FORM == "operands" else None)
+    return quantize(a, keep, fmt, dtype if _operands_form(row, dtype) else None)
 
 
 def _gathered(w: NamedArray, axis: tuple[str, ...], row: bool, dtype: Any) -> Any:
@@ -151,13 +158,20 @@ def matmul(x: NamedArray, w: Any, axis: tuple[str, ...]) -> NamedArray:
     an FSDP gather); a :class:`QuantizedArray` as its narrow values, scaled after the ``dot``;
     else :func:`param`'s weight (compute dtype, placed) and a plain ``dot``."""
     policy = current_precision()
-    if isinstance(w, NamedArray) and policy.float8(w.axis_names):
+    # Every layer asks the policy, a quantized one too (already narrow: the answer is not used),
+    # so that the block checks its rules against every layer that ran.
+    float8 = isinstance(w, (NamedArray, QuantizedArray)) and policy.float8(w.axis_names)
+    if isinstance(w, NamedArray) and float8:
         return fp8_dot(x, w, tuple(axis), policy.scaling == "row", policy.compute)
     if isinstance(w, QuantizedArray) and not set(w.scale.axis_names) & set(axis):
         # Narrow weights (inference): the dot reads the narrow values, only converted (the operand
         # a mixed-dtype GEMM fuses), and the per-channel scales, on output axes, multiply its
-        # result instead of the whole weight.
+        # result instead of the whole weight; in float32 where the compute dtype cannot hold
+        # them (float16), with the dot's result in float32 too (float8's 448s overflow float16).
         dtype = policy.compute or w.dtype
+        out = jnp.promote_types(x.dtype, dtype)
+        wide = scaling_dtype(out)
         values, scale = w.placed()
-        return dot(x, values.astype(dtype), axis=axis) * scale.astype(dtype)
+        y = dot(x, values.astype(dtype), axis=axis, preferred_element_type=wide)
+        return (y * scale.astype(wide)).astype(out)
     return dot(x, param(w), axis=axis)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ._fp8 import E4M3, E5M2
-from ._quantized import quantize_array
+from ._quantized import quantize_array, scaling_dtype
 
 __all__ = ["Float8", "float8_product"]
 
@@ -63,13 +63,16 @@ def _but(axes: tuple[str, ...], drop: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _narrow(x: jax.Array, reduce: tuple[int, ...], fmt: Any, across: tuple[str, ...]) -> Any:
-    """``x`` in ``fmt`` and its scale (a value of ``x``'s dtype, so that scaling by it in that
-    dtype is exact), one per slice along ``reduce`` (all axes: one)."""
+    """``x`` in ``fmt`` and its scale (a value of ``x``'s :func:`scaling_dtype`, so that scaling
+    by it in that dtype is exact), one per slice along ``reduce`` (all axes: one)."""
     return quantize_array(x, reduce, fmt, x.dtype, across)
 
 
 def _wide(q: jax.Array, scale: jax.Array, dtype: Any) -> jax.Array:
-    return q.astype(dtype) * scale.astype(dtype)
+    """``q`` scaled back, in ``dtype``: the product taken in :func:`scaling_dtype` (float32 for
+    float16, which cannot hold small scales; the scaled values it can)."""
+    wide = scaling_dtype(dtype)
+    return (q.astype(wide) * scale.astype(wide)).astype(dtype)
 
 
 def _all(x: jax.Array) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ from .._spec import entry_of
 from ..kernels import grouped_matmul
 from ..kernels._grouped_matmul import reads_narrow, scaled_grouped_matmul
 from ._fp8_experts import Float8, float8_product
+from ._quantized import scaling_dtype
 
 __all__ = ["Narrow", "Placement", "Routing", "local_moe"]
 
@@ -77,10 +78,12 @@ Weights = tuple[Any, Any, Any]
 
 
 def _dequantized(w: Any, dtype: Any) -> Any:
-    """A weight as one array of ``dtype`` (a :class:`Narrow` one scaled)."""
+    """A weight as one array of ``dtype`` (a :class:`Narrow` one scaled, in float32 where
+    ``dtype`` cannot hold the scales: float16 flushed small channels to zero)."""
     if not isinstance(w, Narrow):
         return w
-    return w.values.astype(dtype) * w.scale[:, None, :].astype(dtype)
+    wide = scaling_dtype(dtype)
+    return (w.values.astype(wide) * w.scale[:, None, :].astype(wide)).astype(dtype)
 
 
 def narrow_experts_available(dtype: Any) -> bool:

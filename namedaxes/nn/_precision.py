@@ -71,7 +71,9 @@ naming one of them decides; a layer no rule names stays in the compute dtype. Th
 stay; the attention projections (``heads``, ``kv_heads``), MLPs (``mlp``, ``shared_mlp``,
 ``expert_mlp``: the routed experts' products are named like each expert's ``Linear``s) and any
 other ``embed`` projection go. Norms, embedding lookups and attention
-scores are not layers' matmuls: they never go."""
+scores are not layers' matmuls: they never run in float8. ``models.quantize``, which stores weights,
+takes an ``Embedding``'s table as a layer named ``vocab`` and ``embed``, so ``{"vocab": True}``
+stores every embedding table narrow too (the lookup reads it dequantized)."""
 
 
 def as_rules(rules: Any, what: str) -> tuple[tuple[str, bool], ...]:
@@ -274,17 +276,19 @@ class Precision:
     def float8(self, names: Any) -> bool:
         """Whether a layer whose matmul has the axes ``names`` runs it in float8 here.
 
-        Layers ask the policy in force; while it is in force (a :func:`precision` block) their
-        names are what the block checks ``matmul_rules`` against when it ends.
+        Layers ask the policy in force (a :func:`precision` block); their names are what the
+        block checks ``matmul_rules`` against when it ends.
 
         Example:
             >>> p = Precision(compute="bfloat16", matmul="float8")
             >>> p.float8(("embed", "mlp")), p.float8(("embed", "vocab"))
             (True, False)
         """
-        seen = _SEEN.get()
-        if seen is not None and seen[0] is self:
-            seen[1].update(names)
+        if self.matmul_rules:
+            _EVER.setdefault(self, set()).update(names)
+            for policy, seen in _SEEN.get():  # every open block of this policy: nested ones too
+                if policy == self:
+                    seen.update(names)
         return self.matmul == "float8" and picks(self.matmul_rules, names)
 
     def cast_to_param(self, tree: Any) -> Any:
@@ -337,11 +341,15 @@ _POLICY: contextvars.ContextVar[Precision] = contextvars.ContextVar(
 # so a function traced under one policy is traced again under another (per thread, following the
 # `with` blocks run in it, like JAX's own contexts).
 _TRACE_KEY = jax.make_user_context(None)
-# The policy of the innermost `precision` block and the axis names of the layers that asked it
-# (Precision.float8) while in force: the rules are checked against them when the block ends.
-_SEEN: contextvars.ContextVar[tuple[Precision, set[str]] | None] = contextvars.ContextVar(
-    "namedaxes_precision_seen", default=None
+# The open `precision` blocks (outermost first), each with the axis names of the layers that
+# asked its policy (Precision.float8) while it was open: whether a block's rules are checked.
+_SEEN: contextvars.ContextVar[tuple[tuple[Precision, set[str]], ...]] = contextvars.ContextVar(
+    "namedaxes_precision_seen", default=()
 )
+# Per policy with rules, the axis names of every layer that ever asked it: what a block's rules are
+# checked against. A jitted function whose trace a later block reuses asks nothing there; its
+# layers asked when it was traced, under an equal policy (the policy is part of the trace key).
+_EVER: dict[Precision, set[str]] = {}
 
 
 def as_precision(policy: Precision | str | None) -> Precision:
@@ -381,10 +389,13 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
     traces by, so a jitted function called under another policy is traced again (and the trace
     of each policy reused). ``None`` turns a policy off.
 
-    When the block ends, each of the policy's ``matmul_rules`` (but ``"*"``) must have named an
-    axis of some layer that asked the policy in it, as ``models.quantize`` checks its rules
-    against the model's layers: a rule that names none (a typo) would pick nothing. A block in
-    which no layer asked (a jitted function's trace reused) checks nothing.
+    When a block in which layers ran (or were traced) ends, each of the policy's
+    ``matmul_rules`` (but ``"*"``) must name an axis of some layer that has asked the policy, in
+    this block or an earlier one (a jitted function whose trace is reused asks nothing: its layers
+    asked when it was traced), as ``models.quantize`` checks its rules against the model's
+    layers: a rule that names none (a typo) would pick nothing. A block inside another of the
+    same policy (a decorated function called in a ``with`` block) leaves the check to the outer
+    one, which counts its layers too. A block in which no layer asked checks nothing.
 
     Args:
         policy: A :class:`Precision`, a string for :meth:`Precision.parse`, or ``None``.
@@ -392,7 +403,7 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
     Raises:
         NamedTypeError: if ``policy`` is none of these.
         AxisNotFoundError: when the block ends, for a rule of ``matmul_rules`` that names no axis
-            of the layers that ran (or were traced) in it, with the closest name.
+            of the layers that asked the policy, with the closest name.
 
     Example:
         >>> import jax
@@ -405,28 +416,30 @@ def precision(policy: Precision | str | None) -> Iterator[Precision]:
     """
     policy = as_precision(policy)
     seen: set[str] = set()
-    token, seen_token = _POLICY.set(policy), _SEEN.set((policy, seen))
+    outer = _SEEN.get()
+    nested = any(p == policy for p, _ in outer)  # the outer block of this policy checks
+    token, seen_token = _POLICY.set(policy), _SEEN.set((*outer, (policy, seen)))
     try:
         with _TRACE_KEY(None if policy == _NONE else policy):
             yield policy
     finally:
         _SEEN.reset(seen_token)
         _POLICY.reset(token)
-    _check_rules_matched(policy, seen)  # only when the block ended without an error
+    if seen and not nested:  # only when the block ended without an error
+        _check_rules_matched(policy)
 
 
-def _check_rules_matched(policy: Precision, seen: set[str]) -> None:
-    """Refuse a rule that named no axis of the layers that asked ``policy`` (``seen``): it picked
-    nothing, silently. Nothing seen (no layer ran, or a reused trace): nothing to check."""
-    if not seen:
-        return
+def _check_rules_matched(policy: Precision) -> None:
+    """Refuse a rule that named no axis of the layers that have asked ``policy``: it picked
+    nothing, silently."""
+    seen = sorted(_EVER.get(policy, ()))
     for name, yes in policy.matmul_rules:
         if name != "*" and name not in seen:
             raise AxisNotFoundError(
                 f"Precision matmul_rules: the rule {name!r} -> {yes}"
-                f"{did_you_mean(name, sorted(seen))} names no axis of the layers that ran under "
-                f"the policy, whose matmuls' axes are {format_names(sorted(seen))}, so it picked "
-                "nothing. Name an axis the layers have (or drop the rule)."
+                f"{did_you_mean(name, seen)} names no axis of the layers that ran under the "
+                f"policy, whose matmuls' axes are {format_names(seen)}, so it picked nothing. "
+                "Name an axis the layers have (or drop the rule)."
             )
 
 

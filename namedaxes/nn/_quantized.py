@@ -13,10 +13,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import NamedTypeError, QuantizationError
+from .._errors import NamedTypeError, QuantizationError, did_you_mean, format_names
+from .._logical._context import current_rules
 from .._partitioning._shard import auto_sharded
+from ._precision import float_dtype
 
-__all__ = ["FORMATS", "QuantizedArray", "quantize", "quantize_array"]
+__all__ = ["FORMATS", "QuantizedArray", "quantize", "quantize_array", "scaling_dtype"]
 
 F32 = jnp.dtype(jnp.float32)
 #: The storage formats of :meth:`QuantizedArray.of` by name.
@@ -27,13 +29,29 @@ FORMATS = {
 }
 
 
+def scaling_dtype(dtype: Any) -> jnp.dtype:
+    """The dtype scales are held and applied in for a computation in ``dtype``: ``dtype`` itself
+    where it has float32's exponent range (bfloat16, float32, float64), else float32. A float16
+    cannot hold them: the scale of a tensor whose largest value is below ~4e-3 (a gradient, small
+    weights) is below float16's smallest number, 6e-8, and would round to zero.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> scaling_dtype(jnp.bfloat16), scaling_dtype(jnp.float16)
+        (dtype(bfloat16), dtype('float32'))
+    """
+    dtype = jnp.dtype(dtype)
+    return dtype if jnp.finfo(dtype).minexp <= jnp.finfo(F32).minexp else F32
+
+
 def quantize(
     x: NamedArray, keep: Sequence[str], dtype: Any, scale_dtype: Any = None
 ) -> tuple[NamedArray, NamedArray]:
     """``(x / scale in dtype, scale)``: the scale (float32) has the axes ``keep`` (none: one for
     the tensor) and maps each slice's absolute maximum to the format's largest value (127 for
     int8, rounded to the nearest integer; 448 for float8 e4m3). With ``scale_dtype`` the scale is
-    a value of that dtype (rounded to it first), so that scaling in that dtype scales by it."""
+    a value of ``scaling_dtype(scale_dtype)`` (rounded to it first), so that scaling in that dtype
+    scales by it; a float16 ``scale_dtype`` keeps float32 scales, which float16 cannot hold."""
     reduce = tuple(i for i, n in enumerate(x.axis_names) if n not in keep)
     values, scale = quantize_array(x.array, reduce, dtype, scale_dtype)
     kept = tuple(a for i, a in enumerate(x.axes) if i not in reduce)
@@ -57,7 +75,7 @@ def quantize_array(
     # may be flushed to zero).
     scale = jnp.maximum(amax / top, float(jnp.finfo(F32).tiny))
     if scale_dtype is not None:  # the largest value may land a rounding past `top`: clipped
-        scale = scale.astype(scale_dtype).astype(F32)
+        scale = scale.astype(scaling_dtype(scale_dtype)).astype(F32)
     scaled = x.astype(F32) / scale
     # Rounding in the division can step past `top`, which e4m3fn would turn into NaN.
     scaled = jnp.clip(jnp.round(scaled) if integer else scaled, -top, top)
@@ -73,10 +91,11 @@ class QuantizedArray(eqx.Module):
     output channels: ``values * scale`` is the weight. ``models.quantize`` makes them.
 
     Layers read it where they read any parameter (``nn``'s ``param``): the values and the scales
-    are placed by the mapping in force (so an FSDP gather moves the narrow bytes) and multiplied
-    in the policy's compute dtype (else :attr:`dtype`, the weight's own), so the matmul runs as
-    before, on the dequantized weight. Both arrays are named like the weight (the scales have
-    its axes but the contracted ones), so a mapping places them like every other parameter.
+    are placed by the mapping in force (so an FSDP gather moves the narrow bytes); a matmul
+    converts the values to the policy's compute dtype (else :attr:`dtype`, the weight's own) and
+    multiplies its result by the scales, in float32 where the compute dtype cannot hold them
+    (float16: :func:`scaling_dtype`). Both arrays are named like the weight (the scales have its
+    axes but the contracted ones), so a mapping places them like every other parameter.
 
     Attributes:
         values: The weight's axes, in ``int8`` or ``float8_e4m3fn``.
@@ -87,7 +106,7 @@ class QuantizedArray(eqx.Module):
         >>> import jax
         >>> import namedaxes as na
         >>> w = na.random.normal(jax.random.key(0), {"embed": 4, "mlp": 3})
-        >>> q = na.nn.QuantizedArray.of(w, "int8", contracted=("embed",))
+        >>> q = na.nn.QuantizedArray.of(w, "int8", contracted="embed")
         >>> q.values, q.scale
         (NamedArray(int8, embed=4, mlp=3), NamedArray(float32, mlp=3))
         >>> bool((abs(q.dequantize() - w) <= q.scale / 2 + 1e-6).all())
@@ -99,40 +118,54 @@ class QuantizedArray(eqx.Module):
     dtype: Any = eqx.field(static=True)
 
     @classmethod
-    def of(cls, weight: NamedArray, format: str, *, contracted: Sequence[str]) -> QuantizedArray:  # noqa: A002
+    def of(
+        cls,
+        weight: NamedArray,
+        format: str,  # noqa: A002 - the word
+        *,
+        contracted: str | Sequence[str],
+    ) -> QuantizedArray:
         """``weight`` in ``format`` (``"int8"``, ``"float8"``), one scale per slice over the
-        ``contracted`` axes (per output channel), each array placed like the weight (its
-        ``NamedSharding``'s entries, by name).
+        ``contracted`` axes (an axis name or several; per output channel). A weight placed on a
+        mesh keeps its sharding in the values; the scales are placed as ``resolve`` places them
+        by the mapping in force (as :func:`~namedaxes.shard` would), or with no mapping in force
+        by the weight's entries of their axes.
 
         Raises:
-            QuantizationError: for an unknown format.
+            QuantizationError: for a format that is not one of the names of :data:`FORMATS`.
             NamedTypeError: for a weight that is not a floating NamedArray, or a contracted axis
                 the weight lacks.
         """
-        if format not in FORMATS:
+        if not isinstance(format, str) or format not in FORMATS:
             raise QuantizationError(
-                f"Unknown quantized format {format!r}. Known: {', '.join(map(repr, FORMATS))}."
+                f"QuantizedArray.of: unknown format {format!r}. Pass one of "
+                f"{', '.join(map(repr, FORMATS))}."
             )
         if not isinstance(weight, NamedArray) or not jnp.issubdtype(weight.dtype, jnp.floating):
             raise NamedTypeError(
                 f"QuantizedArray.of needs a floating NamedArray weight, got {weight!r}."
             )
+        contracted = (contracted,) if isinstance(contracted, str) else tuple(contracted)
         missing = [n for n in contracted if not weight.has_axis(n)]
         if missing:
             raise NamedTypeError(
-                f"QuantizedArray.of: the weight NamedArray{weight.axes} has no axis {missing[0]!r} "
-                "to contract."
+                f"QuantizedArray.of: the weight {weight!r} has no axis {missing[0]!r}"
+                f"{did_you_mean(missing[0], weight.axis_names)} to contract. Pass contracted= "
+                f"the axes the layer contracts, of {format_names(weight.axis_names)}."
             )
         keep = tuple(n for n in weight.axis_names if n not in contracted)
         values, scale = _quantize_jit(weight, keep, FORMATS[format])
         sharding = getattr(weight.array, "sharding", None)
         if isinstance(sharding, NamedSharding) and not isinstance(weight.array, jax.core.Tracer):
-            entries = dict(zip(weight.axis_names, tuple(sharding.spec) + (None,) * weight.ndim))
-            spec = PartitionSpec(*(entries[n] for n in scale.axis_names))
             values = NamedArray(jax.device_put(values.array, sharding), values.axes)
-            scale = NamedArray(
-                jax.device_put(scale.array, NamedSharding(sharding.mesh, spec)), scale.axes
-            )
+            if current_rules() is not None:  # where layers (and shard) place it: no move there
+                scale = auto_sharded(scale, sharding.mesh)
+            else:
+                entries = dict(zip(weight.axis_names, tuple(sharding.spec) + (None,) * weight.ndim))
+                spec = PartitionSpec(*(entries[n] for n in scale.axis_names))
+                scale = NamedArray(
+                    jax.device_put(scale.array, NamedSharding(sharding.mesh, spec)), scale.axes
+                )
         return cls(values, scale, weight.dtype)
 
     @property
@@ -147,10 +180,17 @@ class QuantizedArray(eqx.Module):
 
     def dequantize(self, dtype: Any = None) -> NamedArray:
         """The weight, ``values * scale`` in ``dtype`` (default :attr:`dtype`), the two arrays
-        placed by the mapping in force first."""
-        dtype = self.dtype if dtype is None else dtype
+        placed by the mapping in force first. The product is taken in :func:`scaling_dtype`
+        (float32 for a float16 ``dtype``, whose range cannot hold small scales), then cast.
+
+        Raises:
+            NamedTypeError: for a ``dtype`` that is not a floating dtype.
+        """
+        what = "QuantizedArray.dequantize"
+        dtype = self.dtype if dtype is None else float_dtype(dtype, f"{what}: ", f"{what} needs")
+        wide = scaling_dtype(dtype)
         values, scale = self.placed()
-        return auto_sharded(values.astype(dtype) * scale.astype(dtype))
+        return auto_sharded((values.astype(wide) * scale.astype(wide)).astype(dtype))
 
     def placed(self) -> tuple[NamedArray, NamedArray]:
         """``(values, scale)``, each placed by the mapping in force (the narrow values are what an
