@@ -311,8 +311,10 @@ def run(
         stacked = _circular_layout(stacked, name, pipe)
         if keys is not None:
             keys = _circular_keys(keys, pipe)
-    xs, x_split = split_microbatches(x, pipe, "the stack's input")
-    extra, e_split = split_microbatches((args, kwargs), pipe, "an argument of the stack")
+    xs, x_split = split_microbatches(x, pipe.microbatches, pipe.batch_axis, "the stack's input")
+    extra, e_split = split_microbatches(
+        (args, kwargs), pipe.microbatches, pipe.batch_axis, "an argument of the stack"
+    )
     carry = jax.tree.leaves(xs, is_leaf=is_named_array)
     unsplit = [v for v, s in zip(carry, x_split) if not s]
     if not carry or unsplit:
@@ -382,12 +384,12 @@ def run(
         call = jax.sharding.auto_axes(call, out_sharding=tuple(out_types))
     flat_out = call(*operands)
     out, ys = traced[-1][0](list(flat_out))
-    out = merge_microbatches(out, pipe)
+    out = merge_microbatches(out, pipe.batch_axis)
     if not with_ys:
         return out
     if pipe.repeats > 1:
         ys = _circular_layout(ys, name, pipe, inverse=True)
-    return out, merge_microbatches(ys, pipe)
+    return out, merge_microbatches(ys, pipe.batch_axis)
 
 
 def _input_placement(x: Any, explicit: frozenset[str]) -> dict[str, tuple[str, ...]]:

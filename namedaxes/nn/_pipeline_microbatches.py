@@ -10,7 +10,7 @@ axis named ``microbatch`` of their own; which leaves were split is tracked (a li
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +22,6 @@ from .._mesh import context_mesh, explicit_axes
 from .._ops.shape import flatten_axes, rearrange, unflatten_axis
 from .._spec import entry_axes
 from ._common import mesh_entries
-
-if TYPE_CHECKING:
-    from ._pipeline import Pipeline
 
 # The microbatch axis the stack's batch is split into: a private name inside the pipeline, so
 # that inputs, arguments and ys may have an axis named "microbatch" of their own.
@@ -48,13 +45,12 @@ def axis_placement(v: NamedArray) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def split_microbatches(x: Any, pipe: Pipeline, what: str) -> tuple[Any, list[bool]]:
-    """Each NamedArray leaf with the batch axis as ``(microbatch, ...)``; row ``b`` of the batch
-    goes to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part, so each
+def split_microbatches(x: Any, m: int, name: str, what: str) -> tuple[Any, list[bool]]:
+    """Each NamedArray leaf with the batch axis ``name`` as ``(microbatch, ...)``; row ``b`` of the
+    batch goes to microbatch ``b mod m`` (the batch's mesh placement stays on its outer part, so each
     microbatch's rows must divide into the batch's shards). Also returns which leaves (as
     ``jax.tree.leaves(..., is_leaf=is_named_array)`` lists them) were split: ``pick_microbatch``
     and ``take_microbatches`` go by that, never by an axis name."""
-    m, name = pipe.microbatches, pipe.batch_axis
 
     def one(v: Any) -> Any:
         if not isinstance(v, NamedArray) or not v.has_axis(name):
@@ -85,7 +81,7 @@ def split_microbatches(x: Any, pipe: Pipeline, what: str) -> tuple[Any, list[boo
     return jax.tree.map(one, x, is_leaf=is_named_array), split
 
 
-def merge_microbatches(x: Any, pipe: Pipeline) -> Any:
+def merge_microbatches(x: Any, batch_axis: str) -> Any:
     """The inverse of ``split_microbatches`` on the outputs; a ``ys`` leaf without the batch axis
     keeps the microbatch axis, named ``microbatch``."""
 
@@ -93,19 +89,19 @@ def merge_microbatches(x: Any, pipe: Pipeline) -> Any:
         if not isinstance(v, NamedArray) or not v.has_axis(MICRO):
             return v
         names = [a for a in v.axis_names if a != MICRO]
-        if pipe.batch_axis not in names:
+        if batch_axis not in names:
             if MICROBATCH in names:
                 stacked = format_axes(a for a in v.axes if a.name != MICRO)
                 raise DuplicateAxisError(
-                    f"Stacked.scan pipelined gives each y without the {pipe.batch_axis!r} axis a "
+                    f"Stacked.scan pipelined gives each y without the {batch_axis!r} axis a "
                     f"{MICROBATCH!r} axis (one entry per microbatch), but the layers returned a "
                     f"y that already has one (stacked: NamedArray({stacked})). Rename that axis "
-                    f"of the y, or give the y the {pipe.batch_axis!r} axis."
+                    f"of the y, or give the y the {batch_axis!r} axis."
                 )
             return v.rename({MICRO: MICROBATCH})
-        i = names.index(pipe.batch_axis)
+        i = names.index(batch_axis)
         v = rearrange(v, (*names[: i + 1], MICRO, *names[i + 1 :]))
-        return flatten_axes(v, (pipe.batch_axis, MICRO), pipe.batch_axis)
+        return flatten_axes(v, (batch_axis, MICRO), batch_axis)
 
     return jax.tree.map(one, x, is_leaf=is_named_array)
 
