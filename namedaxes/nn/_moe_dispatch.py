@@ -202,16 +202,26 @@ def _ffn_dense(x: jax.Array, combine: jax.Array, w: Weights, r: Routing, p: Plac
     return jnp.einsum("teh,te->th", out, combine.astype(out.dtype))
 
 
+def _kept(rows: jax.Array, keep: jax.Array) -> jax.Array:
+    """``rows`` with those not in ``keep`` zero. The products ignore them (their weight is zero,
+    or the grouped products' sizes leave them out), but float8's scales would see them: zeroed,
+    padding and dropped choices change no scale, as they never reach the capacity slots or the
+    expert-parallel exchange (a sharded layer computes with the unsharded one's scales, and every
+    dispatch with the same row scales)."""
+    return jnp.where(keep[:, None], rows, jnp.zeros((), rows.dtype))
+
+
 def _sizes(keys: jax.Array, n: int) -> jax.Array:
     """How many of ``keys`` equal each of ``0 .. n-1`` (a key ``n`` counts nowhere)."""
     return jnp.zeros((n + 1,), jnp.int32).at[keys].add(1)[:n]
 
 
 def _dense(
-    x: jax.Array, weights: jax.Array, ids: jax.Array,
+    x: jax.Array, weights: jax.Array, ids: jax.Array, keep: jax.Array,
     w: Weights, r: Routing, p: Placement,
 ) -> jax.Array:  # fmt: skip
     t = x.shape[0]
+    x = _kept(x, jnp.any(keep, axis=1))  # padding, and tokens whose every choice was dropped
     combine = jnp.zeros((t, r.experts), F32).at[jnp.arange(t)[:, None], ids].add(weights)
     if p.split:  # the group's tokens, from the devices that split them
         x = jax.lax.all_gather(x, entry_of(p.split), axis=0, tiled=True)
@@ -234,7 +244,8 @@ def _ragged_local(
     key = jnp.where(keep, ids, r.experts).reshape(-1)
     order = jnp.argsort(key, stable=True)
     token = order // k
-    out = _ffn_ragged(x[token], _sizes(key, r.experts), w, r, p)
+    rows = _kept(x[token], keep.reshape(-1)[order])
+    out = _ffn_ragged(rows, _sizes(key, r.experts), w, r, p)
     contrib = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
     return jnp.zeros_like(x).at[token].add(contrib)
 
@@ -409,7 +420,7 @@ def local_moe(
     weights, ids, keep, position, stats = route(x, router, mask, r)
     stats = tuple(_psum(s, p.tokens) for s in stats)  # type: ignore[assignment]
     if r.dispatch == "dense":
-        y = _dense(x, weights, ids, w, r, p)
+        y = _dense(x, weights, ids, keep, w, r, p)
     elif r.dispatch == "capacity":
         y = _capacity(x, weights, ids, keep, cast(jax.Array, position), w, r, p)
     elif p.ep:
