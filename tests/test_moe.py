@@ -484,3 +484,49 @@ def test_router_stats_find_the_experts_axis_by_name():
         na.nn.RouterStats(
             stats[0].counts, stats[0].probs, na.named(jnp.asarray(4.0), ())
         ).load_balancing_loss()
+    # tokens over an axis the counts lack (the loss was a silent 0.5), or plain arrays
+    # (AttributeError), are refused
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=re.escape(
+            "counts NamedArray(experts=4) must have the axes of tokens NamedArray(layer=2)"
+        ),
+    ):
+        na.nn.RouterStats(
+            na.named(jnp.full(4, 2.0), "experts"), na.named(jnp.full(4, 1.0), "experts"), tokens
+        ).load_balancing_loss()
+    with pytest.raises(
+        na.NamedTypeError,
+        match=re.escape("RouterStats: counts must be a NamedArray, got ArrayImpl of shape (4,)"),
+    ):
+        na.nn.RouterStats(
+            jnp.full(4, 2.0), jnp.full(4, 1.0), jnp.asarray(4.0)
+        ).load_balancing_loss()
+
+
+@pytest.mark.parametrize("dispatch", ["dense", "ragged", "grouped", "capacity"])
+def test_inputs_and_parameters_of_other_dtypes_promote_on_every_dispatch(dispatch):
+    """Without a precision policy the experts compute in the input's and parameters' dtypes
+    promoted, as Linear does: under JAX's standard promotion every dispatch gives float32 for a
+    bfloat16 input and float32 parameters (and the reverse), the values of the input (or
+    parameters) cast up first ("ragged" gave bfloat16 off by 0.015, "grouped" raised
+    KernelError); under strict promotion (the tests') every dispatch refuses them as Linear
+    does."""
+    f32 = lambda tree: jax.tree.map(  # noqa: E731
+        lambda a: a.astype(jnp.float32) if eqx.is_inexact_array(a) else a, tree
+    )
+    cf = 2.0 if dispatch == "capacity" else None
+    moe = build(dispatch=dispatch, capacity_factor=cf)
+    narrow_moe = build(dispatch=dispatch, capacity_factor=cf, dtype=jnp.bfloat16)
+    narrow_x = X.astype(jnp.bfloat16)
+    for (m, x), (wide_m, wide_x) in (
+        ((moe, narrow_x), (moe, f32(narrow_x))),
+        ((narrow_moe, X), (f32(narrow_moe), X)),
+    ):
+        with jax.numpy_dtype_promotion("standard"):
+            y, _ = run(m, x)
+        want, _ = run(wide_m, wide_x)
+        assert y.dtype == want.dtype == jnp.float32
+        np.testing.assert_allclose(y.array, want.array, atol=1e-6)
+        with pytest.raises(jax.dtypes.TypePromotionError, match="bfloat16"):
+            m(x)

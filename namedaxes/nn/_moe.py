@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, cast
@@ -113,6 +114,11 @@ class RouterStats(eqx.Module):
         Returns:
             A float32 scalar.
 
+        Raises:
+            NamedTypeError: if a field is not a NamedArray.
+            AxisNotFoundError: unless ``counts`` and ``probs`` have the axes of ``tokens`` and
+                one more, the experts.
+
         Example:
             >>> import jax.numpy as jnp
             >>> import namedaxes as na
@@ -133,15 +139,30 @@ class RouterStats(eqx.Module):
 
     def _experts_axis(self) -> Axis:
         """The experts axis, by name: the one axis of ``counts`` that ``tokens`` lacks (the
-        statistics may be stacked over layers, in any axis order)."""
+        statistics may be stacked over layers, in any axis order); the errors of
+        :meth:`load_balancing_loss`."""
+        for field in ("counts", "probs", "tokens"):
+            value = getattr(self, field)
+            if not isinstance(value, NamedArray):
+                example = "()" if field == "tokens" else "'experts'"
+                raise NamedTypeError(
+                    f"RouterStats: {field} must be a NamedArray, got {type(value).__name__} of "
+                    f"shape {jnp.shape(value)}. Name its axes as MoE does, e.g. "
+                    f"na.named({field}, {example})."
+                )
         own = [a for a in self.counts.axes if not self.tokens.has_axis(a.name)]
-        if len(own) != 1 or set(self.probs.axis_names) != set(self.counts.axis_names):
+        others = set(self.counts.axis_names) - {a.name for a in own}
+        if (
+            len(own) != 1
+            or set(self.tokens.axis_names) != others
+            or set(self.probs.axis_names) != set(self.counts.axis_names)
+        ):
             raise AxisNotFoundError(
-                f"RouterStats: counts NamedArray({format_axes(self.counts.axes)}) must have "
-                f"exactly one axis (the experts) that tokens NamedArray"
-                f"({format_axes(self.tokens.axes)}) lacks, and probs NamedArray"
-                f"({format_axes(self.probs.axes)}) the axes of counts. Build them as MoE does: "
-                "counts and probs over (..., experts), tokens over the same other axes."
+                f"RouterStats: counts NamedArray({format_axes(self.counts.axes)}) must have the "
+                f"axes of tokens NamedArray({format_axes(self.tokens.axes)}) and exactly one "
+                f"more (the experts), and probs NamedArray({format_axes(self.probs.axes)}) the "
+                "axes of counts. Build them as MoE does: counts and probs over (..., experts), "
+                "tokens over the same other axes."
             )
         return own[0]
 
@@ -183,7 +204,8 @@ class MoE(eqx.Module):
     backend (:func:`auto_dispatch`): ``"capacity"`` with a ``capacity_factor``; else ``"grouped"``
     on Hopper GPUs for 16-bit compute, ``"dense"`` on CPUs (where XLA computes ``ragged_dot`` as
     a masked dense product, ``top_k`` times the dense work), ``"ragged"`` elsewhere. All give the
-    same values and drop the same choices.
+    same values and drop the same choices, in the input's and the experts' dtypes promoted (as
+    ``Linear`` does).
 
     Under a precision policy with ``matmul="float8"`` the experts' products run in float8 when
     the rules pick the names of each expert's ``Linear``s (``Embed`` and ``Hidden``; by default
@@ -353,13 +375,21 @@ class MoE(eqx.Module):
             tokens.sort(key=lambda a: (a.name == self.position, a.name))
         mask = _mask(where, tokens)
         xc = rearrange(compute(x), [a.name for a in tokens] + list(embed))
+        gate = None if self.experts.gate is None else self.experts.gate.weight
+        experts = (gate, self.experts.up.weight, self.experts.down.weight)
+        # The experts compute in the input's and their weights' dtypes promoted, as Linear's dot
+        # does (every dispatch alike; the grouped kernels take one dtype).
+        dtype = functools.reduce(
+            jnp.promote_types, (_compute_dtype(w) for w in experts if w is not None), xc.dtype
+        )
         weights = (
             param(self.router.weight),
-            None if self.experts.gate is None else self._read(self.experts.gate.weight, "gate"),
-            self._read(self.experts.up.weight, "up"),
-            self._read(self.experts.down.weight, "down"),
+            *(
+                None if w is None else self._read(w, kind, dtype)
+                for w, kind in zip(experts, ("gate", "up", "down"))
+            ),
         )
-        y, counts, probs, count = self._run(xc, mask, weights, tokens)
+        y, counts, probs, count = self._run(_cast(xc, dtype), mask, weights, tokens)
         y = rearrange(y, x.axis_names)
         if self.shared is not None:
             s = self.shared(x)
@@ -368,14 +398,15 @@ class MoE(eqx.Module):
             y = y + s
         return output(y), RouterStats(counts, probs, count)
 
-    def _read(self, w: Any, kind: str) -> Any:
-        """An expert weight where the layer uses it (``param``), or a quantized one with scales
-        per expert and output column (``models.quantize``) as its placed values and scales,
-        which the experts' products read narrow (``_moe_dispatch.Narrow``)."""
+    def _read(self, w: Any, kind: str, dtype: Any) -> Any:
+        """An expert weight where the layer uses it (``param``) in ``dtype``, or a quantized one
+        with scales per expert and output column (``models.quantize``) as its placed values and
+        scales, which the experts' products read narrow (``_moe_dispatch.Narrow``: scaled in the
+        rows' dtype)."""
         contracted = {a.name for a in (self.Hidden if kind == "down" else self.Embed)}
         if isinstance(w, QuantizedArray) and not set(w.scale.axis_names) & contracted:
             return Narrow(*w.placed())
-        return param(w)
+        return _cast(param(w), dtype)
 
     def _routing(self, tokens: list[Axis], dtype: Any) -> Routing:
         dispatch = self.dispatch
@@ -522,6 +553,16 @@ class MoE(eqx.Module):
         by_name = [spec(v) for v in (x, mask, *weights[1:])]
         specs = (by_name[0], by_name[1], router, *by_name[2:])
         return placement, specs
+
+
+def _compute_dtype(w: Any) -> Any:
+    """The dtype ``param`` gives a weight (a quantized one: the dtype it dequantizes to)."""
+    compute = current_precision().compute
+    return jnp.dtype(w.dtype if compute is None else compute)
+
+
+def _cast(x: NamedArray, dtype: Any) -> NamedArray:
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def _size(w: NamedArray, names: list[str]) -> int:
