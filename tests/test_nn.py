@@ -904,6 +904,23 @@ def test_rotary_embedding_is_a_complex_rotation():
     close(yt.rearrange(("batch", "position", "heads", "head_dim")).array[1], y.array)
 
 
+def test_rotary_embedding_with_head_dim_split_finer_than_its_halves(mesh_2x4):
+    """head_dim=4 over model=4: the halves (2) do not divide into 4 shards; Auto gathers, and
+    Explicit raised JAX's ShardingTypeError from the slice. Both rotate as unsharded, and the
+    result keeps x's placement."""
+    from jax.sharding import PartitionSpec as P
+
+    D = Axis("head_dim", 4)
+    rope = na.nn.RotaryEmbedding(D)
+    x = data(Axis("batch", 2), Axis("position", 4), D)
+    pos = na.arange(Axis("position", 4))
+    mapping = {"batch": "data", "head_dim": "model"}
+    with jax.set_mesh(mesh_2x4):
+        y = na.named_jit(rope, axis_resources=mapping)(na.shard(x, mapping), pos)
+    close(y.array, rope(x, pos).array)
+    assert y.sharding.spec == P("data", None, "model")
+
+
 def test_rope_scaling_frequencies():
     D = Axis("head_dim", 16)
     default = np.asarray(na.nn.RotaryEmbedding(D).inverse_frequencies())

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import LayerError, NamedTypeError, format_axes
+from .._ops._common import explicit_sharding, unshard_dims
+from .._spec import entry_axes
 from ._common import expect_axes, place
 
 __all__ = ["RopeScaling", "RotaryEmbedding"]
@@ -289,7 +291,22 @@ class RotaryEmbedding(eqx.Module):
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
         i = x.axis_index(self.HeadDim.name)
         half = self.HeadDim.size // 2
-        first = jax.lax.slice_in_dim(x.array, 0, half, axis=i)
-        second = jax.lax.slice_in_dim(x.array, half, 2 * half, axis=i)
+        halves = _halves_splittable(x.array, i, half)
+        first = jax.lax.slice_in_dim(halves, 0, half, axis=i)
+        second = jax.lax.slice_in_dim(halves, half, 2 * half, axis=i)
         rotated = NamedArray(jnp.concatenate([-second, first], axis=i), x.axes)
         return x * cos + rotated * sin
+
+
+def _halves_splittable(array: jax.Array, dim: int, half: int) -> jax.Array:
+    """``array`` with ``dim`` (``head_dim``) replicated when it is split over Explicit mesh axes
+    into more shards than ``half`` divides into: JAX refuses to slice such a dimension there,
+    where XLA gathers it on Auto meshes (``head_dim=4`` over 4 devices). A split the halves
+    divide into is kept."""
+    info = explicit_sharding(array)
+    if info is None or info[1][dim] is None:
+        return array
+    mesh, entries = info
+    if half % math.prod(mesh.shape[a] for a in entry_axes(entries[dim])) == 0:
+        return array
+    return unshard_dims(array, [dim])
