@@ -338,7 +338,11 @@ def test_pipeline_errors_name_the_fix(axis_type):
         with pytest.raises(na.ShardingError, match="also places 'batch' on them"):
             _stack()(jnp.zeros(()) + x)
     with jax.set_mesh(mesh), na.axis_mapping({"layer": "stage"}):
-        with pytest.raises(na.AxisNotFoundError, match=r"got NamedArray\(position=2, embed=8\)"):
+        with pytest.raises(
+            na.AxisNotFoundError,
+            match=r"got NamedArray\(position=2, embed=8\)\. Give the input a 'batch' axis \(a "
+            r"models\.Transformer's ids: name their batch axis 'batch'\), or pass batch_axis=",
+        ):
             _stack()(x["batch", 0])
     with pytest.raises(na.NamedTypeError, match="Stacked: unknown pipeline schedule 'zigzag'"):
         _stack(schedule="zigzag")

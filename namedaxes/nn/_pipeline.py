@@ -322,7 +322,8 @@ def run(
         raise AxisNotFoundError(
             f"The pipeline splits the stack's input into microbatches along {pipe.batch_axis!r}: "
             f"each leaf of the input must be a NamedArray with that axis, got {got}. Give the "
-            "input a batch axis, or pass batch_axis= to the Stacked."
+            f"input a {pipe.batch_axis!r} axis (a models.Transformer's ids: name their batch axis "
+            f"{pipe.batch_axis!r}), or pass batch_axis= to the Stacked (Stacked.with_pipeline)."
         )
 
     p_arrays, p_rebuild = _arrays(stacked)
