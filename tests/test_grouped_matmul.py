@@ -160,6 +160,19 @@ def test_the_kernels_lower_to_valid_triton_for_gpus(monkeypatch):
     assert verified_triton_modules(monkeypatch, jax.grad(loss, (0, 1)), lhs, rhs) == (3, [])
 
 
+@pytest.mark.parametrize(
+    "lhs,rhs,sizes",
+    [((4, 0), (2, 0, 3), [2, 2]), ((4, 3), (0, 3, 2), []), ((0, 3), (2, 3, 2), [0, 0])],
+)
+def test_empty_contraction_or_no_groups_give_zeros_as_ragged_dot(lhs, rhs, sizes):
+    """K = 0 or G = 0: ragged_dot gives zeros; the kernel raised JAX's TypeError from its tiles."""
+    a, b, g = jnp.ones(lhs), jnp.ones(rhs), jnp.array(sizes, jnp.int32)
+    got = grouped_matmul(a, b, g)
+    np.testing.assert_array_equal(got, jax.lax.ragged_dot(a, b, g))
+    da, db = jax.grad(lambda a, b: grouped_matmul(a, b, g).sum(), argnums=(0, 1))(a, b)
+    assert da.shape == a.shape and db.shape == b.shape
+
+
 def test_errors():
     lhs, rhs, _ = operands(jnp.float32)
     sizes = jnp.zeros(G, jnp.int32)

@@ -123,6 +123,8 @@ def grouped_matmul(
         True
     """
     _check(lhs, rhs, group_sizes, tiling)
+    if lhs.shape[1] == 0 or rhs.shape[0] == 0:  # nothing to contract, or no group: zeros, as
+        return jnp.zeros((lhs.shape[0], rhs.shape[2]), lhs.dtype)  # ragged_dot gives (no tiles)
     sizes = group_sizes.astype(jnp.int32)
     backend = jax.default_backend()
     if implementation is None:
