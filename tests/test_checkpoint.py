@@ -763,6 +763,15 @@ def test_state_dict_errors():
         from_state_dict(tree, {**state, "head.b": np.zeros(4)})
 
 
+def test_state_dict_casts_follow_astype():
+    """A NumPy float entry cast into an integer like converts as jnp's astype (and restore) does:
+    saturating, NaN to 0. NumPy's astype wrapped 300.7 into int8 as 44."""
+    v = np.array([1.5, -2.25, 300.7, -300.2, np.nan, np.inf], np.float32)
+    for dtype in (jnp.int8, jnp.uint8, jnp.int32):
+        got = from_state_dict({"w": jnp.zeros(6, dtype)}, {"w": v}, cast=True)["w"]
+        np.testing.assert_array_equal(got, jnp.asarray(v).astype(dtype))
+
+
 def test_state_dict_python_numbers_for_array_leaves():
     """Python numbers (which to_state_dict keeps) and lists for array leaves crashed
     from_state_dict with "'float' object has no attribute 'dtype'"."""

@@ -165,6 +165,14 @@ def _as_dtype(key: str, value: Any, dtype: Any, cast: bool) -> Any:
             f"State-dict key {key!r} is {have.name} but like has {np.dtype(dtype).name}. Pass "
             "cast=True to convert to like's dtypes."
         )
+    if (
+        isinstance(value, np.ndarray)
+        and jnp.issubdtype(have, jnp.floating)
+        and jnp.issubdtype(dtype, jnp.integer)
+    ):  # as JAX's astype (and restore) converts: saturating, NaN to 0; NumPy's wraps
+        info = np.iinfo(np.dtype(dtype))
+        wide = np.nan_to_num(value.astype(np.float64), nan=0.0)
+        value = np.trunc(np.clip(wide, info.min, info.max))
     return value.astype(dtype)
 
 
