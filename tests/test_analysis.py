@@ -179,6 +179,24 @@ def test_estimate_matches_real_shards(mesh):
     assert usage["per_device"] == [by_device[d] for d in mesh.devices.flat]
 
 
+def test_a_sharding_of_another_mesh_is_refused_not_counted_here(mesh_2x4):
+    """A NamedSharding of an 8-device 'data' mesh was counted on the analyzer's (2, 4) mesh by
+    its spec alone: 2048 bytes per device where the real shards hold 512. One of this mesh's
+    shape is counted."""
+    other = jax.make_mesh((8,), ("data",))
+    x = jax.device_put(jnp.zeros((64, 16)), NamedSharding(other, P("data")))
+    analyzer = ShardingAnalyzer(mesh_2x4)
+    for check in (analyzer.estimate_memory_usage, analyzer.validate_partition_specs):
+        with pytest.raises(
+            ShardingError,
+            match=r"At leaf 'x': the NamedSharding P\('data',\) is on Mesh\(data=8\), but the "
+            r"analysis is of Mesh\(data=2, model=4\); .* Pass the spec \(sharding.spec\)",
+        ):
+            check({"x": x}, {"x": x.sharding})
+    y = jax.device_put(jnp.zeros((64, 16)), NamedSharding(mesh_2x4, P("data")))
+    assert analyzer.estimate_memory_usage({"y": y}, {"y": y.sharding})["size_per_device"] == 2048
+
+
 def test_estimate_rejects_specs_it_cannot_count():
     with pytest.raises(
         ShardingError,

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._errors import ShardingError, SpecMismatchError, format_path
+from .._errors import ShardingError, SpecMismatchError, format_mesh, format_path
 from .._mesh import MeshLike, mesh_axis_sizes
 from ..rules._base import Leaf, entry_axes, flatten_leaves, leaf_shape, rule_mesh, spec_problems
 from ..rules._flat import flatten_values, key_paths, key_paths_later, shape_dtype
@@ -46,7 +46,7 @@ class _Flat:
 
     __slots__ = ("tree", "treedef", "values", "specs", "_keys")
 
-    def __init__(self, tree: Any, specs: Any) -> None:
+    def __init__(self, tree: Any, specs: Any, sizes: dict[str, int] | None = None) -> None:
         self.tree = tree
         self.values, self.treedef = flatten_values(tree, keep_none=True)
         try:
@@ -58,6 +58,14 @@ class _Flat:
             raise SpecMismatchError(_mismatch_message(self.keys, specs))
         for i, spec in enumerate(flat):
             if isinstance(spec, NamedSharding):
+                if sizes is not None and mesh_axis_sizes(spec.mesh) != sizes:
+                    raise ShardingError(
+                        f"At leaf {self.path(i)!r}: the NamedSharding {spec.spec} is on "
+                        f"{format_mesh(mesh_axis_sizes(spec.mesh))}, but the analysis is of "
+                        f"{format_mesh(sizes)}; its bytes per device would be counted on the "
+                        "wrong mesh. Pass the spec (sharding.spec) to count it on this mesh, or "
+                        "analyse on the sharding's mesh."
+                    )
                 flat[i] = spec.spec
         self.specs = flat
 
@@ -270,7 +278,7 @@ class ShardingAnalyzer:
             ["w: dimension 0 of shape (3, 4) has size 3, which is not divisible by 2 ..."]
         """
         sizes = mesh_axis_sizes(self.mesh)
-        flat = _Flat(tree, specs)
+        flat = _Flat(tree, specs, sizes)
         issues: list[str] = []
         checked: dict[Any, list[str]] = {}  # (shape, spec) -> problems: a few hundred distinct
         for i, (value, spec) in enumerate(zip(flat.values, flat.specs)):
@@ -328,7 +336,7 @@ class ShardingAnalyzer:
             32
         """
         sizes = mesh_axis_sizes(self.mesh)
-        flat = _Flat(tree, specs)
+        flat = _Flat(tree, specs, sizes)
         tally = _tally(flat.values, flat.specs, shape_dtype, sizes, flat.path)
         return tally.usage(sizes, key_paths_later(tree, flat.treedef, keep_none=True))
 
