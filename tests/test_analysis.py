@@ -262,6 +262,10 @@ def test_estimate_equals_xla_argument_size(mesh):
         "i8": P(None, names[-1]),
         "x": P(None, names[0]),
         "scalar": P(),
+        # Sub-byte types: XLA packs two int4 per byte and rounds each shard up to a byte.
+        "i4": P(None, names[-1]),
+        "i4_odd": P(),
+        "u4_tuple": P(tuple(names)),
     }
     tree = {
         "rep": sds(8, 6),
@@ -270,6 +274,9 @@ def test_estimate_equals_xla_argument_size(mesh):
         "i8": sds(3, 8, dtype="int8"),
         "x": na.named(sds(4, 8, dtype="float16"), ("a", "b")),
         "scalar": sds(),
+        "i4": sds(6, 16, dtype="int4"),
+        "i4_odd": sds(3, 5, dtype="int4"),
+        "u4_tuple": sds(40, dtype="uint4"),
     }
 
     class Fixed(na.rules.ShardingRule):
@@ -280,7 +287,8 @@ def test_estimate_equals_xla_argument_size(mesh):
     xla = compiled_memory(jax.jit(lambda t: jax.tree.map(lambda a: a * 2, t)), placed)
     estimate = ShardingAnalyzer(mesh).estimate_memory_usage(tree, specs)
     assert estimate["size_per_device"] == xla["argument_bytes"]
-    assert estimate["replicated_bytes"] == 8 * 6 * 4 + 4
+    assert estimate["replicated_bytes"] == 8 * 6 * 4 + 4 + 8  # int4[3, 5]: 7.5 bytes -> 8
+    assert estimate["leaves"]["i4"]["total_bytes"] == 6 * 16 // 2
 
 
 def test_xla_refuses_uneven_arguments():
@@ -387,6 +395,16 @@ def test_memory_report_numbers():
     assert [leaf["path"] for leaf in report.largest] == ["w", "b", "s"]
     assert report.largest[0]["spec"] == "P('data', 'model')"
     assert report.largest[0]["axes"] == "embed=1024, mlp=512"
+
+
+def test_memory_report_packs_sub_byte_types(mesh_2x4):
+    # int4 takes half a byte on the device (XLA packs it), not NumPy's itemsize of 1.
+    w = na.named(sds(64, 16, dtype="int4"), ("embed", "mlp"))
+    report = memory_report({"w": w}, {"mlp": "model"}, mesh_2x4)
+    assert report.total_bytes == 64 * 16 // 2
+    assert report.bytes_per_device == 64 * 16 // 2 // 4
+    assert report.axes["mlp"]["saved_bytes"] == 64 * 16 // 2 - 64 * 16 // 2 // 4
+    assert report.largest[0]["total_bytes"] == 64 * 16 // 2
 
 
 def test_memory_report_table_dict_and_context():

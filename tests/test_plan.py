@@ -144,6 +144,37 @@ def test_plan_state_bytes_equal_xla_arguments(mesh_2x4, layout):
     assert p.compiled["temp_bytes"] == 0
 
 
+def sub_byte_state():
+    """int4/uint4 leaves (XLA packs two per byte, rounding each shard up to a byte)."""
+    return {
+        "w": na.named(jax.ShapeDtypeStruct((64, 16), "int4"), ("embed", "mlp")),
+        "odd": na.named(jax.ShapeDtypeStruct((3, 5), "uint4"), ("embed", "mlp")),
+        "b": jax.ShapeDtypeStruct((7,), "int4"),
+    }
+
+
+def test_plan_packs_sub_byte_types(mesh_2x4):
+    p = na.analysis.plan(
+        sub_byte_state(),
+        mesh_2x4,
+        na.AxisRules({"mlp": "model"}, unsatisfied="replicate"),
+        step=take_state,
+    )
+    # w: 64 x 4 int4 per device = 128 bytes; odd (5 % 4 != 0, replicated): 8; b: 4.
+    assert p.state_bytes_per_device == 128 + 8 + 4
+    assert p.compiled["argument_bytes"] == p.state_bytes_per_device
+    assert p.total_bytes == 64 * 16 // 2 + 8 + 4
+
+
+def test_plan_search_packs_sub_byte_types():
+    mesh = {"data": 2, "model": 4}
+    best = na.analysis.plan_search(sub_byte_state(), mesh, top=1)[0]
+    # w over all 8 devices: 64 bytes each; odd cannot split (8 bytes); b is plain (4).
+    assert best.state_bytes_per_device == 64 * 16 // 2 // 8 + 8 + 4
+    again = na.analysis.plan(sub_byte_state(), mesh, best.rules)
+    assert again.state_bytes_per_device == best.state_bytes_per_device
+
+
 def test_plan_keeps_a_placed_plain_leaf_spec(mesh_2x4):
     """A placed plain array keeps its spec; an uneven split is counted in padded blocks."""
     even = jax.ShapeDtypeStruct((8, 3), "float32", sharding=NamedSharding(mesh_2x4, P("model")))
@@ -346,6 +377,17 @@ def test_parse_collectives():
     assert parse_collectives(hlo) == [
         {"kind": "all-gather", "count": 2, "bytes": 128 + 32},
         {"kind": "all-reduce", "count": 2, "bytes": 32 + 24},
+    ]
+    # Sub-byte types are packed, each buffer rounded up to a byte.
+    packed = """
+      ag = s4[1024]{0} all-gather(s4[256]{0} x), dimensions={0}
+      ar = f4e2m1fn[3,5]{1,0} all-reduce(f4e2m1fn[3,5]{1,0} y), to_apply=add
+      cp = u2[10]{0} collective-permute(u2[10]{0} z), source_target_pairs={{0,1}}
+    """
+    assert parse_collectives(packed) == [
+        {"kind": "all-gather", "count": 1, "bytes": 512},
+        {"kind": "all-reduce", "count": 1, "bytes": 8},
+        {"kind": "collective-permute", "count": 1, "bytes": 3},
     ]
 
 

@@ -45,6 +45,7 @@ from .._errors import CompileTargetError, DeviceOutOfMemoryError, PlanError, for
 from .._logical._context import axis_mapping
 from .._mesh import mesh_axis_sizes
 from .._partitioning._specs import pspec_for
+from ..rules._base import packed_bytes
 from ._report import compile_checked, memory_figures, out_of_memory_error
 
 __all__ = [
@@ -313,25 +314,9 @@ def _resolve_step(step: Any) -> Callable[..., Any]:
 
 # -- compiling ---------------------------------------------------------------------------------
 
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "s4": 1,
-    "u4": 1,
-}
+# An HLO element type's width is the number after its letters (s4, bf16, f8e4m3fn, f4e2m1fn,
+# c64); pred takes a byte. XLA packs 1-, 2- and 4-bit types (rounding a buffer up to a byte).
+_HLO_WIDTH = re.compile(r"[a-z]+([0-9]+)")
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
     r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute|"
@@ -340,9 +325,16 @@ _COLLECTIVE = re.compile(
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 
 
+def _hlo_bits(dtype: str) -> int:
+    m = _HLO_WIDTH.match(dtype)
+    if m is None:
+        return 8 if dtype == "pred" else 32  # an unknown type: count it as a 32-bit one
+    bits = int(m[1])
+    return bits if bits >= 8 or bits in (1, 2, 4) else 8
+
+
 def _shape_bytes(dtype: str, dims: str) -> int:
-    size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
-    return size * math.prod(int(d) for d in dims.split(",") if d)
+    return packed_bytes(math.prod(int(d) for d in dims.split(",") if d), _hlo_bits(dtype))
 
 
 def parse_collectives(hlo_text: str) -> list[dict[str, Any]]:

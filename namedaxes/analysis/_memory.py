@@ -4,7 +4,8 @@ The byte count is exact per device and vectorised with NumPy. A dimension of siz
 ways gives shard ``i`` the block ``min(c, max(0, n - i*c))`` with ``c = ceil(n / k)`` (XLA's padded
 layout), and a device's shard index along a dimension comes from its coordinates on that dimension's
 mesh axes (the first mesh axis of a tuple entry is the most significant). Evenly divided leaves take
-a fast path: every device holds ``nbytes / k``.
+a fast path: every device holds ``size / k`` elements. Bytes are ``ceil(elements * bits / 8)`` per
+shard (``dtype_bits``): XLA packs sub-byte types such as ``int4`` and rounds each buffer up to a byte.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import ShardingError, SpecMismatchError, format_mesh, format_path
 from .._mesh import MeshLike, mesh_axis_sizes
-from ..rules._base import Leaf, entry_axes, flatten_leaves, leaf_shape, rule_mesh, spec_problems
+from ..rules._base import (
+    Leaf,
+    dtype_bits,
+    entry_axes,
+    flatten_leaves,
+    leaf_shape,
+    packed_bytes,
+    rule_mesh,
+    spec_problems,
+)
 from ..rules._flat import flatten_values, key_paths, key_paths_later, shape_dtype
 
 __all__ = [
@@ -138,7 +148,7 @@ def per_device_bytes(
     """Bytes each device holds of each distinct record, summed and per record.
 
     Args:
-        records: ``(shape, itemsize, entries)`` per leaf; ``entries`` has one tuple of mesh axes per
+        records: ``(shape, bits, entries)`` per leaf (``bits`` per element, ``dtype_bits``); ``entries`` has one tuple of mesh axes per
             dimension (``()`` for unsharded ones), and may be shorter than the shape.
         sizes: ``{mesh_axis: size}`` in mesh order.
 
@@ -168,10 +178,10 @@ def unique_device_bytes(
     even = 0
     uneven = []
     for i, (rec, count) in enumerate(zip(records, counts)):
-        shape, itemsize, entries = rec
+        shape, bits, entries = rec
         ks = [math.prod(sizes[a] for a in e) for e in entries]
         if all(shape[d] % k == 0 for d, k in enumerate(ks)):
-            nbytes = math.prod(shape) * itemsize // math.prod(ks)
+            nbytes = packed_bytes(math.prod(shape) // math.prod(ks), bits)
             even += nbytes * count
             busiest[i] = nbytes
         else:
@@ -201,10 +211,10 @@ def _uneven_bytes(
         n = np.ones((u, rank), dtype=np.int64)
         k = np.ones((u, rank), dtype=np.int64)
         strides = np.zeros((u, rank, len(names)), dtype=np.int64)
-        itemsize = np.empty(u, dtype=np.int64)
+        bits = np.empty(u, dtype=np.int64)
         count = np.empty(u, dtype=np.int64)
-        for j, ((shape, isz, entries), _, times) in enumerate(chunk):
-            itemsize[j] = isz
+        for j, ((shape, width, entries), _, times) in enumerate(chunk):
+            bits[j] = width
             count[j] = times
             n[j, : len(shape)] = shape
             for d, entry in enumerate(entries):
@@ -216,7 +226,7 @@ def _uneven_bytes(
         c = -(-n // k)  # ceil(n / k): the padded block size
         shard_index = np.einsum("uda,xa->udx", strides, coords)  # (u, rank, D)
         extent = np.clip(n[..., None] - shard_index * c[..., None], 0, c[..., None])
-        nbytes = extent.prod(axis=1) * itemsize[:, None]  # (u, D)
+        nbytes = -(-extent.prod(axis=1) * bits[:, None] // 8)  # (u, D): packed_bytes per shard
         total += (nbytes * count[:, None]).sum(axis=0)
         peak = nbytes.max(axis=1)
         for j, (_, idxs, _) in enumerate(chunk):
@@ -373,7 +383,7 @@ class _Tally:
         """``estimate_memory_usage``'s dict; ``keys()`` gives every leaf's key path (called only
         when the per-leaf table is read)."""
         total, busiest = unique_device_bytes(self.records, self.counts, sizes)
-        nbytes = [math.prod(shape) * itemsize for shape, itemsize, _ in self.records]
+        nbytes = [packed_bytes(math.prod(shape), bits) for shape, bits, _ in self.records]
         replicated = [
             all(math.prod(sizes[a] for a in e) == 1 for e in entries)
             for _, _, entries in self.records
@@ -439,7 +449,7 @@ def _tally(
                 problems.extend(f"{path}: {p}" for p in found)
                 continue
             r = index[shape, dtype, spec] = len(records)
-            records.append((shape, dtype.itemsize, tuple(entry_axes(e) for e in spec)))
+            records.append((shape, dtype_bits(dtype), tuple(entry_axes(e) for e in spec)))
             out.specs.append(spec)
             counts.append(0)
         counts[r] += 1

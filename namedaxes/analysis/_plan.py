@@ -26,7 +26,7 @@ from .._logical._rules import AxisRules
 from .._mesh import mesh_axis_sizes
 from .._partitioning._plan import plan_tree, unmatched_entries
 from .._spec import entry_axes
-from ..rules._base import flatten_leaves, planned_spec
+from ..rules._base import dtype_bits, flatten_leaves, packed_bytes, planned_spec
 from ._compile_target import CompileTarget, compile_step, parse_target
 from ._memory import per_device_bytes
 from ._pipeline_plan import pipelines
@@ -134,8 +134,8 @@ def _entries(spec: PartitionSpec, rank: int) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-def _busiest(shape: tuple[int, ...], itemsize: int, ks: list[int]) -> int:
-    return itemsize * math.prod(-(-n // k) for n, k in zip(shape, ks))
+def _busiest(shape: tuple[int, ...], bits: int, ks: list[int]) -> int:
+    return packed_bytes(math.prod(-(-n // k) for n, k in zip(shape, ks)), bits)
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def state_plan(
     check_count(top, caller, error=PlanError)
     leaves = collect_leaves(tree, rules, sizes)
     check_params(params, leaves, caller)
-    records = [(lf.shape, lf.dtype.itemsize, _entries(lf.spec, len(lf.shape))) for lf in leaves]
+    records = [(lf.shape, dtype_bits(lf.dtype), _entries(lf.spec, len(lf.shape))) for lf in leaves]
     n_dev = math.prod(sizes.values())
     by_top: dict[str, list[int]] = {}
     for i, lf in enumerate(leaves):
@@ -321,7 +321,7 @@ def state_plan(
             slot["leaves"] += 1
             if ks[d] > 1:
                 unsharded = ks[:d] + [1] + ks[d + 1 :]
-                slot["saved_bytes"] += _busiest(lf.shape, lf.dtype.itemsize, unsharded) - peak
+                slot["saved_bytes"] += _busiest(lf.shape, dtype_bits(lf.dtype), unsharded) - peak
                 slot["mesh_axes"] += [a for a in rec[2][d] if a not in slot["mesh_axes"]]
         names = tuple(a.name for a in lf.axes) if lf.axes else None
         key = (lf.shape, lf.dtype.str, names, lf.spec)
@@ -349,7 +349,7 @@ def state_plan(
         target=None,
         rules=rules,
         param_count=sum(math.prod(leaves[i].shape) for i in counted),
-        total_bytes=sum(math.prod(lf.shape) * lf.dtype.itemsize for lf in leaves),
+        total_bytes=sum(packed_bytes(math.prod(lf.shape), dtype_bits(lf.dtype)) for lf in leaves),
         state_bytes_per_device=int(per_device[hot]) if n_dev else 0,
         subtotals=subtotals,
         axes=axes,

@@ -1,8 +1,8 @@
 """``plan_search``: enumerate logical-to-mesh mappings, prune by exact state bytes, rank, explain.
 
 How it stays fast: the state bytes of a mapping are arithmetic over the tree's *distinct* leaf
-kinds (axes, sizes, itemsize), since ``resolve`` only ever shards a dimension its mesh axes divide
-(so every device holds the same bytes and ``nbytes / k`` is exact). Thousands of mappings are
+kinds (axes, sizes, bits per element), since ``resolve`` only ever shards a dimension its mesh axes
+divide (so every device holds the same ``size / k`` elements, ``packed_bytes`` of them). Thousands of mappings are
 priced in well under a second; only the survivors reach a compiler, at most ``compile_limit`` of
 them, and each distinct layout of the step's arguments compiles once.
 
@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import DeviceOutOfMemoryError, PlanDoesNotFitError, PlanError, format_mesh
 from .._logical._rules import AxisRules
 from .._spec import entry_axes
-from ..rules._base import format_bytes
+from ..rules._base import dtype_bits, format_bytes, packed_bytes
 from ._compile_target import CompileTarget, compile_steps, leaf_specs
 from ._memory import per_device_bytes
 from ._plan import (
@@ -218,18 +218,19 @@ def plan_search(
             "logical_axes=[...] with the axes worth placing, or raise max_candidates."
         )
 
-    # Distinct leaf kinds: (index of each dim's logical axis in names or -1, dim sizes) -> bytes.
+    # Distinct leaf kinds: (index of each dim's logical axis in names or -1, dim sizes, bits per
+    # element) -> leaf count. Bytes are rounded up per shard (sub-byte types), so per leaf.
     index = {n: i for i, n in enumerate(names)}
-    kinds: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    kinds: dict[tuple[tuple[int, ...], tuple[int, ...], int], int] = {}
     fixed_records = []
     for lf in leaves:
-        nbytes = math.prod(lf.shape) * lf.dtype.itemsize
+        bits = dtype_bits(lf.dtype)
         if lf.axes is None:
             spec_entries = tuple(entry_axes(e) for e in lf.spec)
-            fixed_records.append((lf.shape, lf.dtype.itemsize, spec_entries))
+            fixed_records.append((lf.shape, bits, spec_entries))
             continue
-        key = (tuple(index.get(a.name, -1) for a in lf.axes), lf.shape)
-        kinds[key] = kinds.get(key, 0) + nbytes
+        key = (tuple(index.get(a.name, -1) for a in lf.axes), lf.shape, bits)
+        kinds[key] = kinds.get(key, 0) + 1
     fixed = int(per_device_bytes(fixed_records, sizes)[0].max()) if fixed_records else 0
     masks = [{c: sum(1 << list(sizes).index(a) for a in c) for c in opts} for opts in options]
     kof = [{c: math.prod(sizes[a] for a in c) for c in opts} for opts in options]
@@ -241,7 +242,9 @@ def plan_search(
             if lf.axes is not None
         )
     )
-    kind_list = list(kinds.items())
+    kind_list = [
+        (dims, shape, bits, math.prod(shape), n) for (dims, shape, bits), n in kinds.items()
+    ]
 
     counts = {
         "conflict": 0,
@@ -278,12 +281,12 @@ def plan_search(
         state = fixed
         layout = []
         conflict = False
-        for (dims, shape), nbytes in kind_list:
+        for dims, shape, bits, size, n in kind_list:
             got = lay_out(choice, dims, shape)
             if got is None:
                 conflict = True
                 break
-            state += nbytes // got[1]
+            state += n * packed_bytes(size // got[1], bits)
             layout.append(got[0])
         for dims, shape in arg_kinds if not conflict else ():
             got = lay_out(choice, dims, shape)

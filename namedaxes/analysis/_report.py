@@ -29,7 +29,16 @@ from .._errors import (
 from .._logical._context import rules_in_force
 from .._mesh import MeshLike, mesh_axis_sizes
 from .._partitioning._plan import describe_unmatched, plan_tree
-from ..rules._base import Leaf, entry_axes, flatten_leaves, format_bytes, planned_spec, rule_mesh
+from ..rules._base import (
+    Leaf,
+    dtype_bits,
+    entry_axes,
+    flatten_leaves,
+    format_bytes,
+    packed_bytes,
+    planned_spec,
+    rule_mesh,
+)
 from ._memory import ShardingAnalyzer, usage_of
 
 
@@ -145,9 +154,9 @@ def _renderable(report: MemoryReport) -> Any:
     return Group(title, summary, axes, largest)
 
 
-def _busiest_bytes(shape: tuple[int, ...], itemsize: int, ks: list[int]) -> int:
+def _busiest_bytes(shape: tuple[int, ...], bits: int, ks: list[int]) -> int:
     # Device 0 holds the full ceil(n / k) block on every dimension: the busiest shard.
-    return itemsize * math.prod(-(-n // k) for n, k in zip(shape, ks))
+    return packed_bytes(math.prod(-(-n // k) for n, k in zip(shape, ks)), bits)
 
 
 def check_count(
@@ -268,16 +277,16 @@ def _breakdown(
 ) -> tuple[list[tuple[str, tuple[str, ...], int]], bool]:
     """Per named axis of ``leaf``: its mesh axes and the busiest-device bytes its sharding saves."""
     shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
-    itemsize = leaf.dtype.itemsize  # type: ignore[union-attr]
+    bits = dtype_bits(leaf.dtype)
     entries = [entry_axes(e) for e in spec] + [()] * (len(shape) - len(spec))
     ks = [math.prod(sizes[a] for a in e) for e in entries]
-    with_all = _busiest_bytes(shape, itemsize, ks)
+    with_all = _busiest_bytes(shape, bits, ks)
     per_axis = []
     for d, axis in enumerate(leaf.axes or ()):
         if ks[d] > 1:
             unsharded = ks[:d] + [1] + ks[d + 1 :]
             per_axis.append(
-                (axis.name, entries[d], _busiest_bytes(shape, itemsize, unsharded) - with_all)
+                (axis.name, entries[d], _busiest_bytes(shape, bits, unsharded) - with_all)
             )
         else:
             per_axis.append((axis.name, (), 0))

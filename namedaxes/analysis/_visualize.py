@@ -26,9 +26,11 @@ from .._mesh import MeshLike, mesh_axis_sizes
 from .._partitioning._plan import TreePlan, describe_unmatched, plan_tree, unmatched_entries
 from ..rules._base import (
     Leaf,
+    dtype_bits,
     entry_axes,
     flatten_leaves,
     format_bytes,
+    packed_bytes,
     planned_spec,
     replicated,
     rule_mesh,
@@ -142,7 +144,7 @@ def _sharding_rows(
         shape: tuple[int, ...] = leaf.shape  # type: ignore[assignment]
         entries = _factors(p.spec, len(shape))
         local = tuple(-(-n // math.prod(p.sizes[a] for a in e)) for n, e in zip(shape, entries))
-        nbytes = math.prod(local) * leaf.dtype.itemsize  # type: ignore[union-attr]
+        nbytes = packed_bytes(math.prod(local), dtype_bits(leaf.dtype))
         total += nbytes
         meshes.add(format_mesh(p.sizes))
         axes = format_axes(leaf.axes) if leaf.axes is not None else str(shape)

@@ -30,9 +30,11 @@ from ._base import (
     Leaf,
     ShardingRule,
     axis_names_arg,
+    dtype_bits,
     flatten_leaves,
     format_bytes,
     map_array_leaves,
+    packed_bytes,
     replicated,
     rule_mesh_axes,
 )
@@ -152,7 +154,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
     uses the best spec.
 
     Whole device: every array starts replicated; while the sum of per-device bytes is over the
-    budget, the kind of array (same shape and itemsize) holding the most bytes per device takes its
+    budget, the kind of array (same shape and bits per element) holding the most bytes per device takes its
     next mesh axis (largest first, onto its largest remaining dimension that the axis divides), so
     the biggest contributors are sharded first and small arrays stay replicated when they can.
     Arrays of the same kind always get the same spec (for NamedArrays, the same mesh axes on the
@@ -235,8 +237,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
         sizes, axes = rule_mesh_axes(self.mesh, self.axis_names, caller=owner)
         if self.scope == "device":
             return self._apply_device(tree, axes, sizes)
-        # (spec, bytes per device) per (shape, itemsize), the shape in name order; and per
-        # (shape, itemsize, name order), the spec in the leaf's own order.
+        # (spec, bytes per device) per (shape, bits per element), the shape in name order; and
+        # per (shape, bits, name order), the spec in the leaf's own order.
         cache: dict[tuple[tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
         placed: dict[tuple[tuple[int, ...], int, tuple[int, ...] | None], Any] = {}
         # Values only (no Leaf record per leaf); key paths and a record only for unfit leaves.
@@ -250,7 +252,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
                 out.append(None)
                 continue
             order = name_order(value)  # a NamedArray is planned in axis-name order
-            leaf_key = (shape, dtype.itemsize, order)  # type: ignore[union-attr]
+            leaf_key = (shape, dtype_bits(dtype), order)
             hit = placed.get(leaf_key)
             if hit is None:
                 key = (by_name(shape, order), leaf_key[1])
@@ -272,11 +274,12 @@ class MemoryConstrainedShardingRule(ShardingRule):
         return treedef.unflatten(out)
 
     def _spec(
-        self, shape: tuple[int, ...], itemsize: int, axes: tuple[str, ...], sizes: Mapping[str, int]
+        self, shape: tuple[int, ...], bits: int, axes: tuple[str, ...], sizes: Mapping[str, int]
     ) -> tuple[PartitionSpec, int]:
         budget = self.max_memory_per_device
-        if math.prod(shape) * itemsize <= budget:
-            return replicated(len(shape)), math.prod(shape) * itemsize
+        whole = packed_bytes(math.prod(shape), bits)
+        if whole <= budget:
+            return replicated(len(shape)), whole
         extents = list(shape)
         assign: list[list[str]] = [[] for _ in shape]
         for a in axes:
@@ -286,23 +289,23 @@ class MemoryConstrainedShardingRule(ShardingRule):
             d = min(dims, key=lambda d: (-extents[d], d))
             extents[d] //= sizes[a]
             assign[d].append(a)
-            if math.prod(extents) * itemsize <= budget:
-                return _entries(assign), math.prod(extents) * itemsize
-        greedy = math.prod(extents) * itemsize
-        best, best_bytes = _best_spec(shape, itemsize, axes, sizes)
+            if packed_bytes(math.prod(extents), bits) <= budget:
+                return _entries(assign), packed_bytes(math.prod(extents), bits)
+        greedy = packed_bytes(math.prod(extents), bits)
+        best, best_bytes = _best_spec(shape, bits, axes, sizes)
         # Keep the greedy layout (largest dims over largest axes) unless the search beats it.
         return (best, best_bytes) if best_bytes < greedy else (_entries(assign), greedy)
 
     def _apply_device(self, tree: Any, axes: tuple[str, ...], sizes: Mapping[str, int]) -> Any:
         """The whole-device mode: shard the largest contributors until the sum fits."""
         leaves, _ = flatten_leaves(tree)
-        # A kind is (shape, itemsize), a NamedArray's shape taken in axis-name order.
+        # A kind is (shape, bits per element), a NamedArray's shape taken in axis-name order.
         kinds: dict[
             tuple[tuple[int, ...], int], list[Any]
         ] = {}  # -> [count, extents, assign, next]
         for lf in leaves:
             if lf.shape is not None and lf.dtype is not None:
-                key = (by_name(lf.shape, name_order(lf.value)), lf.dtype.itemsize)
+                key = (by_name(lf.shape, name_order(lf.value)), dtype_bits(lf.dtype))
                 if key in kinds:
                     kinds[key][0] += 1
                 else:
@@ -312,7 +315,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
             key: tuple[tuple[int, ...], int],
         ) -> int:  # bytes per device of all leaves of a kind
             count, extents, _, _ = kinds[key]
-            return count * math.prod(extents) * key[1]
+            return count * packed_bytes(math.prod(extents), key[1])
 
         total = sum(held(k) for k in kinds)
         heap = [(-held(k), i, k) for i, k in enumerate(kinds)]
@@ -352,8 +355,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
         def spec_of(lf: Leaf) -> PartitionSpec:  # map_array_leaves: array leaves only
             order = name_order(lf.value)
-            shape, itemsize = lf.shape or (), lf.dtype.itemsize  # type: ignore[union-attr]
-            return in_order(specs[(by_name(shape, order), itemsize)], order)
+            shape, bits = lf.shape or (), dtype_bits(lf.dtype)
+            return in_order(specs[(by_name(shape, order), bits)], order)
 
         return map_array_leaves(tree, spec_of)
 
@@ -372,11 +375,12 @@ class MemoryConstrainedShardingRule(ShardingRule):
 
 
 def _best_spec(
-    shape: tuple[int, ...], itemsize: int, axes: tuple[str, ...], sizes: Mapping[str, int]
+    shape: tuple[int, ...], bits: int, axes: tuple[str, ...], sizes: Mapping[str, int]
 ) -> tuple[PartitionSpec, int]:
     """The valid spec with the fewest bytes per device (exhaustive; only used when greedy fails).
 
-    Bytes per device are ``nbytes / product of used axis sizes`` for a valid spec, so this maximizes
+    Bytes per device are ``packed_bytes(size / product of used axis sizes, bits)`` for a valid
+    spec, so this maximizes
     that product. The first best found (axes in order, dimensions by position; a NamedArray's shape
     comes in axis-name order) wins: deterministic.
     """
@@ -405,6 +409,5 @@ def _best_spec(
         search(i + 1, product)
 
     search(0, 1)
-    return _entries(best or [[] for _ in shape]), math.prod(shape) * itemsize // max(
-        best_product, 1
-    )
+    per_device = packed_bytes(math.prod(shape) // max(best_product, 1), bits)
+    return _entries(best or [[] for _ in shape]), per_device

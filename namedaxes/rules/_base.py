@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,8 +49,10 @@ __all__ = [
     "ShardingRule",
     "check_spec",
     "describe_mesh",
+    "dtype_bits",
     "entry_axes",
     "flatten_leaves",
+    "packed_bytes",
     "planned_spec",
     "rule_mesh",
     "rule_specs",
@@ -139,6 +142,33 @@ def shape_dtype(value: Any) -> tuple[tuple[int, ...] | None, np.dtype | None]:
     return shape, dtype
 
 
+@functools.lru_cache(maxsize=256)
+def dtype_bits(dtype: Any) -> int:
+    """Bits one element of ``dtype`` takes in device memory.
+
+    NumPy (and ``ml_dtypes``) give sub-byte types such as ``int4`` and ``float4_e2m1fn`` an
+    ``itemsize`` of 1, but XLA packs them (two ``int4`` per byte), so the width comes from their
+    ``iinfo``/``finfo`` bits; every other type takes ``8 * itemsize``.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.itemsize != 1:
+        return 8 * dtype.itemsize
+    for info in (jax.numpy.iinfo, jax.numpy.finfo):
+        try:
+            bits = int(info(dtype).bits)
+        except (ValueError, TypeError):  # not an integer (or not a float) type
+            continue
+        # XLA packs 8 // bits elements per byte; a width that does not divide a byte is unpacked.
+        return bits if bits in (1, 2, 4) else 8
+    return 8
+
+
+def packed_bytes(count: int, bits: int) -> int:
+    """Bytes ``count`` elements of ``bits`` bits each take: ``ceil(count * bits / 8)``, as XLA
+    rounds a packed sub-byte buffer (or shard) up to whole bytes."""
+    return -(-count * bits // 8)
+
+
 def leaf_shape(value: Any) -> tuple[int, ...] | None:
     """``shape_dtype(value)[0]`` without normalizing the dtype: the hot loop of spec validation."""
     if type(value) is NamedArray:
@@ -195,7 +225,9 @@ class Leaf:
     @property
     def nbytes(self) -> int:
         """Bytes of the whole (unsharded) array."""
-        return math.prod(self.shape) * self.dtype.itemsize if self.shape is not None else 0
+        if self.shape is None:
+            return 0
+        return packed_bytes(math.prod(self.shape), dtype_bits(self.dtype))
 
 
 def flatten_leaves(tree: Any, *, keep_none: bool = False) -> tuple[list[Leaf], Any]:
