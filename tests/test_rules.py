@@ -199,6 +199,15 @@ def test_memory_rule_stacks_mesh_axes_on_one_dimension():
     assert ShardingAnalyzer(MESH).estimate_memory_usage([sds(64)], specs)["size_per_device"] == 32
 
 
+@pytest.mark.parametrize("scope", ["leaf", "device"])
+def test_memory_rule_counts_sub_byte_types_packed(scope):
+    """int4[64, 16] is 512 bytes on a device (two per byte), not 1024: it fits a 512-byte budget
+    replicated, and 511 bytes shard it."""
+    leaf = {"w": sds(64, 16, dtype="int4")}
+    assert MemoryConstrainedShardingRule(512, MESH, scope=scope).apply(leaf) == {"w": P(None, None)}
+    assert MemoryConstrainedShardingRule(511, MESH, scope=scope).apply(leaf) != {"w": P(None, None)}
+
+
 def test_memory_rule_searches_when_greedy_fails():
     # Greedy puts a=6 on the 12 (largest), leaving b=4 nothing to divide (12 B/device);
     # a=6 on dim 0 and b=4 on dim 1 reaches 3 B/device.
