@@ -628,7 +628,7 @@ def test_mesh_typo_in_a_pattern_that_matches_nothing_raises(given, mesh_2x4):
     else:
         shape_rule, path_rule = (
             ShapeBasedShardingRule(shape_patterns),
-            PathRegexRule(path_patterns[::2]),
+            PathRegexRule(path_patterns[::2], strict=False),  # '^x$' matches no leaf on purpose
         )
         assert shape_rule.apply(tree) == {"w": P()} and path_rule.apply(tree) == {
             "w": P()
@@ -932,3 +932,128 @@ def test_plain_arrays_keep_position_ties():
     assert AutoShardingRule(MESH).apply([na.named(sds(8, 8), ("mlp", "embed"))]) == [
         P("data", "model")
     ]
+
+
+class _EmbedMlp(eqx.Module):
+    w: jax.Array = na.field(axis_names=("embed", "mlp"))
+
+
+class _MlpEmbed(eqx.Module):
+    w: jax.Array = na.field(axis_names=("mlp", "embed"))
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        AutoShardingRule(MESH),
+        MemoryConstrainedShardingRule(64, MESH),
+        MemoryConstrainedShardingRule(600, MESH, scope="device"),
+        MeshPartitionHelper(MESH, min_shard_size=1),
+    ],
+    ids=["auto", "memory", "memory-device", "helper"],
+)
+def test_shape_rules_break_ties_by_field_axis_names(rule):
+    # field(axis_names=...) arrays are named like NamedArrays: equal sizes tie by name, not position
+    a, b = _EmbedMlp(sds(8, 8)), _MlpEmbed(sds(8, 8))
+    specs = rule.apply({"a": a, "b": b, "n": na.named(sds(8, 8), ("embed", "mlp"))})
+    by_a = dict(zip(("embed", "mlp"), specs["a"].w))
+    assert (
+        by_a == dict(zip(("mlp", "embed"), specs["b"].w)) == dict(zip(("embed", "mlp"), specs["n"]))
+    )
+    assert any(by_a.values())
+
+
+def test_auto_rule_places_field_arrays_by_name(mesh_2x4):
+    tree = {"a": _EmbedMlp(jnp.ones((8, 8))), "b": _MlpEmbed(jnp.ones((8, 8)))}
+    out = AutoShardingRule().shard(tree, mesh_2x4)
+    assert out["a"].w.sharding.spec == P("model", "data")  # embed -> model, mlp -> data
+    assert out["b"].w.sharding.spec == P("data", "model")
+    assert shard_shapes(out["b"].w) == [(4, 2)] * 8
+
+
+class _Const(ShardingRule):
+    def __init__(self, spec):
+        self.spec = spec
+
+    def apply(self, tree):
+        return jax.tree.map(lambda _: self.spec, tree, is_leaf=na.is_named_array)
+
+
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        (P("dta"), r"names mesh axis 'dta', which is not in the mesh .*Available mesh axes"),
+        (P("data"), r"dimension 0 of shape \(3, 8\) has size 3, which is not divisible by 2"),
+        (P(None, None, "model"), r"has 3 entries but the array has rank 2"),
+        (P(None, ("model", "model")), r"'model' more than once"),
+    ],
+    ids=["unknown", "indivisible", "rank", "repeated"],
+)
+def test_custom_rule_invalid_specs_are_named_before_jax(mesh_2x4, spec, problem):
+    # The same typed error on Auto and Explicit meshes, naming the rule, the leaf and its shape.
+    tree = {"w": jnp.ones((3, 8))}
+    message = (
+        r"_Const\.apply on Mesh\(data=2, model=4\) gives leaf 'w' \(shape \(3, 8\)\) an invalid spec: .*"
+        + problem
+    )
+    with pytest.raises(ShardingError, match=message):
+        _Const(spec).to_shardings(tree, mesh_2x4)
+    with pytest.raises(ShardingError, match=message):
+        _Const(spec).shard(tree, mesh_2x4)
+
+
+def test_helper_shard_array_checks_the_spec(mesh_2x4):
+    helper = MeshPartitionHelper(mesh_2x4)
+    with pytest.raises(
+        ShardingError,
+        match=r"shard_array: spec P\('data',\) does not fit the array of shape \(3,\) on "
+        r"Mesh\(data=2, model=4\): dimension 0 of shape \(3,\) has size 3, which is not divisible",
+    ):
+        helper.shard_array(jnp.ones(3), P("data"))
+    with pytest.raises(ShardingError, match=r"names mesh axis 'dta', which is not in the mesh"):
+        helper.shard_array(jnp.ones(4), P("dta"))
+    with pytest.raises(ShardingError, match=r"has 2 entries but the array has rank 1"):
+        helper.shard_array(jnp.ones(4), P("data", "model"))
+    with pytest.raises(
+        NamedTypeError,
+        match=r"spec must be a PartitionSpec \(or None\), got 'data' \(str\)\. Build one, e\.g\. "
+        r"PartitionSpec\('data'\)\.",
+    ):
+        helper.shard_array(jnp.ones(4), "data")
+    with pytest.raises(
+        NamedTypeError, match=r"places one array or NamedArray, got dict\. For a pytree"
+    ):
+        helper.shard_array({"a": jnp.ones(4)}, P("data"))
+    out = helper.shard_array(na.named(jnp.ones((4, 8)), ("a", "b")), P("data", "model"))
+    assert out.array.sharding.spec == P("data", "model")
+    assert shard_shapes(out.array) == [(2, 2)] * 8
+    assert helper.shard_array(jnp.ones(4), None).sharding.spec == P()
+
+
+def test_shape_pattern_with_a_negative_size_is_refused():
+    with pytest.raises(
+        ShardingError,
+        match=r"Shape pattern \(-8, 4\) has negative size -8, which no array has\. Give the "
+        r"dimension's size \(>= 0\), or None to match any size\.",
+    ):
+        ShapeBasedShardingRule([((-8, 4), P("data"))])
+
+
+def test_strict_path_rule_refuses_a_pattern_that_matches_no_leaf():
+    tree = {"attn": {"kernel": sds(8, 8)}, "bias": sds(8)}
+    typo = [(r"atn/kernel", P(None, "model")), (r".*", P())]  # the typo hides behind the catch-all
+    with pytest.raises(
+        ShardingError,
+        match=r"PathRegexRule pattern\(s\) 'atn/kernel' match no leaf path \(strict=True\), so "
+        r"they place nothing: a misspelling\? Leaf paths: 'attn/kernel', 'bias'\. Fix or remove "
+        r"the pattern, or pass strict=False\.",
+    ):
+        PathRegexRule(typo, mesh=MESH).apply(tree)
+    assert PathRegexRule(typo, strict=False, mesh=MESH).apply(tree) == {
+        "attn": {"kernel": P()},
+        "bias": P(),
+    }
+    # a pattern shadowed by an earlier one still matches a path: not refused
+    shadowed = [(r".*", P()), (r"attn/kernel", P(None, "model"))]
+    assert PathRegexRule(shadowed, mesh=MESH).apply(tree)["attn"]["kernel"] == P()
+    assert PathRegexRule(typo, mesh=MESH).apply({"n": 3}) == {"n": None}  # no array leaves

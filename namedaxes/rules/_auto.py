@@ -3,8 +3,9 @@
 
 All of them iterate mesh axes and dimensions in a fixed order (sizes, then position), never over a
 ``set``, so the chosen specs do not depend on ``PYTHONHASHSEED``. A NamedArray is planned with its
-dimensions in axis-name order (``_flat.name_order``), so equal sizes are told apart by name and the
-same named axes get the same mesh axes whatever their positions. Each spec is built so that every
+dimensions in axis-name order (``_flat.name_orders``), as is a ``field(axis_names=...)`` array, so
+equal sizes are told apart by name and the same named axes get the same mesh axes whatever their
+positions. Each spec is built so that every
 mesh axis appears at most once and every sharded dimension is divisible by its mesh axes.
 """
 
@@ -38,7 +39,16 @@ from ._base import (
     replicated,
     rule_mesh_axes,
 )
-from ._flat import by_name, flatten_values, in_order, key_paths, map_shapes, name_order, shape_dtype
+from ._flat import (
+    axes_order,
+    by_name,
+    flatten_values,
+    in_order,
+    key_paths,
+    map_shapes,
+    name_orders,
+    shape_dtype,
+)
 
 __all__ = [
     "AutoShardingRule",
@@ -66,7 +76,8 @@ class AutoShardingRule(ShardingRule):
     """Shard the largest dimensions of each array over the largest mesh axes that divide them.
 
     Dimensions are visited by size, largest first (smallest first with ``reverse``; ties by axis
-    name for a NamedArray, by position for a plain array). Each takes the first mesh axis, not yet used by that array, whose size divides it.
+    name for a NamedArray or a ``field(axis_names=...)`` array, by position for an array without
+    names). Each takes the first mesh axis, not yet used by that array, whose size divides it.
     Mesh axes are tried in the order of ``axis_names`` (default: largest first, ties in mesh order);
     size-1 axes are skipped. Arrays with fewer than ``min_shard_size`` elements, and empty arrays,
     stay replicated. Specs have one entry per dimension.
@@ -147,8 +158,8 @@ class MemoryConstrainedShardingRule(ShardingRule):
     Per leaf: an array that fits ``max_memory_per_device`` unsharded stays replicated. Otherwise
     mesh axes are taken largest first (ties in mesh order, size-1 axes skipped); each goes to the
     dimension with the largest remaining per-device extent that it divides (ties by axis name for a
-    NamedArray, by position for a plain array; several mesh axes may share a dimension, giving tuple
-    entries), until the array fits. If that greedy pass does not fit, every
+    NamedArray or a ``field(axis_names=...)`` array, by position for an array without names;
+    several mesh axes may share a dimension, giving tuple entries), until the array fits. If that greedy pass does not fit, every
     valid spec is searched for the one with the fewest bytes per device. When even that does not
     fit, ``on_unfit`` decides: ``"error"`` raises, ``"warn"`` emits a ``MemoryBudgetWarning`` and
     uses the best spec.
@@ -157,7 +168,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
     budget, the kind of array (same shape and bits per element) holding the most bytes per device takes its
     next mesh axis (largest first, onto its largest remaining dimension that the axis divides), so
     the biggest contributors are sharded first and small arrays stay replicated when they can.
-    Arrays of the same kind always get the same spec (for NamedArrays, the same mesh axes on the
+    Arrays of the same kind always get the same spec (for named arrays, the same mesh axes on the
     same axis names: a kind is counted with its axes in name order). If every array is sharded as far as it can be
     and the sum is still over, ``on_unfit`` decides as above.
 
@@ -243,15 +254,15 @@ class MemoryConstrainedShardingRule(ShardingRule):
         placed: dict[tuple[tuple[int, ...], int, tuple[int, ...] | None], Any] = {}
         # Values only (no Leaf record per leaf); key paths and a record only for unfit leaves.
         values, treedef = flatten_values(tree)
+        orders = name_orders(tree, values)  # a named leaf is planned in axis-name order
         keys: list[tuple[Any, ...]] | None = None
         out: list[PartitionSpec | None] = []
         unfit: list[str] = []
-        for j, value in enumerate(values):
+        for j, (value, order) in enumerate(zip(values, orders)):
             shape, dtype = shape_dtype(value)
             if shape is None:
                 out.append(None)
                 continue
-            order = name_order(value)  # a NamedArray is planned in axis-name order
             leaf_key = (shape, dtype_bits(dtype), order)
             hit = placed.get(leaf_key)
             if hit is None:
@@ -299,13 +310,13 @@ class MemoryConstrainedShardingRule(ShardingRule):
     def _apply_device(self, tree: Any, axes: tuple[str, ...], sizes: Mapping[str, int]) -> Any:
         """The whole-device mode: shard the largest contributors until the sum fits."""
         leaves, _ = flatten_leaves(tree)
-        # A kind is (shape, bits per element), a NamedArray's shape taken in axis-name order.
+        # A kind is (shape, bits per element), a named leaf's shape taken in axis-name order.
         kinds: dict[
             tuple[tuple[int, ...], int], list[Any]
         ] = {}  # -> [count, extents, assign, next]
         for lf in leaves:
             if lf.shape is not None and lf.dtype is not None:
-                key = (by_name(lf.shape, name_order(lf.value)), dtype_bits(lf.dtype))
+                key = (by_name(lf.shape, axes_order(lf.axes)), dtype_bits(lf.dtype))
                 if key in kinds:
                     kinds[key][0] += 1
                 else:
@@ -354,7 +365,7 @@ class MemoryConstrainedShardingRule(ShardingRule):
         specs = {k: _entries(v[2]) for k, v in kinds.items()}
 
         def spec_of(lf: Leaf) -> PartitionSpec:  # map_array_leaves: array leaves only
-            order = name_order(lf.value)
+            order = axes_order(lf.axes)
             shape, bits = lf.shape or (), dtype_bits(lf.dtype)
             return in_order(specs[(by_name(shape, order), bits)], order)
 
@@ -381,7 +392,7 @@ def _best_spec(
 
     Bytes per device are ``packed_bytes(size / product of used axis sizes, bits)`` for a valid
     spec, so this maximizes
-    that product. The first best found (axes in order, dimensions by position; a NamedArray's shape
+    that product. The first best found (axes in order, dimensions by position; a named leaf's shape
     comes in axis-name order) wins: deterministic.
     """
     best_product = 0

@@ -388,6 +388,9 @@ class ShardingRule(abc.ABC):
                 there is no mesh (``NoMeshError``).
             NamedTypeError: if :meth:`apply` gives an array leaf something other than a
                 ``PartitionSpec`` or ``None``, naming the leaf.
+            ShardingError: if :meth:`apply` gives an array leaf a spec that does not fit its
+                shape or the mesh (rank, unknown or repeated mesh axis, indivisible dimension),
+                naming the rule, the leaf's path and shape.
 
         Example:
             >>> import jax, jax.numpy as jnp
@@ -403,6 +406,7 @@ class ShardingRule(abc.ABC):
         # (a composite then checks its mesh-less sub-rules against the context mesh).
         planner = self._on_mesh(target) if mesh is not None or self.mesh is None else self
         values, treedef, specs = rule_specs(planner, tree)
+        check_rule_specs(planner, tree, values, specs, mesh_axis_sizes(target))
         return treedef.unflatten(
             [
                 None if spec is None or shape_dtype(v)[0] is None else NamedSharding(target, spec)
@@ -472,6 +476,32 @@ def rule_specs(rule: ShardingRule, tree: Any) -> tuple[list[Any], Any, list[Any]
             f"PartitionSpec or None.{hint}"
         )
     return values, treedef, specs
+
+
+def check_rule_specs(
+    rule: ShardingRule, tree: Any, values: list[Any], specs: list[Any], sizes: Mapping[str, int]
+) -> None:
+    """Check the specs ``rule`` gave the array leaves of ``tree`` (``rule_specs``) against their
+    shapes and the mesh, before JAX sees them: a custom rule's mistake is named here, the same on
+    ``Auto`` and ``Explicit`` meshes, instead of surfacing as JAX's own error (or assertion).
+
+    Raises:
+        ShardingError: naming the rule, the first bad leaf's path and shape, what is wrong, and a fix.
+    """
+    checked: dict[tuple[tuple[int, ...], PartitionSpec], bool] = {}  # few distinct pairs
+    for i, (value, spec) in enumerate(zip(values, specs)):
+        shape = leaf_shape(value)
+        if spec is None or shape is None:
+            continue
+        ok = checked.get((shape, spec))
+        if ok is None:
+            ok = checked[(shape, spec)] = not spec_problems(shape, spec, sizes)
+        if not ok:
+            keys = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_named_array)[0][i][0]
+            leaf = Leaf(tuple(keys), value)
+            check_spec(
+                leaf, spec, sizes, caller=f"{type(rule).__name__}.apply on {format_mesh(sizes)}"
+            )
 
 
 def map_array_leaves(tree: Any, fn: Callable[[Leaf], PartitionSpec]) -> Any:

@@ -18,7 +18,9 @@ import jax
 from jax.sharding import PartitionSpec
 
 from .._array import NamedArray, is_named_array
+from .._axis import Axis
 from .._caches import register
+from .._partitioning._tree import leaf_axes, walk
 from ._base import Leaf, shape_dtype
 
 __all__ = [
@@ -29,7 +31,8 @@ __all__ = [
     "key_paths_later",
     "leaf_at",
     "map_shapes",
-    "name_order",
+    "axes_order",
+    "name_orders",
     "shape_dtype",
 ]
 
@@ -43,17 +46,36 @@ def flatten_values(tree: Any, *, keep_none: bool = False) -> tuple[list[Any], An
     return jax.tree_util.tree_flatten(tree, is_leaf=_named_or_none if keep_none else is_named_array)
 
 
-def name_order(value: Any) -> tuple[int, ...] | None:
-    """A NamedArray's dimensions in the order of their axis names (``None``: position order,
-    for plain arrays and for NamedArrays whose axes are already sorted).
+def name_orders(tree: Any, values: list[Any]) -> list[tuple[int, ...] | None]:
+    """Per leaf of ``flatten_values(tree)`` (``values``): its dimensions in the order of its axis
+    names (``None``: position order, for leaves without names and for sorted names).
 
-    Shape-driven rules plan on the shape in this order and put the spec back in the leaf's own
-    order (``in_order``), so where two dimensions have equal sizes the tie goes by name: the
-    same named axes get the same mesh axes whatever their positions.
+    The names are the engine's walk's (``_tree.walk``, as ``flatten_leaves`` reads them): a
+    NamedArray's axes and a ``field(axis_names=...)`` array's declared names. Shape-driven rules
+    plan on the shape in this order and put the spec back in the leaf's own order (``in_order``),
+    so where two dimensions have equal sizes the tie goes by name: the same named axes get the
+    same mesh axes whatever their positions.
+
+    Raises:
+        AxisError: if a ``field(axis_names=...)`` array's rank differs from its number of names.
     """
-    if not isinstance(value, NamedArray):
-        return None
-    return _order_of(tuple([a.name for a in value.axes]))
+    found = walk(tree, jax.tree_util.tree_structure(tree))
+    if not found.any_named:  # the common plain tree: no names anywhere, one cached lookup
+        return [None] * len(values)
+    out: list[tuple[int, ...] | None] = []
+    index = 0  # the walk has an entry per tree_flatten leaf: none for None or an empty NamedArray
+    for value in values:
+        if value is None or (isinstance(value, NamedArray) and value.array is None):
+            out.append(None)
+            continue
+        out.append(axes_order(leaf_axes(found.infos[index], value)))
+        index += 1
+    return out
+
+
+def axes_order(axes: tuple[Axis, ...] | None) -> tuple[int, ...] | None:
+    """``axes``' positions sorted by name (``None`` for no axes or axes already sorted)."""
+    return None if axes is None else _order_of(tuple([a.name for a in axes]))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -66,7 +88,7 @@ register(_order_of.cache_clear)
 
 
 def by_name(shape: tuple[int, ...], order: tuple[int, ...] | None) -> tuple[int, ...]:
-    """``shape`` with its dimensions in ``name_order`` (as it is for ``None``)."""
+    """``shape`` with its dimensions in ``order`` (``name_orders``; as it is for ``None``)."""
     return shape if order is None else tuple(shape[d] for d in order)
 
 
@@ -84,19 +106,20 @@ def map_shapes(tree: Any, fn: Callable[[tuple[int, ...]], PartitionSpec]) -> Any
     """``fn(shape)`` for every array leaf of ``tree`` (called once per distinct shape), ``None``
     for the other leaves; the structure of ``tree`` (a NamedArray is one leaf).
 
-    A NamedArray's shape is given to ``fn`` in axis-name order and the spec put back in the
-    leaf's order (``name_order``), so equal sizes are told apart by name, not by position.
+    A named leaf's shape (a NamedArray, a ``field(axis_names=...)`` array) is given to ``fn`` in
+    axis-name order and the spec put back in the leaf's order (``name_orders``), so equal sizes
+    are told apart by name, not by position.
     """
     values, treedef = flatten_values(tree)
+    orders = name_orders(tree, values)
     planned: dict[tuple[int, ...], PartitionSpec] = {}  # fn's spec per shape in name order
     done: dict[tuple[tuple[int, ...], tuple[int, ...] | None], PartitionSpec] = {}
     out: list[Any] = []
-    for value in values:
+    for value, order in zip(values, orders):
         shape = shape_dtype(value)[0]
         if shape is None:
             out.append(None)
             continue
-        order = name_order(value)
         spec = done.get((shape, order))
         if spec is None:
             ordered = by_name(shape, order)

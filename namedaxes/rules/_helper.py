@@ -2,7 +2,7 @@
 and specs built from them.
 
 Like the other shape-driven rules it iterates mesh axes and dimensions in a fixed order, never over
-a ``set`` (a NamedArray's dimensions in axis-name order), and every spec it builds uses each mesh
+a ``set`` (a named leaf's dimensions in axis-name order), and every spec it builds uses each mesh
 axis at most once and divides what it shards.
 """
 
@@ -19,7 +19,7 @@ from .._errors import NamedTypeError, ShardingError, format_mesh, format_names
 from .._mesh import MeshLike, mesh_axis_sizes, require_mesh
 from .._spec import entry_of
 from ._auto import _check_min_size
-from ._base import ShardingRule, place_tree, replicated, rule_mesh
+from ._base import ShardingRule, place_tree, replicated, rule_mesh, spec_problems
 from ._flat import flatten_values, map_shapes, shape_dtype
 
 __all__ = ["MeshPartitionHelper"]
@@ -244,9 +244,10 @@ class MeshPartitionHelper(ShardingRule):
     def apply(self, tree: Any) -> Any:
         """A spec per array leaf: its suggested methods through :meth:`create_partition_spec`.
 
-        A NamedArray's shape is taken in axis-name order, so a tie between equal dimensions goes
-        to the first axis name rather than the first position: the same named axes get the same
-        mesh axes whatever their order. Plain arrays keep position ties.
+        A NamedArray's (or ``field(axis_names=...)`` array's) shape is taken in axis-name order,
+        so a tie between equal dimensions goes to the first axis name rather than the first
+        position: the same named axes get the same mesh axes whatever their order. Arrays without
+        names keep position ties.
         """
 
         def spec_for(shape: tuple[int, ...]) -> PartitionSpec:
@@ -255,8 +256,18 @@ class MeshPartitionHelper(ShardingRule):
 
         return map_shapes(tree, spec_for)
 
-    def shard_array(self, array: Any, spec: PartitionSpec) -> Any:
+    def shard_array(self, array: Any, spec: PartitionSpec | None) -> Any:
         """Place one array (or NamedArray) with ``spec`` on the helper's mesh.
+
+        ``spec`` is checked against the array's shape and the mesh first, so a mistake is named
+        here (the same on ``Auto`` and ``Explicit`` meshes) rather than by JAX. ``None`` is
+        replicated.
+
+        Raises:
+            NamedTypeError: if ``spec`` is not a ``PartitionSpec`` (or ``None``), or ``array`` is
+                not one array or NamedArray (place a pytree with :meth:`shard`).
+            ShardingError: if ``spec`` does not fit: more entries than dimensions, a mesh axis
+                the mesh lacks or named twice, or a dimension its mesh axes do not divide.
 
         Example:
             >>> import jax, jax.numpy as jnp
@@ -266,7 +277,33 @@ class MeshPartitionHelper(ShardingRule):
             >>> MeshPartitionHelper(mesh).shard_array(jnp.zeros(16), P("data")).sharding.spec
             P('data',)
         """
+        if spec is None:
+            spec = PartitionSpec()
+        if not isinstance(spec, PartitionSpec):
+            if isinstance(spec, str):
+                fix = f"PartitionSpec({spec!r})"
+            elif isinstance(spec, (tuple, list)):
+                fix = f"PartitionSpec(*{spec!r})"
+            else:
+                fix = "PartitionSpec('data', None)"
+            raise NamedTypeError(
+                f"shard_array: spec must be a PartitionSpec (or None), got {spec!r} "
+                f"({type(spec).__name__}). Build one, e.g. {fix}."
+            )
+        shape = shape_dtype(array)[0]
+        if shape is None:
+            raise NamedTypeError(
+                f"shard_array places one array or NamedArray, got {type(array).__name__}. For a "
+                "pytree, use helper.shard(tree) (specs from the helper) or jax.device_put."
+            )
         mesh = require_mesh(self.mesh, caller="shard_array")
+        sizes = mesh_axis_sizes(mesh)
+        problems = spec_problems(shape, spec, sizes)
+        if problems:
+            raise ShardingError(
+                f"shard_array: spec {spec} does not fit the array of shape {shape} on "
+                f"{format_mesh(sizes)}: " + "; ".join(problems) + "."
+            )
         return place_tree(array, NamedSharding(mesh, spec), caller="shard_array")
 
     def auto_shard_pytree(self, tree: Any, min_shard_size: int = 1024) -> Any:

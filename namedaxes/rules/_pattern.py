@@ -166,7 +166,8 @@ class ShapeBasedShardingRule(ShardingRule):
             (``None``: the context mesh, if any).
 
     Raises:
-        ShardingError: if a spec is longer than its pattern or repeats a mesh axis; on ``apply``
+        ShardingError: if a pattern has a negative size, or a spec is longer than its pattern or
+            repeats a mesh axis; on ``apply``
             with a mesh, if a spec names a mesh axis the mesh lacks or a matched spec does not
             divide the array's sizes.
 
@@ -201,6 +202,12 @@ class ShapeBasedShardingRule(ShardingRule):
             ):
                 raise NamedTypeError(
                     f"A shape pattern must be a tuple of ints and None wildcards, got {pattern!r}."
+                )
+            negative = [p for p in pattern if p is not None and p < 0]
+            if negative:  # it would match no array, silently
+                raise ShardingError(
+                    f"Shape pattern {pattern} has negative size {negative[0]}, which no array "
+                    "has. Give the dimension's size (>= 0), or None to match any size."
                 )
             spec = _check_spec_value(spec, f"Shape pattern {pattern}", allow_mapping=False)
             if spec is not None and len(spec) > len(pattern):
@@ -290,14 +297,17 @@ class PathRegexRule(ShardingRule):
 
     Args:
         rules: ``[(regex, spec), ...]`` (or a dict in insertion order).
-        strict: Raise when array leaves match no pattern (else they are replicated).
+        strict: Raise when array leaves match no pattern (else they are replicated), and when a
+            pattern matches no array leaf's path (a misspelt pattern before a catch-all would
+            otherwise place nothing, silently). Checked only for a tree with array leaves.
         mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: the context mesh,
             if any).
 
     Raises:
         ShardingError: if a regex does not compile or a spec repeats a mesh axis; on ``apply``,
-            if ``strict`` and leaves are unmatched (all listed), a spec names a mesh axis the mesh
-            lacks, a matched spec is invalid for its leaf, or a mapping spec matches with no mesh.
+            if ``strict`` and leaves are unmatched (all listed) or patterns match no leaf (all
+            listed), a spec names a mesh axis the mesh lacks, a matched spec is invalid for its
+            leaf, or a mapping spec matches with no mesh.
 
     Example:
         >>> import jax.numpy as jnp
@@ -367,6 +377,8 @@ class PathRegexRule(ShardingRule):
         plans: dict[int, TreePlan] = {}
         out: list[Any] = []
         unmatched: list[str] = []
+        paths: list[str] = []  # of the array leaves, for strict's check of unused patterns
+        won: set[int] = set()  # patterns that gave some leaf its spec
         checked: set[tuple[int, tuple[int, ...]]] = set()  # (pattern index, shape) seen valid
         resolved: dict[tuple[int, Any], PartitionSpec] = {}  # (pattern index, axes) -> spec
         for j, value in enumerate(values):
@@ -375,9 +387,11 @@ class PathRegexRule(ShardingRule):
                 out.append(None)
                 continue
             path = format_path(keys[j])
+            paths.append(path)
             for i, (regex, spec) in enumerate(self.rules):
                 if not regex.search(path):
                     continue
+                won.add(i)
                 if isinstance(spec, (dict, AxisRules)):
                     # A NamedArray's spec depends on its axes alone: once per (pattern, axes).
                     key = (i, value.axes) if isinstance(value, NamedArray) else None
@@ -413,7 +427,25 @@ class PathRegexRule(ShardingRule):
                 f"Patterns: {', '.join(repr(r.pattern) for r, _ in self.rules) or '(none)'}. Add a "
                 "pattern for them, end with a catch-all (r'.*', P()), or pass strict=False."
             )
+        if self.strict and paths:
+            self._check_used(won, paths)
         return treedef.unflatten(out)
+
+    def _check_used(self, won: set[int], paths: list[str]) -> None:
+        """Raise for patterns whose regex finds no leaf path (a pattern shadowed by an earlier
+        one still matches paths, and is not refused)."""
+        unused = [
+            r.pattern
+            for i, (r, _) in enumerate(self.rules)
+            if i not in won and not any(r.search(p) for p in paths)
+        ]
+        if unused:
+            shown = ", ".join(repr(p) for p in paths[:5]) + (" ..." if len(paths) > 5 else "")
+            raise ShardingError(
+                f"PathRegexRule pattern(s) {', '.join(map(repr, unused))} match no leaf path "
+                f"(strict=True), so they place nothing: a misspelling? Leaf paths: {shown}. Fix "
+                "or remove the pattern, or pass strict=False."
+            )
 
     @staticmethod
     def _check_mappable(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike | None) -> None:
