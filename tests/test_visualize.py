@@ -245,3 +245,38 @@ def test_rows_agree_with_pspec_for_leaf_by_leaf():
         p: f"{s} (planned)" for p, s in expected.items()
     }
     assert rows["emb"][3] == "P('data', None) (planned)"
+
+
+def test_inside_jit_shows_the_traced_placement(axis_type):
+    # A tracer has no .sharding; on Explicit axes its type holds the real spec (not the plan's).
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+    arr = jax.device_put(jnp.ones((8, 16)), jax.NamedSharding(mesh, jax.P(None, "model")))
+    x = na.named(arr, ("batch", "embed"))
+    out = io.StringIO()
+
+    def f(x):
+        na.analysis.visualize_sharding({"x": x}, {"batch": "data"}, mesh, file=out)
+        na.analysis.visualize_array(x, {"batch": "data"}, mesh, file=out)
+        return x
+
+    with jax.set_mesh(mesh):
+        jax.jit(f)(x)
+    text = out.getvalue()
+    if axis_type == jax.sharding.AxisType.Explicit:
+        assert _rows(text.split("NamedArray(")[0])["x"][3:5] == ["P(None, 'model')", "(8, 4)"]
+        assert "P(None, 'model') on Mesh(data=2, model=4)" in text
+        assert "(planned)" not in text
+    else:  # Auto axes inside jit: the compiler decides, the table shows the plan and says so
+        assert "P('data', None) (planned)" in text
+
+
+def test_grid_of_a_scalar_is_one_cell_of_every_device(mesh_2x4):
+    x = na.named(jax.device_put(jnp.float32(1.0), jax.NamedSharding(mesh_2x4, jax.P())), ())
+    out = io.StringIO()
+    na.analysis.visualize_array(x, file=out)
+    title, grid = _grid(out.getvalue())
+    assert title == "NamedArray(float32)  P() on Mesh(data=2, model=4)"
+    assert grid == [["(no axes)", "value"], ["devices", "0,1,2,3,4,5,6,7"]]
+    out = io.StringIO()
+    na.analysis.visualize_array(na.named(jnp.float32(1.0), ()), {}, {"data": 2}, file=out)
+    assert _grid(out.getvalue())[1] == [["(no axes)", "value"], ["devices", "0,1"]]

@@ -1,9 +1,10 @@
 """Seeing placement: a table of where every leaf of a tree lives, and the device grid of one array.
 
 Both read placement the way the rest of the library does: an array that already has a
-``NamedSharding`` is shown where it is; any other leaf is shown where the tree's plan would put it
-(``resolve`` for named leaves, replicated for unnamed ones), so the same call works on concrete
-trees, abstract trees (``eqx.filter_eval_shape``) and ``{axis: size}`` meshes.
+``NamedSharding`` (inside ``jit``: in its type, on ``Explicit`` mesh axes) is shown where it is;
+any other leaf is shown where the tree's plan would put it (``resolve`` for named leaves,
+replicated for unnamed ones), so the same call works on concrete trees, abstract trees
+(``eqx.filter_eval_shape``) and ``{axis: size}`` meshes.
 
 Output is a ``rich`` table when rich is installed and the stream is a terminal, else plain text.
 """
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
 from .._errors import AxisError, NamedTypeError, format_axes, format_mesh, format_names
@@ -55,8 +56,20 @@ def _array_of(value: Any) -> Any:
 
 
 def _placed(array: Any) -> _Placement | None:
-    """The placement an array (or a ``ShapeDtypeStruct`` with a sharding) already has."""
-    sharding = getattr(array, "sharding", None)
+    """The placement an array (or a ``ShapeDtypeStruct`` with a sharding) already has.
+
+    Inside ``jit`` a tracer has no ``.sharding``; its type carries the real spec on ``Explicit``
+    mesh axes, so that is read. On a mesh with only ``Auto`` axes the type says nothing (the
+    compiler decides), and the leaf is shown where the plan puts it.
+    """
+    if isinstance(array, jax.core.Tracer):
+        sharding = getattr(jax.typeof(array), "sharding", None)
+        if not isinstance(sharding, NamedSharding) or AxisType.Explicit not in getattr(
+            sharding.mesh, "axis_types", ()
+        ):
+            return None
+    else:
+        sharding = getattr(array, "sharding", None)
     if isinstance(sharding, NamedSharding):
         mesh = sharding.mesh
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else None
@@ -178,8 +191,9 @@ def visualize_sharding(
     Each row shows the leaf's path, its axes with sizes (its shape when it has no names), dtype,
     ``PartitionSpec``, per-device (block) shape and bytes, and whether it is replicated (``yes``:
     every device holds all of it; ``over model``: copies along those mesh axes; ``no``). A leaf
-    whose array already has a ``NamedSharding`` is shown where it is; any other leaf where the
-    engine's plan (``pspec_for``) would put it, marked ``(planned)``. The last line totals the
+    whose array already has a ``NamedSharding`` is shown where it is (inside ``jit``, a traced
+    leaf where its type says on ``Explicit`` mesh axes); any other leaf where the engine's plan
+    (``pspec_for``) would put it, marked ``(planned)``. The last line totals the
     bytes of the busiest device.
 
     Args:
@@ -294,10 +308,11 @@ def visualize_array(
     """Draw the device grid of one NamedArray, with its axis names on the grid's sides.
 
     The named counterpart of ``jax.debug.visualize_array_sharding``: rows are blocks of the first
-    drawn axis, columns blocks of the second (one row for a 1-axis drawing); each cell lists the
-    devices holding that block (device ids on a concrete mesh, positions in mesh order on an
-    abstract one). A placed array is drawn where it is; an unplaced or abstract one where the
-    engine's plan would put it.
+    drawn axis, columns blocks of the second (one row for a 1-axis drawing, one cell holding every
+    device for a 0-d array); each cell lists the devices holding that block (device ids on a
+    concrete mesh, positions in mesh order on an abstract one). A placed array is drawn where it
+    is (inside ``jit``, where its type says on ``Explicit`` mesh axes); an unplaced or abstract
+    one, or a traced one on ``Auto`` axes, where the engine's plan would put it.
 
     Args:
         x: A NamedArray (concrete, or holding a ``ShapeDtypeStruct``).
@@ -349,14 +364,16 @@ def visualize_array(
         rows, cols = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
         header = [f"{names[0]} \\ {names[1]}"] + [span(c) for c in cols]
         body = [[span(r)] + [",".join(cells.get((r, c), [])) for c in cols] for r in rows]
-    else:  # one row, as jax draws a 1-D array
+    elif dims:  # one row, as jax draws a 1-D array
         cols = sorted(k[0] for k in cells)
         header = [names[0]] + [span(c) for c in cols]
         body = [["devices"] + [",".join(cells[(c,)]) for c in cols]]
+    else:  # a 0-d array: one block, which every device holds
+        header = ["(no axes)", "value"]
+        body = [["devices", ",".join(cells[()])]]
     planned = "" if p.placed else " (planned)"
-    title = (
-        f"NamedArray({x.dtype}, {format_axes(x.axes)})  {p.spec}{planned} on {format_mesh(p.sizes)}"
-    )
+    described = ", ".join([str(x.dtype), format_axes(x.axes)] if x.axes else [str(x.dtype)])
+    title = f"NamedArray({described})  {p.spec}{planned} on {format_mesh(p.sizes)}"
     if _use_rich(file):
         from rich.table import Table
 
