@@ -8,7 +8,7 @@ key. ``--search`` chooses the rules itself: it refuses ``--rules`` and does not 
 factory's. ``--top`` is how many plans the search shows (default 3) or, without ``--search``, how
 many of the largest leaves the plan lists (``plan``'s ``top``, default 10). Exit status: 0; 1 when
 a ``--budget`` is given and the plan does not fit, or, with ``--search``, no mapping does; 2 on
-bad input (the message says what to fix).
+bad input, or when the factory or the step raises (``error: ...`` says what to fix).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import inspect
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +47,13 @@ def _load(spec: str) -> dict[str, Any]:
         raise PlanError(f"{spec!r} must be callable with no arguments ({e}).") from e
     except ValueError:  # no signature (a builtin): just call it
         pass
-    made = obj()
+    try:
+        made = obj()
+    except Exception as e:  # the user's code: a typed error (exit 2), not a traceback (exit 1)
+        raise PlanError(
+            f"{spec!r} raised {type(e).__name__}: {e}. Fix the factory; it must return the "
+            "abstract tree, or a dict with 'tree' (and 'step', 'args', 'rules')."
+        ) from e
     # A dict with a "tree" key is the inputs form (a state with a "step" counter is not); a
     # misspelt key beside "tree" would otherwise plan the whole dict as the tree.
     if not isinstance(made, dict) or "tree" not in made:
@@ -97,13 +104,11 @@ def _show(obj: Any, as_json: bool) -> None:
     if sys.stdout.isatty():
         try:
             import rich
-
-            items = list(obj) if isinstance(obj, list) else [obj]
-            for item in items:
-                rich.print(item)
-            return
         except ImportError:  # rich is optional: plain text below
             pass
+        else:  # a Plan and a PlanSearch render their str()'s content as rich tables
+            rich.print(obj)
+            return
     print(obj)
 
 
@@ -145,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inputs = _load(opts.factory)
         mesh = _mesh(opts.mesh)
         rules = _rules(opts.rules)  # an empty AxisRules is falsy but given: check for None
-        step, args = inputs.get("step"), tuple(inputs.get("args") or ())
+        step, args = inputs.get("step"), inputs.get("args", ())  # plan checks them
         if opts.search:
             if rules is not None:
                 raise PlanError(
@@ -176,5 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except NamedAxesError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug, not bad input: exit 1 would read as "does not fit"
+        traceback.print_exc()
+        print(f"error: unexpected {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     return 1 if fits is False else 0

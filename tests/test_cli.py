@@ -33,6 +33,21 @@ MODEL = textwrap.dedent(
 
     def train_state():
         return {**state(), "step": 0}  # a state's own "step" counter: not the inputs form
+
+    def broken():
+        raise RuntimeError("factory bug")
+
+    def bad_step(tree):
+        raise RuntimeError("step bug")
+
+    def with_bad_step():
+        return {"tree": state(), "step": bad_step, "rules": {"mlp": "model"}}
+
+    def args_dict():
+        return {"tree": state(), "step": scale, "args": state(), "rules": {"mlp": "model"}}
+
+    def args_without_step():
+        return {"tree": state(), "args": (state(),), "rules": {"mlp": "model"}}
     """
 )
 RULES = '{"mlp": "model"}'
@@ -233,3 +248,70 @@ def test_python_dash_m(model_dir):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["state_bytes_per_device"] == 2 * 1024 * 512 * 4 // 8
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (
+            "broken",
+            "error: 'na_cli_model:broken' raised RuntimeError: factory bug. Fix the factory; it "
+            "must return the abstract tree, or a dict with 'tree' (and 'step', 'args', 'rules').\n",
+        ),
+        (
+            "with_bad_step",
+            "error: Compiling the step on Mesh(data=2, model=4) failed: RuntimeError: step bug. "
+            "Fix the step: it raised this when traced",
+        ),
+        (
+            "args_dict",
+            "error: plan: args must be a tuple of the step's arguments, e.g. args=(state, batch); "
+            "got dict. For a step that takes one argument x, pass args=(x,).\n",
+        ),
+        ("args_without_step", "error: plan: args needs step=: args are the example arguments"),
+    ],
+)
+def test_factory_and_step_failures_exit_2_with_a_message(model_dir, capsys, factory, message):
+    """A crash in the factory or the step is bad input (exit 2), not "does not fit" (exit 1)."""
+    argv = ["plan", f"na_cli_model:{factory}", "--mesh", "data=2,model=4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and "Traceback" not in err
+
+
+SEARCH = [
+    "plan",
+    "na_cli_model:state",
+    "--mesh",
+    "data=2,model=4",
+    "--search",
+    "--budget",
+    "600KiB",
+]
+
+
+def test_search_json_rejected_rules_are_json_lists(model_dir, capsys):
+    assert main([*SEARCH, "--top", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rejected"]
+    for r in out["rejected"]:  # the same form as plans[].rules, not a Python repr string
+        assert isinstance(r["rules"], list) and all(isinstance(p, list) for p in r["rules"])
+    assert isinstance(out["plans"][0]["rules"], list)
+
+
+class _Terminal(__import__("io").StringIO):
+    def isatty(self):
+        return True
+
+
+def test_search_in_a_terminal_shows_what_plain_text_shows(model_dir, capsys, monkeypatch):
+    pytest.importorskip("rich")
+    assert main([*SEARCH, "--top", "1"]) == 0  # plain text (capsys is no terminal)
+    plain = capsys.readouterr().out
+    out = _Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main([*SEARCH, "--top", "1"]) == 0
+    text = out.getvalue()
+    for line in ("plan_search: ", "#1", "Why others lost (examples):", "state per device"):
+        assert line in plain and line in text, line
+    assert "embed->" in text.split("Why others lost")[1]  # rules as text, not a list repr

@@ -510,7 +510,7 @@ def test_plan_search_with_a_step_raises_does_not_fit_when_no_compiled_mapping_fi
     with pytest.raises(
         PlanDoesNotFitError,
         match=r"None of the 1 best mappings by state compiles within the budget of 1\.00 KiB per "
-        r"device \(\[\['mlp', \['data', 'model'\]\]\]: compiled step needs 2\.00 KiB\)",
+        r"device \(mlp->data/model: compiled step needs 2\.00 KiB\)",
     ):
         na.analysis.plan_search(
             state, {"data": 2, "model": 4}, step=scale_params, budget="1KiB", compile_limit=1
@@ -689,3 +689,50 @@ def test_plan_prints_as_text_and_rich():
     out = io.StringIO()
     rich_console.Console(file=out, width=160).print(p)
     assert "state per device" in out.getvalue() and "params/w" in out.getvalue()
+
+
+def failing_step(state):
+    raise RuntimeError("step bug")
+
+
+def test_plan_and_plan_search_refuse_args_that_are_not_a_tuple_or_lack_a_step():
+    tree = {"w": na.named(jax.ShapeDtypeStruct((64, 32), "float32"), ("embed", "mlp"))}
+    mesh = {"data": 2, "model": 4}
+    not_tuple = (
+        r"args must be a tuple of the step's arguments, e\.g\. args=\(state, batch\); got "
+        r"{}\. For a step that takes one argument x, pass args=\(x,\)\."
+    )
+    for call, name in ((na.analysis.plan, "plan"), (na.analysis.plan_search, "plan_search")):
+        rules = ({"embed": "data"},) if name == "plan" else ()
+        for bad, kind in (
+            (tree, "dict"),
+            (jax.ShapeDtypeStruct((8,), "float32"), "ShapeDtypeStruct"),
+        ):
+            with pytest.raises(na.PlanError, match=rf"^{name}: " + not_tuple.format(kind)):
+                call(tree, mesh, *rules, step=take_state, args=bad)
+        with pytest.raises(na.PlanError, match=rf"^{name}: args needs step=: .* Pass the step"):
+            call(tree, mesh, *rules, args=(tree,))
+
+
+def test_a_failing_step_is_a_compile_target_error_locally_as_in_the_subprocess():
+    tree = {"w": na.named(jax.ShapeDtypeStruct((64, 32), "float32"), ("embed", "mlp"))}
+    with pytest.raises(
+        na.CompileTargetError,
+        match=r"Compiling the step on Mesh\(data=2, model=4\) failed: RuntimeError: step bug\. "
+        r"Fix the step",
+    ) as info:
+        na.analysis.plan(tree, {"data": 2, "model": 4}, {"embed": "data"}, step=failing_step)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_rich_plan_names_the_replicated_leaves():
+    rich_console = pytest.importorskip("rich.console")
+    import io
+
+    w = na.named(jax.ShapeDtypeStruct((64, 16), "float32"), ("embed", "mlp"))
+    b = na.named(jax.ShapeDtypeStruct((16,), "float32"), ("bias",))
+    p = na.analysis.plan({"params": {"w": w, "b": b}}, {"data": 2, "model": 4}, {"mlp": "model"})
+    assert "replicated: params/b" in str(p)
+    out = io.StringIO()
+    rich_console.Console(file=out, width=160, force_terminal=True).print(p)
+    assert "replicated: params/b" in out.getvalue()

@@ -41,7 +41,13 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._errors import CompileTargetError, DeviceOutOfMemoryError, PlanError, format_mesh
+from .._errors import (
+    CompileTargetError,
+    DeviceOutOfMemoryError,
+    NamedAxesError,
+    PlanError,
+    format_mesh,
+)
 from .._logical._context import axis_mapping
 from .._mesh import mesh_axis_sizes
 from .._partitioning._specs import pspec_for
@@ -424,7 +430,8 @@ def compile_step(
     Raises:
         DeviceOutOfMemoryError: if XLA refuses the program for lack of device memory.
         CompileTargetError: if the mesh does not fit the local devices, ``libtpu`` is missing for
-            a TPU target, or the compiling subprocess fails (its error is quoted).
+            a TPU target, the step fails to trace or compile, or the compiling subprocess fails
+            (the error is quoted).
     """
     (result,) = compile_steps(step, args, [rules], mesh, timeout=timeout)
     if isinstance(result, Exception):
@@ -438,7 +445,8 @@ def compile_steps(
     """:func:`compile_step` for several layouts at once (one subprocess for a target).
 
     An out-of-memory refusal is returned in its layout's slot (so one layout that does not fit
-    does not hide the others); every other failure raises.
+    does not hide the others); every other failure raises: a failure of the step itself as
+    ``CompileTargetError`` quoting it, locally as from the compiling subprocess.
     """
     abstract = jax.tree.map(_abstract, args)
     if isinstance(mesh, CompileTarget):
@@ -450,12 +458,19 @@ def compile_steps(
     sizes = mesh_axis_sizes(local)
     out: list[dict[str, Any] | DeviceOutOfMemoryError] = []
     for rules in rules_list:
+        specs = leaf_specs(args, rules, sizes)
         try:
-            out.append(
-                summarize_compiled(step, abstract, leaf_specs(args, rules, sizes), local, rules)
-            )
+            out.append(summarize_compiled(step, abstract, specs, local, rules))
         except DeviceOutOfMemoryError as e:
             out.append(e)
+        except NamedAxesError:
+            raise  # already typed, naming what to fix
+        except Exception as e:  # the step's own failure: typed, as the compiling subprocess says it
+            raise CompileTargetError(
+                f"Compiling the step on {format_mesh(sizes)} failed: {type(e).__name__}: {e}. "
+                "Fix the step: it raised this when traced on the example arguments (args, "
+                "default (tree,)) laid out by the rules."
+            ) from e
     return out
 
 

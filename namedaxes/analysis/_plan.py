@@ -412,7 +412,8 @@ def plan(
         step: The function to compile (``jax.jit``/``named_jit``-wrapped or plain, jitted with
             ``keep_unused=True``), or ``"module:function"``. For a target string it must be
             importable in a fresh process (a module-level function or that string).
-        args: The step's example arguments, laid out by ``rules``; default ``(tree,)``.
+        args: The step's example arguments as a tuple (``step(*args)``), laid out by ``rules``;
+            default ``(tree,)``. Only with ``step``.
         budget: Bytes per device (int, or ``"16GiB"``, ``"512MB"``).
         params: The top-level subtree holding the parameters, for ``param_count``; default
             ``"params"`` when the tree has it, else the whole tree.
@@ -424,8 +425,8 @@ def plan(
 
     Raises:
         ShardingError: without rules, or when ``resolve`` cannot place an axis.
-        PlanError: for an unreadable budget or step, ``top < 0``, or ``params`` naming no
-            top-level subtree of the tree.
+        PlanError: for an unreadable budget or step, ``args`` that is not a tuple or comes
+            without a step, ``top < 0``, or ``params`` naming no top-level subtree of the tree.
         NamedTypeError: if ``top`` is not an int.
         CompileTargetError: for a bad target, a missing ``libtpu``, or a failed subprocess.
         DeviceOutOfMemoryError: when XLA refuses the step for lack of device memory.
@@ -439,6 +440,7 @@ def plan(
         >>> p.param_count, p.state_bytes_per_device, p.fits, p.headroom_bytes
         (524288, 524288, True, 524288)
     """
+    step_args = step_arguments(tree, step, args, caller="plan")
     sizes, where = mesh_sizes_and_target(mesh)
     budget_bytes = None if budget is None else parse_bytes(budget)
     rules_n = _rules_arg(rules)
@@ -446,9 +448,7 @@ def plan(
     if isinstance(where, CompileTarget):
         p = p.with_(target=where.text)
     if step is not None:
-        result = compile_step(
-            step, tuple(args) if args else (tree,), rules_n, where, timeout=timeout
-        )
+        result = compile_step(step, step_args, rules_n, where, timeout=timeout)
         memory = {
             k: result["memory"][k]
             for k in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
@@ -456,6 +456,30 @@ def plan(
         p = p.with_(compiled=memory, cost=result["cost"], collectives=result["collectives"])
         p = with_step_axes(p, args, sizes)
     return verdict(p, budget_bytes)
+
+
+def step_arguments(tree: Any, step: Any, args: Any, *, caller: str) -> tuple[Any, ...]:
+    """The step's example arguments: ``args`` as given, or ``(tree,)`` when empty.
+
+    ``args`` is read as ``step(*args)`` reads it, so anything but a tuple is refused rather than
+    coerced (``tuple(a_dict)`` would compile the step on the dict's keys).
+
+    Raises:
+        PlanError: if ``args`` is not a tuple, or is given without a ``step`` to take it.
+    """
+    if args is None:
+        args = ()
+    if not isinstance(args, tuple):
+        raise PlanError(
+            f"{caller}: args must be a tuple of the step's arguments, e.g. args=(state, batch); "
+            f"got {type(args).__name__}. For a step that takes one argument x, pass args=(x,)."
+        )
+    if args and step is None:
+        raise PlanError(
+            f"{caller}: args needs step=: args are the example arguments of the step to compile "
+            "(step(*args)). Pass the step, e.g. step=train_step, or drop args."
+        )
+    return args if args else (tree,)
 
 
 def with_step_axes(p: Plan, args: Any, sizes: Mapping[str, int]) -> Plan:

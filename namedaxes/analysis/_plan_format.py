@@ -10,19 +10,37 @@ from .._logical._rules import AxisRules
 from .._partitioning._plan import describe_unmatched
 from ..rules._base import format_bytes
 
-__all__ = ["describe_budget", "mesh_text", "plain_text", "rich_renderable", "rules_to_json"]
+__all__ = [
+    "describe_budget",
+    "mesh_text",
+    "pairs_text",
+    "plain_text",
+    "rich_renderable",
+    "rules_to_json",
+]
 
 #: A ``namedaxes.analysis.Plan`` (this module sits below the module that defines it).
 Plan = Any
 
 
 def _rules_text(p: Plan) -> str:
-    if p.rules is None:
-        return "-"
-    pairs = rules_to_json(p.rules)
+    return "-" if p.rules is None else pairs_text(rules_to_json(p.rules))
+
+
+def pairs_text(pairs: list[list[Any]]) -> str:
+    """Rules as ``rules_to_json`` gives them, for a line of text: ``embed->data, mlp->model``."""
     return (
         ", ".join(f"{n}->{'/'.join(t) if isinstance(t, list) else t}" for n, t in pairs) or "(none)"
     )
+
+
+def _replicated_line(p: Plan) -> str:
+    """``replicated: a, b (+3 more)`` naming the replicated leaves (empty when none is)."""
+    if not p.replicated["paths"]:
+        return ""
+    shown = ", ".join(p.replicated["paths"][:6])
+    more = len(p.replicated["paths"]) - 6
+    return f"replicated: {shown}" + (f" (+{more} more)" if more > 0 else "")
 
 
 def _summary(p: Plan) -> list[tuple[str, str]]:
@@ -101,10 +119,8 @@ def plain_text(p: Plan) -> str:
         lines.append(
             f"  {g['path']:<36} {g['spec']:<30} {g['count']:>5} {format_bytes(g['bytes_per_device']):>12}"
         )
-    if p.replicated["paths"]:
-        shown = ", ".join(p.replicated["paths"][:6])
-        more = len(p.replicated["paths"]) - 6
-        lines += ["", f"  replicated: {shown}" + (f" (+{more} more)" if more > 0 else "")]
+    if _replicated_line(p):
+        lines += ["", f"  {_replicated_line(p)}"]
     if p.unmatched:
         lines += ["", f"  {describe_unmatched(p.unmatched, [*p.axes, *p.step_axes])}"]
     return "\n".join(lines)
@@ -141,6 +157,8 @@ def rich_renderable(p: Plan) -> Any:
     for g in p.largest:
         largest.add_row(g["path"], g["spec"], str(g["count"]), format_bytes(g["bytes_per_device"]))
     parts: list[Any] = [summary, subtrees, axes, largest]
+    if _replicated_line(p):
+        parts.append(Text(_replicated_line(p)))
     if p.unmatched:
         parts.append(
             Text(describe_unmatched(p.unmatched, [*p.axes, *p.step_axes]), style="bold yellow")

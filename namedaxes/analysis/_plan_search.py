@@ -32,10 +32,11 @@ from ._plan import (
     mesh_sizes_and_target,
     parse_bytes,
     state_plan,
+    step_arguments,
     verdict,
     with_step_axes,
 )
-from ._plan_format import rules_to_json
+from ._plan_format import pairs_text, rules_to_json
 from ._report import check_count
 
 __all__ = ["PlanSearch", "plan_search"]
@@ -51,8 +52,8 @@ class PlanSearch(list):  # type: ignore[type-arg]
             ``"over_budget"`` (state alone exceeds the budget), ``"step_over_budget"`` (compiled
             step exceeds it), ``"cannot_run"`` (it pipelines a stack its stages cannot run:
             a layer count that does not divide, too few microbatches), ``"ranked_lower"``.
-        rejected: Examples of losers: ``{"rules", "state_bytes_per_device", "reason"}``, the
-            closest ones first.
+        rejected: Examples of losers: ``{"rules", "state_bytes_per_device", "reason"}`` (rules
+            as ``[[name, mesh_axes], ...]``, like a plan's ``to_dict()``), the closest ones first.
         compiled: How many distinct layouts were compiled.
     """
 
@@ -71,17 +72,40 @@ class PlanSearch(list):  # type: ignore[type-arg]
             "compiled": self.compiled,
         }
 
-    def __str__(self) -> str:
-        lines = [
+    def _header(self) -> str:
+        return (
             f"plan_search: {self.candidates} mappings, {len(self)} shown, {self.compiled} compiled; "
             "dropped: " + (", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "none")
+        )
+
+    def _losers(self) -> list[str]:
+        if not self.rejected:
+            return []
+        return ["Why others lost (examples):"] + [
+            f"  {pairs_text(r['rules'])}: {r['reason']}" for r in self.rejected[:10]
         ]
+
+    def __str__(self) -> str:
+        lines = [self._header()]
         for i, p in enumerate(self, 1):
             lines += ["", f"#{i}", str(p)]
         if self.rejected:
-            lines += ["", "Why others lost (examples):"]
-            lines += [f"  {r['rules']}: {r['reason']}" for r in self.rejected[:10]]
+            lines += ["", *self._losers()]
         return "\n".join(lines)
+
+    def __rich__(self) -> Any:
+        """The same content as ``str()``, each plan as rich tables (``rich.print(found)``)."""
+        try:
+            from rich.console import Group
+            from rich.text import Text
+        except ImportError:  # rich is optional
+            return str(self)
+        parts: list[Any] = [Text(self._header(), style="bold")]
+        for i, p in enumerate(self, 1):
+            parts += [Text(""), Text(f"#{i}", style="bold"), p.__rich__()]
+        if self.rejected:
+            parts += [Text(""), Text("\n".join(self._losers()))]
+        return Group(*parts)
 
 
 def _options(size_sets: set[int], mesh: dict[str, int]) -> list[tuple[str, ...]]:
@@ -159,7 +183,7 @@ def plan_search(
         PlanDoesNotFitError: if no mapping fits the budget (naming the smallest state found), or,
             with a step, none of the compiled ones does (naming XLA's figures).
         PlanError: if the search is larger than ``max_candidates``, ``logical_axes`` names an
-            axis the tree lacks, ``params`` names no top-level subtree, or ``top`` or
+            axis the tree lacks, ``args`` is not a tuple or comes without a step, ``params`` names no top-level subtree, or ``top`` or
             ``compile_limit`` is below 1.
         NamedTypeError: if ``top`` or ``compile_limit`` is not an int.
         DeviceOutOfMemoryError: without a budget, when XLA refuses every compiled mapping for
@@ -174,6 +198,7 @@ def plan_search(
         >>> best[0].rules, best[0].state_bytes_per_device
         (AxisRules([('mlp', ('data', 'model'))], unsatisfied='replicate'), 262144)
     """
+    step_args = step_arguments(tree, step, args, caller="plan_search")
     sizes, where = mesh_sizes_and_target(mesh)
     budget_bytes = None if budget is None else parse_bytes(budget)
     check_count(top, "plan_search", what="how many plans to return", minimum=1, error=PlanError)
@@ -313,8 +338,8 @@ def plan_search(
         seen[key] = len(survivors)
         survivors.append((state, n_rules, order, choice))
 
-    def describe(choice: Sequence[tuple[str, ...]]) -> str:
-        return str(rules_to_json(_rules_for(names, choice)))
+    def describe(choice: Sequence[tuple[str, ...]]) -> list[list[Any]]:  # JSON, as plans give it
+        return rules_to_json(_rules_for(names, choice))
 
     rejected = [
         {
@@ -379,7 +404,7 @@ def plan_search(
             names,
             survivors,
             step,
-            args,
+            step_args,
             params,
             budget_bytes,
             top,
@@ -429,7 +454,7 @@ def _rank_compiled(
     names: Sequence[str],
     survivors: list[Any],
     step: Any,
-    args: tuple[Any, ...],
+    step_args: tuple[Any, ...],
     params: str | None,
     budget: int | None,
     top: int,
@@ -441,7 +466,6 @@ def _rank_compiled(
     describe: Any,
 ) -> list[Plan]:
     limit = compile_limit if compile_limit is not None else max(2 * top, 4)
-    step_args = tuple(args) if args else (tree,)
     # One compile per distinct layout of the arguments, all in one batch (one subprocess for a target).
     keyed = []
     layouts: dict[Any, AxisRules] = {}
@@ -458,7 +482,7 @@ def _rank_compiled(
     for key, state, n_rules, order, choice in keyed:
         got = cache[key]
         if isinstance(got, Exception):
-            refusals.append(f"{describe(choice)}: XLA out of device memory")
+            refusals.append(f"{pairs_text(describe(choice))}: XLA out of device memory")
             counts["step_over_budget"] += 1
             rejected.append(
                 {
@@ -470,7 +494,9 @@ def _rank_compiled(
             continue
         total = got["memory"]["total_bytes"]
         if budget is not None and total > budget:
-            refusals.append(f"{describe(choice)}: compiled step needs {format_bytes(total)}")
+            refusals.append(
+                f"{pairs_text(describe(choice))}: compiled step needs {format_bytes(total)}"
+            )
             counts["step_over_budget"] += 1
             rejected.append(
                 {
