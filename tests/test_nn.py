@@ -1008,3 +1008,180 @@ def test_activations_by_name():
     assert mlp.activation is na.nn.activation("gelu_new")
     with pytest.raises(na.LayerError, match=r"Unknown activation 'gelu_tanh'. Known: gelu, "):
         na.nn.activation("gelu_tanh")
+
+
+# -- inputs and settings the layers refuse --------------------------------------------------------
+
+
+def test_norms_rope_and_cross_entropy_refuse_integer_inputs():
+    """An integer input was normalized or rotated and cast back to its integer dtype (LayerNorm of
+    arange(4) gave [-1, 0, 0, 1]); integer logits are no scores. All refused, naming the fix."""
+    ints = named(jnp.arange(8).reshape(2, 4), ("batch", "embed"))
+    for layer in (na.nn.LayerNorm({"embed": 4}), na.nn.RmsNorm({"embed": 4})):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^{type(layer).__name__} needs a floating `x`, got NamedArray\(int32, "
+            r"batch=2, embed=4\)\. Cast it first, e\.g\. x\.astype\(jnp\.float32\)\.$",
+        ):
+            layer(ints)
+        close(layer(ints.astype(jnp.float32)).array, layer(ints.astype(jnp.float32)).array)
+    rope = na.nn.RotaryEmbedding(Axis("embed", 4))
+    with pytest.raises(na.NamedTypeError, match=r"^RotaryEmbedding needs a floating `x`, got "):
+        rope(ints, na.arange(Axis("batch", 2)))
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^cross_entropy needs a floating `logits`, got NamedArray\(int32, batch=2, "
+        r"embed=4\)\. Cast it first, e\.g\. logits\.astype\(jnp\.float32\)\.$",
+    ):
+        na.nn.cross_entropy(ints, "embed", named(jnp.array([0, 1]), "batch"))
+
+
+def test_soft_targets_ignore_masked_classes_like_integer_targets():
+    """A class whose logit is -inf (masked out) and whose probability is 0 adds 0: one-hot targets
+    gave NaN (0 * -inf) where the class ids gave the loss. Loss and gradient now agree; a target
+    with probability on a -inf class still costs inf."""
+    logits = jnp.array([[1.0, 2.0, -jnp.inf], [0.5, -jnp.inf, 0.1]])
+    ids = named(jnp.array([1, 0]), "batch")
+    soft = na.nn.one_hot(ids, Axis("vocab", 3))
+
+    def loss(array, targets):
+        return na.nn.cross_entropy(named(array, ("batch", "vocab")), "vocab", targets).scalar()
+
+    assert np.isfinite(loss(logits, soft))
+    close(loss(logits, soft), loss(logits, ids))
+    grad_soft, grad_ids = jax.grad(loss)(logits, soft), jax.grad(loss)(logits, ids)
+    assert np.all(np.isfinite(grad_soft))
+    close(grad_soft, grad_ids)
+    half = named(jnp.array([[0.5, 0.0, 0.5], [1.0, 0.0, 0.0]]), ("batch", "vocab"))
+    assert loss(logits, half) == np.inf
+
+
+def test_rope_scaling_settings_are_checked_when_built():
+    """Settings the formulas divide by or take the log of gave a ZeroDivisionError, a math domain
+    error or silently wrong frequencies (factor=inf: all zero) when used; now a LayerError."""
+    bad = [
+        (
+            dict(kind="linear", factor=float("inf")),
+            r"'linear' needs factor as a finite number > 0, got inf",
+        ),
+        (dict(kind="linear", factor="2"), r"'linear' needs factor as a finite number > 0, got '2'"),
+        (
+            dict(kind="linear", factor=float("nan")),
+            r"'linear' needs factor as a finite number > 0, got nan",
+        ),
+        (
+            dict(kind="llama3", factor=8.0, original_max_position_embeddings=0),
+            r"'llama3' needs original_max_position_embeddings as an int >= 1 \(the context "
+            r"length the model was trained with, e\.g\. 4096\), got 0\.",
+        ),
+        (
+            dict(kind="yarn", factor=4.0, original_max_position_embeddings=4096.0),
+            r"'yarn' needs original_max_position_embeddings as an int >= 1 .*got 4096\.0\.",
+        ),
+        (
+            dict(
+                kind="llama3", factor=8.0, original_max_position_embeddings=64, low_freq_factor=0.0
+            ),
+            r"'llama3' needs low_freq_factor as a finite number > 0, got 0\.0\.",
+        ),
+        (
+            dict(kind="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=0.0),
+            r"'yarn' needs beta_fast as a finite number > 0, got 0\.0\.",
+        ),
+        (
+            dict(
+                kind="yarn",
+                factor=4.0,
+                original_max_position_embeddings=64,
+                beta_fast=1.0,
+                beta_slow=32.0,
+            ),
+            r"'yarn' needs beta_fast >= beta_slow .* got 1\.0 and 32\.0\. Swap them\.",
+        ),
+        (
+            dict(kind="yarn", factor=4.0, original_max_position_embeddings=64, attention_factor=0),
+            r"'yarn' needs attention_factor as a finite number > 0, got 0\.",
+        ),
+    ]
+    for kw, message in bad:
+        with pytest.raises(na.LayerError, match=rf"^RopeScaling {message}"):
+            na.nn.RopeScaling(**kw)
+    # What Hugging Face configs hold still builds (mscale_all_dim=0 means "not given").
+    na.nn.RopeScaling(
+        "yarn", factor=4.0, original_max_position_embeddings=64, mscale=0.707, mscale_all_dim=0
+    )
+    with pytest.raises(
+        na.LayerError,
+        match=r"^RotaryEmbedding: 'dynamic' scaling needs head_dim > 2 \(its base grows with the "
+        r"power d / \(d - 2\)\), got head_dim=2\. Use 'linear' scaling for such heads\.$",
+    ):
+        na.nn.RotaryEmbedding(
+            Axis("head_dim", 2),
+            scaling=na.nn.RopeScaling("dynamic", factor=2.0, original_max_position_embeddings=4),
+        )
+    with pytest.raises(na.LayerError, match=r"head_dim=0 must be even and > 0\.$"):
+        na.nn.RotaryEmbedding(Axis("head_dim", 0))
+
+
+def test_rope_needs_x_to_share_an_axis_with_the_positions():
+    """x broadcasts against the positions by name: a positions axis x lacks comes after x's axes,
+    but an x with none of them (a misnamed sequence axis) would be an outer product: refused."""
+    D = Axis("head_dim", 4)
+    rope = na.nn.RotaryEmbedding(D)
+    x = data(Axis("position", 3), D)
+    pos = named(jnp.array([[0, 1, 2], [5, 6, 7]]), ("batch", "position"))
+    y = rope(x, pos)
+    assert set(y.axis_names) == {"batch", "position", "head_dim"}
+    close(y["batch", 1].rearrange(x.axis_names).array, rope(x, pos["batch", 1]).array)
+    scalar = rope(data(Axis("heads", 2), D), named(jnp.array(3), ()))  # one position for all
+    assert scalar.axis_names == ("heads", "head_dim")
+    with pytest.raises(
+        na.AxisNotFoundError,
+        match=r"^RotaryEmbedding: x NamedArray\(seq=3, head_dim=4\) has none of the axes of "
+        r"positions NamedArray\(position=3\), so every position would rotate all of x",
+    ):
+        rope(x.rename({"position": "seq"}), na.arange(Axis("position", 3)))
+
+
+def test_layer_settings_are_checked_when_built():
+    """NumPy and 0-d JAX numbers are numbers (Dropout refused them); an Axis among broadcast_axes
+    is read (it raised a bare TypeError) and its size checked; an activation that is not callable,
+    an init_scale that is not a finite number and an input axis of size 0 (a ZeroDivisionError)
+    are refused when the layer is built."""
+    x = data(B, T, E)
+    for rate in (np.float32(0.25), jnp.float32(0.25), np.float64(0.25)):
+        close(na.nn.Dropout(rate)(x, key=KEY).array, na.nn.Dropout(0.25)(x, key=KEY).array)
+    for rate in (True, "0.1", jnp.array([0.1]), float("nan")):
+        with pytest.raises(na.LayerError, match=r"^Dropout rate must be a number in \[0, 1\)"):
+            na.nn.Dropout(rate)
+    shared = na.nn.Dropout(0.5, broadcast_axes=T)
+    assert shared.broadcast_axes == ("position",)
+    np.testing.assert_array_equal(
+        shared(x, key=KEY).array, na.nn.Dropout(0.5, broadcast_axes="position")(x, key=KEY).array
+    )
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"^Dropout expects axis 'position' of size 7, but `x` has size 5 \(NamedArray\("
+        r"batch=2, position=5, embed=8\)\)\. Build the layer with the input's size\.$",
+    ):
+        na.nn.Dropout(0.5, broadcast_axes=[Axis("position", 7)])(x, key=KEY)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^MLP activation must be a function of a NamedArray or an activation name, got 3\. "
+        r"Pass e\.g\. na\.silu or 'gelu_pytorch_tanh'\.$",
+    ):
+        na.nn.MLP(E, {"mlp": 4}, key=KEY, activation=3)
+    for scale in (float("nan"), float("inf"), -1.0, "1"):
+        with pytest.raises(
+            na.LayerError,
+            match=rf"^Linear init_scale must be a finite number >= 0 \(it multiplies the weight's "
+            rf"standard deviation\), got {re.escape(repr(scale))}\.$",
+        ):
+            na.nn.Linear(E, {"mlp": 4}, key=KEY, init_scale=scale)
+    assert not np.any(np.asarray(na.nn.Linear(E, {"mlp": 4}, key=KEY, init_scale=0).weight.array))
+    with pytest.raises(
+        na.LayerError,
+        match=r"^Linear: input axis 'embed' has size 0, so the layer would contract nothing\. "
+        r"Give every input axis a size >= 1\.$",
+    ):
+        na.nn.Linear({"embed": 0, "k": 2}, {"mlp": 3}, key=KEY)

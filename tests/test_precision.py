@@ -511,6 +511,35 @@ def test_policy_dtypes_are_ones_layers_compute_in_and_float8_options_need_matmul
     assert na.nn.Precision(matmul="fp8", scaling="tensor") == na.nn.Precision(matmul="float8")
 
 
+def test_layer_dtypes_are_checked_as_the_policy_checks_its_dtypes():
+    """A layer's dtype= took float8 (Linear failed at its first call with JAX's promotion error,
+    Embedding rounded its table silently) and float64 with x64 off (a warning, then float32
+    parameters), which Precision refuses: the same check now refuses them when the layer is built."""
+    layers = {
+        "Linear": lambda dtype: na.nn.Linear(Embed, {"mlp": 4}, key=KEY, dtype=dtype),
+        "Embedding": lambda dtype: na.nn.Embedding(Vocab, Embed, key=KEY, dtype=dtype),
+        "RmsNorm": lambda dtype: na.nn.RmsNorm(Embed, dtype=dtype),
+    }
+    for name, make in layers.items():
+        for dtype in (jnp.float8_e4m3fn, "float8_e5m2"):
+            with pytest.raises(
+                na.NamedTypeError,
+                match=rf"^{name} dtype=float8_e\w+ is not a dtype layers keep or compute in: use "
+                r"float32, bfloat16 or float16 \(float64 with jax_enable_x64\)\. For float8 matmuls "
+                r"pass matmul='float8' in the precision policy",
+            ):
+                make(dtype)
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^{name} dtype=float64 needs 64-bit floats, which are off here\. Turn them on "
+            r"\(jax\.config\.update\('jax_enable_x64', True\)\) or use float32\.$",
+        ):
+            make(jnp.float64)
+        assert make(jnp.bfloat16).weight.dtype == jnp.bfloat16
+        with jax.enable_x64():
+            assert make(jnp.float64).weight.dtype == jnp.float64
+
+
 class BigramLM(eqx.Module):
     """A token's next-token logits from its own embedding, through a gated MLP (float8 by the
     default rules) and the tied head (not)."""

@@ -4,10 +4,12 @@ precision policy (parameters and inputs in its compute dtype, results in its out
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, PartitionSpec
 
@@ -28,7 +30,7 @@ from .._mesh import context_mesh
 from .._ops._align import align_to, result_axes
 from .._partitioning._held import held_placed
 from .._partitioning._shard import auto_sharded
-from ._precision import current_precision, float_dtype, param_dtype
+from ._precision import check_policy_dtype, current_precision, float_dtype, param_dtype
 from ._quantized import QuantizedArray
 
 __all__ = [
@@ -36,11 +38,13 @@ __all__ = [
     "check_ids",
     "compute",
     "expect_axes",
+    "expect_floating",
     "expect_free",
     "fan_in",
     "output",
     "param",
     "place",
+    "real_number",
 ]
 
 
@@ -75,6 +79,17 @@ def expect_axes(x: Any, axes: Sequence[Axis], layer: str, arg: str = "x") -> Nam
                 f"{x.axes[i].size} (NamedArray({format_axes(x.axes)})). Build the layer with the "
                 "input's size."
             )
+    return x
+
+
+def expect_floating(x: NamedArray, layer: str, arg: str = "x") -> NamedArray:
+    """``x`` when its dtype is floating. Normalizing or rotating an integer array would give the
+    result in that integer dtype, fractions cut off; integer logits are no scores."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NamedTypeError(
+            f"{layer} needs a floating `{arg}`, got {x!r}. Cast it first, e.g. "
+            f"{arg}.astype(jnp.float32)."
+        )
     return x
 
 
@@ -136,6 +151,25 @@ def check_ids(
     )
 
 
+def real_number(value: Any) -> float | None:
+    """``value`` as a Python float when it is a real number: a Python or NumPy one, or a concrete
+    0-d array of a real dtype (``jnp.float32(0.1)`` is one); ``None`` for anything else, bools and
+    traced values included. Layers' settings are static: they are read once, here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    dtype = getattr(value, "dtype", None)
+    if (
+        getattr(value, "shape", None) == ()
+        and dtype is not None
+        and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+        and not isinstance(value, jax.core.Tracer)
+    ):
+        return float(value)
+    return None
+
+
 def fan_in(axes: Sequence[Axis]) -> int:
     return math.prod(a.size for a in axes)
 
@@ -175,8 +209,21 @@ def output(y: Any) -> Any:
 
 
 def check_dtype_float(dtype: Any, layer: str) -> Any:
-    """The parameters' dtype: ``dtype``, else the policy's ``param``; ``None`` is JAX's default."""
-    return float_dtype(param_dtype(dtype), f"{layer}: ", f"{layer}: parameters need")
+    """The parameters' dtype: ``dtype``, else the policy's ``param``; ``None`` is JAX's default.
+
+    Checked as :class:`Precision` checks its dtypes (one check): a float the layers can keep and
+    compute in, so a float8 table or float64 with x64 off is refused here, not at the first call
+    (or silently rounded).
+
+    Raises:
+        NamedTypeError: ``"{layer}: ... is not a dtype"``, ``"{layer}: parameters need a floating
+            dtype ..."``, ``"{layer} dtype=float8_e4m3fn is not a dtype layers keep or compute
+            in ..."`` or ``"{layer} dtype=float64 needs 64-bit floats ..."``.
+    """
+    dt = float_dtype(param_dtype(dtype), f"{layer}: ", f"{layer}: parameters need")
+    if dt is not None:
+        check_policy_dtype(f"{layer} dtype", dt)
+    return dt
 
 
 def mesh_entries(*xs: NamedArray) -> list[dict[str, Any]] | None:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import equinox as eqx
 import jax
 
 from .._array import NamedArray
-from .._axis import axis_name
+from .._axis import Axis, AxisSelector, axis_names
 from .._errors import LayerError, NamedTypeError
 from ..random import bernoulli
-from ._common import expect_axes
+from ._common import expect_axes, real_number
 
 __all__ = ["Dropout"]
 
@@ -27,8 +27,10 @@ class Dropout(eqx.Module):
     draws), so a key drops the same elements whatever the layout of ``x``.
 
     Args:
-        rate: The drop probability, ``0 <= rate < 1``.
-        broadcast_axes: Axis names along which the mask is shared.
+        rate: The drop probability, ``0 <= rate < 1`` (a Python or NumPy number, or a 0-d
+            concrete array).
+        broadcast_axes: The axes along which the mask is shared: a name or an ``Axis`` (whose
+            size the input must have), or a sequence of them.
         inference: Whether the layer starts in inference mode.
 
     Raises:
@@ -49,17 +51,26 @@ class Dropout(eqx.Module):
     rate: float = eqx.field(static=True)
     broadcast_axes: tuple[str, ...] = eqx.field(static=True)
     inference: bool
+    # The broadcast axes given as an Axis, checked against the input's sizes at call time.
+    _broadcast_sized: tuple[Axis, ...] = eqx.field(static=True)
 
-    def __init__(self, rate: float = 0.5, *, broadcast_axes: Any = (), inference: bool = False):
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+    def __init__(
+        self,
+        rate: float = 0.5,
+        *,
+        broadcast_axes: AxisSelector | Sequence[AxisSelector] = (),
+        inference: bool = False,
+    ):
+        value = real_number(rate)
+        if value is None or not 0.0 <= value < 1.0:
             raise LayerError(
                 f"Dropout rate must be a number in [0, 1), got {rate!r}. Use inference=True to "
                 "turn dropout off."
             )
-        if isinstance(broadcast_axes, str):
-            broadcast_axes = (broadcast_axes,)
-        self.rate = float(rate)
-        self.broadcast_axes = tuple(axis_name(a) for a in broadcast_axes)
+        self.rate = value
+        self.broadcast_axes = axis_names(broadcast_axes)  # a name, an Axis, or several
+        given = (broadcast_axes,) if isinstance(broadcast_axes, (str, Axis)) else broadcast_axes
+        self._broadcast_sized = tuple(a for a in given if isinstance(a, Axis))
         self.inference = inference
 
     def __call__(
@@ -70,6 +81,7 @@ class Dropout(eqx.Module):
         Raises:
             NamedTypeError: if training (not inference, ``rate > 0``) without a ``key``.
             AxisNotFoundError: if a broadcast axis is not an axis of ``x``.
+            AxisSizeError: if a broadcast axis given as an ``Axis`` has another size in ``x``.
         """
         x = expect_axes(x, (), "Dropout")
         if (self.inference if inference is None else inference) or self.rate == 0.0:
@@ -79,6 +91,7 @@ class Dropout(eqx.Module):
                 "Dropout needs key= when training (rate > 0, not in inference mode). Pass "
                 "key=jax.random.key(...), or inference=True to turn it off."
             )
+        expect_axes(x, self._broadcast_sized, "Dropout")  # an Axis given: its size too
         for name in self.broadcast_axes:
             x.resolve_axis(name)  # AxisNotFoundError listing x's axes
         # Draw in sorted-name order, so the mask depends on names, not on x's layout.

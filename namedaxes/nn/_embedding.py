@@ -60,7 +60,9 @@ class Embedding(eqx.Module):
         dtype: The table's float dtype (the policy's ``param`` or JAX's default when ``None``).
 
     Raises:
-        NamedTypeError: if ``Vocab`` or ``Embed`` is not one axis, or the dtype is not a float.
+        NamedTypeError: if ``Vocab`` or ``Embed`` is not one axis, or the dtype is not a float
+            layers keep and compute in (float8 and, with ``jax_enable_x64`` off, float64 are
+            refused, as :class:`Precision` refuses them).
         AxisIndexError: when called with concrete ids outside ``[0, Vocab.size)``.
 
     Example:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import equinox as eqx
@@ -9,7 +10,7 @@ import jax
 
 from .._array import NamedArray
 from .._axis import Axis, AxisSpec
-from .._errors import DuplicateAxisError, format_names
+from .._errors import DuplicateAxisError, LayerError, format_names
 from .._ops.creation import zeros
 from ..random import normal
 from ._common import (
@@ -21,6 +22,7 @@ from ._common import (
     fan_in,
     output,
     param,
+    real_number,
 )
 from ._fp8 import matmul
 
@@ -51,7 +53,9 @@ class Linear(eqx.Module):
 
     Raises:
         DuplicateAxisError: if ``In`` and ``Out`` share a name.
-        NamedTypeError: if an axis spec or the dtype is invalid.
+        NamedTypeError: if an axis spec or the dtype is invalid (float8, or float64 with
+            ``jax_enable_x64`` off, included: as :class:`Precision` refuses them).
+        LayerError: if an input axis has size 0, or ``init_scale`` is not a finite number >= 0.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -85,9 +89,21 @@ class Linear(eqx.Module):
                 f"Linear: axis {format_names(shared)} is both an input and an output axis. Give "
                 "the output another name (e.g. 'embed' -> 'embed_out') and rename after the layer."
             )
+        empty = [a for a in ins if a.size == 0]
+        if empty:  # nothing to contract, and no fan-in to scale the weight by
+            raise LayerError(
+                f"Linear: input axis {format_names([a.name for a in empty])} has size 0, so the "
+                "layer would contract nothing. Give every input axis a size >= 1."
+            )
+        scale = real_number(init_scale)
+        if scale is None or not (math.isfinite(scale) and scale >= 0):
+            raise LayerError(
+                f"Linear init_scale must be a finite number >= 0 (it multiplies the weight's "
+                f"standard deviation), got {init_scale!r}."
+            )
         dt = check_dtype_float(dtype, "Linear")
         self.In, self.Out = ins, outs
-        self.weight = normal(key, ins + outs, dt) * (init_scale / fan_in(ins) ** 0.5)
+        self.weight = normal(key, ins + outs, dt) * (scale / fan_in(ins) ** 0.5)
         self.bias = zeros(outs, dt) if use_bias else None
 
     def __call__(self, x: NamedArray) -> NamedArray:

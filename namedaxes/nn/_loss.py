@@ -15,7 +15,7 @@ from .._ops.elementwise import maximum
 from .._ops.reductions import log_softmax
 from .._ops.reductions import sum as named_sum
 from .._ops.sets import where
-from ._common import check_ids, expect_axes, expect_free
+from ._common import check_ids, expect_axes, expect_floating, expect_free
 from ._precision import upcast
 
 __all__ = ["cross_entropy", "one_hot"]
@@ -84,6 +84,18 @@ def _target_entry(
         ok = ok | ~mask
     entry = named_sum(logp, cls.name, where=(arange(cls, dtype=ids.dtype) == ids) | ~ok)
     return entry * where(ok, 1.0, jnp.nan)
+
+
+def _soft_entry(logp: NamedArray, probs: NamedArray, name: str) -> NamedArray:
+    """``sum(probs * logp)`` over the class axis ``name``, a class of probability 0 adding 0.
+
+    A masked-out class (logit ``-inf``) has ``logp = -inf``, and ``0 * -inf`` is NaN: such a term
+    is selected away instead, so the loss and its gradient are those of integer targets (the
+    gradient of a ``where`` is 0 on the side not taken). A class of nonzero probability at
+    ``-inf`` still gives an infinite loss.
+    """
+    zero = (probs == 0) & (logp == -jnp.inf)
+    return named_sum(where(zero, 0.0, logp) * probs, name)
 
 
 def cross_entropy(
@@ -157,7 +169,9 @@ def cross_entropy(
         raise NamedTypeError(
             f"cross_entropy reduction must be 'mean', 'sum' or None, got {reduction!r}."
         )
-    logits = expect_axes(logits, (), "cross_entropy", "logits")
+    logits = expect_floating(
+        expect_axes(logits, (), "cross_entropy", "logits"), "cross_entropy", "logits"
+    )
     cls = logits.resolve_axis(axis)  # an Axis must have the logits' size
     if not isinstance(targets, NamedArray):
         raise NamedTypeError(
@@ -190,7 +204,7 @@ def cross_entropy(
     else:
         _soft_targets(targets, cls)
         _subset(targets, logits.axes, "targets", "the logits")
-        nll = -named_sum(logp * targets.astype(logp.dtype), name)
+        nll = -_soft_entry(logp, targets.astype(logp.dtype), name)
     if where is None:
         if reduction == "mean":
             return nll.mean()

@@ -89,6 +89,10 @@ class MLP(eqx.Module):
         init_scale: Passed to every ``Linear``.
         dtype: The parameters' float dtype.
 
+    Raises:
+        NamedTypeError: if ``activation`` is neither a function nor a name.
+        LayerError: for an activation name :func:`activation` does not know.
+
     Example:
         >>> import jax
         >>> import namedaxes as na
@@ -116,6 +120,11 @@ class MLP(eqx.Module):
         init_scale: float = 1.0,
         dtype: Any = None,
     ):
+        if not (isinstance(activation, str) or callable(activation)):
+            raise NamedTypeError(
+                f"MLP activation must be a function of a NamedArray or an activation name, got "
+                f"{activation!r}. Pass e.g. na.silu or 'gelu_pytorch_tanh'."
+            )
         self.Embed, self.Hidden = as_axes(Embed, "MLP Embed"), as_axes(Hidden, "MLP Hidden")
         k_up, k_down, k_gate = jax.random.split(key, 3)
         kw = dict(use_bias=use_bias, init_scale=init_scale, dtype=dtype)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import equinox as eqx
@@ -15,7 +14,15 @@ from .._errors import LayerError
 from .._ops.creation import full, zeros
 from .._ops.elementwise import rsqrt
 from .._ops.reductions import mean
-from ._common import as_axes, check_dtype_float, expect_axes, output, place
+from ._common import (
+    as_axes,
+    check_dtype_float,
+    expect_axes,
+    expect_floating,
+    output,
+    place,
+    real_number,
+)
 from ._precision import upcast
 
 __all__ = ["LayerNorm", "RmsNorm"]
@@ -44,13 +51,14 @@ class _Norm(eqx.Module):
         weight_offset: float = 0.0,
     ) -> None:
         name = type(self).__name__
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        value = real_number(eps)
+        if value is None or not 0 <= value < math.inf:
             raise LayerError(
                 f"{name} eps must be a finite number >= 0 (added under the square root), got "
                 f"{eps!r}."
             )
         self.axis = as_axes(axis, f"{name} axis")
-        self.eps = float(eps)
+        self.eps = value
         self.weight_offset = float(weight_offset)
         dt = check_dtype_float(dtype, name)
         # The scale starts at 1: weight + weight_offset == 1. In JAX's default float when no dtype
@@ -68,8 +76,10 @@ class _Norm(eqx.Module):
         Raises:
             AxisNotFoundError: if ``x`` lacks a normalized axis.
             AxisSizeError: if a normalized axis has another size.
+            NamedTypeError: if ``x`` is not floating (cast integers first).
         """
-        x = expect_axes(x, self.axis, type(self).__name__)
+        name = type(self).__name__
+        x = expect_floating(expect_axes(x, self.axis, name), name)
         y = self._normalize(upcast(x), tuple(a.name for a in self.axis))
         if self.weight is not None:
             w = upcast(place(self.weight))

@@ -196,7 +196,7 @@ class Precision:
                 value = _ALIASES.get(value.strip().lower(), value.strip())
             dtype = float_dtype(value, f"Precision {f}=", f"Precision {f} must be")
             if dtype is not None:
-                _check_policy_dtype(f, dtype)
+                check_policy_dtype(f"Precision {f}", dtype)
             object.__setattr__(self, f, dtype)
         matmul = self.matmul
         if matmul is not None:
@@ -304,16 +304,26 @@ class Precision:
         return _cast(tree, self.output if self.output is not None else self.compute)
 
 
-def _check_policy_dtype(field: str, dt: jnp.dtype) -> None:
+def check_policy_dtype(what: str, dt: jnp.dtype) -> None:
+    """Refuse a floating dtype that parameters, computation or outputs cannot be in: a narrow
+    format (float8, float4: those are ``matmul="float8"``), or float64 while JAX's 64-bit mode is
+    off (JAX would silently give float32). ``what`` names the setting, e.g. ``"Precision param"``
+    or ``"Linear dtype"``.
+
+    Raises:
+        NamedTypeError: ``"{what}={dtype} is not a dtype layers keep or compute in ..."`` or
+            ``"{what}=float64 needs 64-bit floats ..."``.
+    """
     if dt.name not in POLICY_DTYPES:
         raise NamedTypeError(
-            f"Precision {field}={dt.name} is not a dtype layers keep or compute in: use float32, "
+            f"{what}={dt.name} is not a dtype layers keep or compute in: use float32, "
             "bfloat16 or float16 (float64 with jax_enable_x64). For float8 matmuls pass "
-            "matmul='float8' (e.g. 'params=float32,compute=bfloat16,matmul=float8')."
+            "matmul='float8' in the precision policy (e.g. "
+            "'params=float32,compute=bfloat16,matmul=float8')."
         )
     if jax.dtypes.canonicalize_dtype(dt) != dt:  # JAX would silently give float32
         raise NamedTypeError(
-            f"Precision {field}={dt.name} needs 64-bit floats, which are off here. Turn them on "
+            f"{what}={dt.name} needs 64-bit floats, which are off here. Turn them on "
             "(jax.config.update('jax_enable_x64', True)) or use float32."
         )
 

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import LayerError, NamedTypeError, format_axes
+from .._errors import AxisNotFoundError, LayerError, NamedTypeError, format_axes
 from .._ops._common import explicit_sharding, unshard_dims
 from .._spec import entry_axes
-from ._common import expect_axes, place
+from ._common import expect_axes, expect_floating, place, real_number
 
 __all__ = ["RopeScaling", "RotaryEmbedding"]
 
@@ -59,7 +59,10 @@ class RopeScaling:
         truncate: ``"yarn"``: round the correction range outward to whole dimensions.
 
     Raises:
-        LayerError: for an unknown kind, a missing setting the kind needs, or a factor <= 0.
+        LayerError: for an unknown kind, a missing setting the kind needs, a ``factor`` (and the
+            ``"llama3"``/``"yarn"`` settings above) that is not a finite number > 0, an
+            ``original_max_position_embeddings`` that is not an int >= 1, ``high_freq_factor <=
+            low_freq_factor`` (``"llama3"``) or ``beta_fast < beta_slow`` (``"yarn"``).
 
     Example:
         >>> import namedaxes as na
@@ -85,21 +88,57 @@ class RopeScaling:
                 f"RopeScaling kind {self.kind!r} is not supported. Supported kinds: "
                 f"{', '.join(repr(k) for k in ROPE_KINDS)}."
             )
-        if not self.factor > 0:
-            raise LayerError(f"RopeScaling {self.kind!r} needs factor > 0, got {self.factor}.")
-        if (
-            self.kind in ("dynamic", "llama3", "yarn")
-            and self.original_max_position_embeddings is None
-        ):
+        # Every number a formula divides by, takes the log of or scales with: checked here, not
+        # met later as a ZeroDivisionError, a math domain error or silently wrong frequencies.
+        _positive(self, "factor", self.factor)
+        original = self.original_max_position_embeddings
+        if original is None and self.kind in ("dynamic", "llama3", "yarn"):
             raise LayerError(
                 f"RopeScaling {self.kind!r} needs original_max_position_embeddings (the context "
                 "length the model was trained with)."
             )
-        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+        if original is not None and (
+            isinstance(original, bool) or not isinstance(original, numbers.Integral) or original < 1
+        ):
             raise LayerError(
-                f"RopeScaling 'llama3' needs high_freq_factor > low_freq_factor, got "
-                f"{self.high_freq_factor} and {self.low_freq_factor}."
+                f"RopeScaling {self.kind!r} needs original_max_position_embeddings as an int >= 1 "
+                f"(the context length the model was trained with, e.g. 4096), got {original!r}."
             )
+        if self.kind == "llama3":
+            _positive(self, "low_freq_factor", self.low_freq_factor)
+            _positive(self, "high_freq_factor", self.high_freq_factor)
+            if not self.high_freq_factor > self.low_freq_factor:
+                raise LayerError(
+                    f"RopeScaling 'llama3' needs high_freq_factor > low_freq_factor, got "
+                    f"{self.high_freq_factor} and {self.low_freq_factor}."
+                )
+        if self.kind == "yarn":
+            _positive(self, "beta_fast", self.beta_fast)
+            _positive(self, "beta_slow", self.beta_slow)
+            if self.beta_fast < self.beta_slow:  # the ramp would run backwards
+                raise LayerError(
+                    f"RopeScaling 'yarn' needs beta_fast >= beta_slow (the ramp runs from "
+                    f"beta_fast rotations down to beta_slow), got {self.beta_fast} and "
+                    f"{self.beta_slow}. Swap them."
+                )
+            if self.attention_factor is not None:
+                _positive(self, "attention_factor", self.attention_factor)
+            for name in ("mscale", "mscale_all_dim"):  # 0, like None, means not given
+                if getattr(self, name) is not None:
+                    _positive(self, name, getattr(self, name), zero=True)
+
+
+def _positive(s: RopeScaling, name: str, value: Any, zero: bool = False) -> None:
+    """Refuse a setting that is not a finite real number > 0 (>= 0 with ``zero``)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (math.isfinite(value) and (value >= 0 if zero else value > 0))
+    ):
+        raise LayerError(
+            f"RopeScaling {s.kind!r} needs {name} as a finite number {'>=' if zero else '>'} 0, "
+            f"got {value!r}."
+        )
 
 
 def _original(s: RopeScaling) -> float:
@@ -146,8 +185,12 @@ class RotaryEmbedding(eqx.Module):
     ``positions * inv_freq`` and ``rotate_half`` pairs feature ``i`` with feature
     ``i + head_dim / 2`` (the layout of Hugging Face checkpoints). ``cos`` and ``sin`` have the
     positions' axes plus ``head_dim`` and broadcast into ``x`` by name, so ``x`` may have any other
-    axes (``heads``, ``kv_heads``...) in any order; the result keeps ``x``'s axes and dtype. The
-    tables are computed in float32. The layer has no parameters.
+    axes (``heads``, ``kv_heads``...) in any order; when ``x`` has every axis of ``positions`` (the
+    usual case) the result has ``x``'s axes in their order, and always ``x``'s dtype. A positions
+    axis that ``x`` lacks (``batch`` with one ``x`` for every row) is broadcast too: the result
+    gains it, laid out as named ops lay out a broadcast. ``x`` must share at least one axis with
+    ``positions``, so a misnamed sequence axis is an error, not an outer product. The tables are
+    computed in float32. The layer has no parameters.
 
     Args:
         HeadDim: The rotated feature axis (its size must be even).
@@ -155,7 +198,8 @@ class RotaryEmbedding(eqx.Module):
         scaling: A :class:`RopeScaling` (``None``: plain RoPE).
 
     Raises:
-        LayerError: if ``HeadDim`` has an odd size, or ``theta`` is not a finite number > 0.
+        LayerError: if ``HeadDim``'s size is odd or 0 (or 2 with ``"dynamic"`` scaling), or
+            ``theta`` is not a finite number > 1.
 
     Example:
         >>> import jax.numpy as jnp
@@ -176,26 +220,30 @@ class RotaryEmbedding(eqx.Module):
     ):
         if not isinstance(HeadDim, Axis):
             raise NamedTypeError(f"RotaryEmbedding HeadDim must be an Axis, got {HeadDim!r}.")
-        if HeadDim.size % 2:
+        if HeadDim.size % 2 or HeadDim.size == 0:
             raise LayerError(
                 f"RotaryEmbedding rotates pairs of features: {HeadDim.name}={HeadDim.size} must be "
-                "even."
+                "even and > 0."
             )
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise NamedTypeError(
                 f"RotaryEmbedding scaling must be a RopeScaling or None, got {scaling!r}."
             )
-        if (
-            isinstance(theta, bool)
-            or not isinstance(theta, numbers.Real)
-            or not (math.isfinite(theta) and theta > 1)
-        ):
+        if scaling is not None and scaling.kind == "dynamic" and HeadDim.size <= 2:
+            # Its base grows with the power d / (d - 2): no power for d = 2.
+            raise LayerError(
+                f"RotaryEmbedding: 'dynamic' scaling needs {HeadDim.name} > 2 (its base grows "
+                f"with the power d / (d - 2)), got {HeadDim.name}={HeadDim.size}. Use 'linear' "
+                "scaling for such heads."
+            )
+        value = real_number(theta)
+        if value is None or not (math.isfinite(value) and value > 1):
             raise LayerError(
                 f"RotaryEmbedding theta must be a finite number > 1 (the base of the frequencies, "
                 f"e.g. 10000.0), got {theta!r}."
             )
         self.HeadDim = HeadDim
-        self.theta = float(theta)
+        self.theta = value
         self.scaling = scaling if scaling is not None else RopeScaling()
 
     @property
@@ -276,18 +324,33 @@ class RotaryEmbedding(eqx.Module):
         )
 
     def __call__(self, x: NamedArray, positions: NamedArray) -> NamedArray:
-        """``x`` rotated by the angles of ``positions`` (same axes, same order, same dtype).
+        """``x`` rotated by the angles of ``positions``, in ``x``'s dtype.
+
+        The result has ``x``'s axes in their order when ``x`` has every axis of ``positions``;
+        otherwise it gains the positions' axes ``x`` lacks (e.g. ``batch`` when ``x`` holds one
+        sequence for every row of ``positions``), laid out as named ops lay out a broadcast.
 
         Args:
-            x: A NamedArray with ``head_dim`` and the positions' axes (or some of them).
-            positions: Integer position ids, e.g. ``(batch, position)`` or ``(position,)``.
+            x: A floating NamedArray with ``head_dim`` and at least one of the positions' axes.
+            positions: Integer position ids, e.g. ``(batch, position)`` or ``(position,)`` (or
+                no axes: one position for all of ``x``).
 
         Raises:
             AxisNotFoundError / AxisSizeError: if ``x`` lacks ``head_dim`` or has it with
-                another size.
+                another size, or ``x`` has none of the positions' axes.
+            NamedTypeError: if ``x`` is not floating, or ``positions`` is not an integer
+                NamedArray without ``head_dim``.
         """
-        x = expect_axes(x, (self.HeadDim,), "RotaryEmbedding")
+        x = expect_floating(expect_axes(x, (self.HeadDim,), "RotaryEmbedding"), "RotaryEmbedding")
         cos, sin = self.cos_sin(place(positions))  # split like the sequence: angles per shard
+        names = positions.axis_names
+        if names and not any(x.has_axis(n) for n in names):
+            raise AxisNotFoundError(
+                f"RotaryEmbedding: x NamedArray({format_axes(x.axes)}) has none of the axes of "
+                f"positions NamedArray({format_axes(positions.axes)}), so every position would "
+                f"rotate all of x (an outer product). Name x's sequence axis as the positions' "
+                f"(e.g. x.rename({{'seq': {names[-1]!r}}}))."
+            )
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
         i = x.axis_index(self.HeadDim.name)
         half = self.HeadDim.size // 2
