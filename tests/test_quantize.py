@@ -4,6 +4,7 @@ by the model's mapping on Auto and Explicit meshes; what a quantized model refus
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import equinox as eqx
@@ -217,6 +218,32 @@ def test_quantized_array_takes_a_name_and_refuses_what_it_cannot_hold():
             match=rf"^QuantizedArray.dequantize needs a floating dtype, got {name}. Pass e.g.",
         ):
             q.dequantize(dtype)
+
+
+def test_quantized_array_reads_contracted_axes_given_as_axis_objects():
+    """contracted= as Axis objects was ignored (a list of them gave a scale per element, a single
+    one a bare TypeError) and an empty one gave a scale per element silently: an Axis now counts
+    by its name (and size), and naming no axis is refused."""
+    w = na.random.normal(jax.random.key(0), {"embed": 4, "mlp": 3})
+    by_name = na.nn.QuantizedArray.of(w, "int8", contracted="embed")
+    for given in (na.Axis("embed", 4), [na.Axis("embed", 4)], ("embed",)):
+        q = na.nn.QuantizedArray.of(w, "int8", contracted=given)
+        assert q.scale.axis_names == ("mlp",)
+        np.testing.assert_array_equal(q.scale.array, by_name.scale.array)
+        np.testing.assert_array_equal(q.values.array, by_name.values.array)
+    for empty in ((), []):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^QuantizedArray.of: contracted={re.escape(repr(empty))} names no axis, which "
+            r"would give one scale per element. Pass the axes the layer contracts, of 'embed', "
+            r"'mlp'.$",
+        ):
+            na.nn.QuantizedArray.of(w, "int8", contracted=empty)
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"^Axis 'embed' has size 4 in NamedArray\(embed=4, mlp=3\), but size 8 was asked",
+    ):
+        na.nn.QuantizedArray.of(w, "int8", contracted=na.Axis("embed", 8))
 
 
 def test_a_quantize_that_would_pick_nothing_is_refused():

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._axis import Axis
+from .._axis import Axis, AxisSelector, axis_names
 from .._errors import NamedTypeError, QuantizationError, did_you_mean, format_names
 from .._logical._context import current_rules
 from .._partitioning._shard import auto_sharded
@@ -123,18 +123,19 @@ class QuantizedArray(eqx.Module):
         weight: NamedArray,
         format: str,  # noqa: A002 - the word
         *,
-        contracted: str | Sequence[str],
+        contracted: AxisSelector | Sequence[AxisSelector],
     ) -> QuantizedArray:
         """``weight`` in ``format`` (``"int8"``, ``"float8"``), one scale per slice over the
-        ``contracted`` axes (an axis name or several; per output channel). A weight placed on a
-        mesh keeps its sharding in the values; the scales are placed as ``resolve`` places them
-        by the mapping in force (as :func:`~namedaxes.shard` would), or with no mapping in force
-        by the weight's entries of their axes.
+        ``contracted`` axes (an axis name or ``Axis``, or several; per output channel). A
+        weight placed on a mesh keeps its sharding in the values; the scales are placed as
+        ``resolve`` places them by the mapping in force (as :func:`~namedaxes.shard` would), or
+        with no mapping in force by the weight's entries of their axes.
 
         Raises:
             QuantizationError: for a format that is not one of the names of :data:`FORMATS`.
-            NamedTypeError: for a weight that is not a floating NamedArray, or a contracted axis
-                the weight lacks.
+            NamedTypeError: for a weight that is not a floating NamedArray, no contracted axis,
+                or a contracted axis the weight lacks.
+            AxisSizeError: for a contracted ``Axis`` of another size than the weight's.
         """
         if not isinstance(format, str) or format not in FORMATS:
             raise QuantizationError(
@@ -145,15 +146,25 @@ class QuantizedArray(eqx.Module):
             raise NamedTypeError(
                 f"QuantizedArray.of needs a floating NamedArray weight, got {weight!r}."
             )
-        contracted = (contracted,) if isinstance(contracted, str) else tuple(contracted)
-        missing = [n for n in contracted if not weight.has_axis(n)]
+        given = (contracted,) if isinstance(contracted, (str, Axis)) else tuple(contracted)
+        names = axis_names(given)  # names or Axis objects
+        if not names:  # a scale per element: nothing quantized, and twice the bytes
+            raise NamedTypeError(
+                f"QuantizedArray.of: contracted={contracted!r} names no axis, which would give one "
+                "scale per element. Pass the axes the layer contracts, of "
+                f"{format_names(weight.axis_names)}."
+            )
+        missing = [n for n in names if not weight.has_axis(n)]
         if missing:
             raise NamedTypeError(
                 f"QuantizedArray.of: the weight {weight!r} has no axis {missing[0]!r}"
                 f"{did_you_mean(missing[0], weight.axis_names)} to contract. Pass contracted= "
                 f"the axes the layer contracts, of {format_names(weight.axis_names)}."
             )
-        keep = tuple(n for n in weight.axis_names if n not in contracted)
+        for a in given:
+            if isinstance(a, Axis):
+                weight.resolve_axis(a)  # AxisSizeError for an Axis of another size
+        keep = tuple(n for n in weight.axis_names if n not in names)
         values, scale = _quantize_jit(weight, keep, FORMATS[format])
         sharding = getattr(weight.array, "sharding", None)
         if isinstance(sharding, NamedSharding) and not isinstance(weight.array, jax.core.Tracer):
