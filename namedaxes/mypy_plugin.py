@@ -4,7 +4,8 @@ mypy reads ``X[...]`` in an annotation as the type arguments of a generic class,
 rejects ``NamedArray["batch embed"]`` (a ``__class_getitem__`` does not change that; pyright needs no
 plugin). With this plugin, mypy reads ``NamedArray["..."]`` and ``NamedArray["...", dtype]`` as
 ``NamedArray`` and checks them as the runtime does: a string of axis names (no name twice, at most
-one ``...``), and a dtype, not a number or bytes, as the second argument.
+one ``...``), and a dtype as the second argument: not a number or bytes, and a string only when it
+names a dtype (``"float32"``, not ``"embed"``).
 Enable it in ``pyproject.toml``::
 
     [tool.mypy]
@@ -66,17 +67,46 @@ def _analyze_named_array(ctx: Any) -> Any:
         except NamedTypeError as e:
             ctx.api.fail(str(e), ctx.context, code=code)
     dtype = args[1] if len(args) == 2 else None
-    # A number or bytes where the dtype goes (a string is a dtype's name, as at runtime).
-    if isinstance(dtype, RawExpressionType) and dtype.base_type_name != "builtins.str":
-        is_bytes = dtype.base_type_name == "builtins.bytes"
-        shown = f"b{dtype.literal_value!r}" if is_bytes else repr(dtype.literal_value)
+    name = _axis_string(dtype) if dtype is not None else None
+    if name is not None:  # a dtype's name: read as the runtime reads it
+        problem = _dtype_name_problem(spec, name)
+        if problem is not None:
+            ctx.api.fail(problem, ctx.context, code=code)
+    elif isinstance(dtype, RawExpressionType):  # a number, a bool or bytes where the dtype goes
         ctx.api.fail(
-            f"NamedArray[{spec!r}, {shown}]: the second argument must be a dtype "
+            f"NamedArray[{spec!r}, {_shown(dtype)}]: the second argument must be a dtype "
             "or dtype category (e.g. jnp.float32, jnp.floating, jnp.integer)",
             ctx.context,
             code=code,
         )
     return ctx.api.named_type(_NAMED_ARRAY, [])
+
+
+def _dtype_name_problem(spec: str | None, name: str) -> str | None:
+    """The runtime's error for ``NamedArray[spec, name]`` with a string dtype (``"float32"``,
+    ``"bfloat16"``; ``"embed"`` is none), or ``None`` when the runtime accepts it: the same test
+    (``jnp.issubdtype``) and the same message as ``NamedArray.__class_getitem__``."""
+    import jax.numpy as jnp
+
+    try:
+        jnp.issubdtype(jnp.float32, name)
+    except TypeError:
+        return (
+            f"NamedArray[{spec!r}, {name!r}]: {name!r} is not a dtype or dtype category (e.g. "
+            "jnp.float32, jnp.floating, jnp.integer)."
+        )
+    return None
+
+
+def _shown(arg: Any) -> str:
+    """A literal as written, where mypy kept its value (ints, bools, bytes). mypy keeps none for
+    other expressions (a float such as ``3.5`` included, which it reads as any invalid type
+    expression): those show as ``<expression>``, not as ``None``."""
+    if arg.base_type_name == "builtins.bytes":
+        return f"b{arg.literal_value!r}"
+    if arg.literal_value is None:
+        return "<expression>"
+    return repr(arg.literal_value)
 
 
 def plugin(version: str) -> type:

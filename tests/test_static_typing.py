@@ -42,6 +42,10 @@ j = na.fsdp(step, {"embed": "data"}, {"batch": "data"})(x)
 k: NamedArray[()] = x
 m: NamedArray[b"batch embed"] = x
 n: NamedArray["batch embed", 3] = x
+o: NamedArray["batch", "embed"] = x
+p: NamedArray["batch embed", 3.5] = x
+q: NamedArray["batch embed", "bfloat16"] = x
+r: NamedArray["batch embed", "float32"] = x
 """
 # (line, start of mypy's message) for each mistake above.
 EXPECTED = [
@@ -69,6 +73,18 @@ EXPECTED = [
     (24, "NamedArray[...] takes a string of axis names and optionally a dtype"),
     (25, "NamedArray[...] takes a string of axis names and optionally a dtype"),
     (26, "NamedArray['batch embed', 3]: the second argument must be a dtype or dtype category"),
+    # A string is a dtype's name, as the runtime reads it: "embed" is none ("bfloat16" and
+    # "float32" on lines 29 and 30 are). mypy keeps no value for a float literal (it was shown
+    # as None).
+    (
+        27,
+        "NamedArray['batch', 'embed']: 'embed' is not a dtype or dtype category (e.g. "
+        "jnp.float32, jnp.floating, jnp.integer).",
+    ),
+    (
+        28,
+        "NamedArray['batch embed', <expression>]: the second argument must be a dtype or dtype category",
+    ),
 ]
 
 
