@@ -906,3 +906,107 @@ def test_mask_and_positions_must_have_the_ids_axes_and_sizes():
         model(ids, na.named(jnp.ones((3, 8), bool), ("batch", "position")))
     with pytest.raises(na.AxisNotFoundError, match=r"positions has axis 'beam' that the ids"):
         model(ids, None, na.named(jnp.zeros((8, 2), jnp.int32), ("position", "beam")))
+
+
+def test_save_hf_into_an_earlier_save_leaves_only_its_weights(tmp_path):
+    """Saved sharded, then unsharded into the same folder: the old index and shards stayed and
+    from_hf read the OLD model; unsharded then sharded: the old model.safetensors stayed, which
+    transformers reads first. Now the weight files of the earlier save go (other files stay), and
+    a folder with both kinds is refused."""
+    cfg = models.TransformerConfig("llama", **SMALL)
+    old = models.Transformer(cfg, key=jax.random.key(0))
+    new = models.Transformer(cfg, key=jax.random.key(1))
+    (tmp_path / "README.md").write_text("notes")
+    models.save_hf(old, tmp_path, max_shard_size="5KB")
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").exists()
+    models.save_hf(new, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md", "config.json", "generation_config.json", "model.safetensors"
+    ]  # fmt: skip
+    np.testing.assert_array_equal(
+        models.from_hf(tmp_path).embed.weight.array, new.embed.weight.array
+    )
+    models.save_hf(old, tmp_path, max_shard_size="5KB")
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == shards
+    np.testing.assert_array_equal(
+        models.from_hf(tmp_path).embed.weight.array, old.embed.weight.array
+    )
+    assert (tmp_path / "README.md").read_text() == "notes"
+    models.save_hf(new, tmp_path / "single")
+    shutil.copy(tmp_path / "single" / "model.safetensors", tmp_path)
+    with pytest.raises(
+        na.CheckpointStructureError,
+        match=rf"^{tmp_path} holds both model\.safetensors and model\.safetensors\.index\.json "
+        r"\(with its shards\): two sets of weights, and readers disagree on which is the model "
+        r"\(transformers' from_pretrained takes model\.safetensors\)\. Delete the stale one; "
+        r"save_hf into the folder leaves only what it wrote\.$",
+    ):
+        models.from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("size", [0, "0GB", "0.0001KB", "5 parsecs"])
+def test_max_shard_size_must_be_a_positive_size(size, tmp_path):
+    """'0GB' and '0.0001KB' came to 0 bytes and were taken (a file per tensor)."""
+    model = models.Transformer(models.TransformerConfig("llama", **SMALL), key=jax.random.key(0))
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^save_hf max_shard_size must be a positive byte count or a string such as '5GB', "
+        rf"got {size!r}\.$",
+    ):
+        models.save_hf(model, tmp_path, max_shard_size=size)
+    assert not list(tmp_path.iterdir())
+
+
+def test_from_hf_dtype_that_layers_do_not_keep():
+    """float8 loaded (logits off by 0.08, and save_hf wrote a float8 folder); float64 with 64-bit
+    floats off loaded as float32. Both are refused as the precision policy refuses them."""
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^from_hf dtype=float8_e4m3fn is not a dtype layers keep parameters in: use "
+        r"float32, bfloat16 or float16 \(float64 with jax_enable_x64\)\. For float8 weights, load "
+        r"the model in one of those and quantize it: models\.quantize\(model, 'float8'\)\.$",
+    ):
+        models.from_hf(FIXTURES / "llama", dtype=jnp.float8_e4m3fn)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^from_hf dtype=float64 needs 64-bit floats, which are off here\. Turn them on "
+        r"\(jax\.config\.update\('jax_enable_x64', True\)\) or use float32\.$",
+    ):
+        models.from_hf(FIXTURES / "llama", dtype=jnp.float64)
+
+
+def test_gpt2_positions_past_the_learned_table_are_named():
+    """300 tokens on GPT-2's 256 learned positions said 'token id(s) 256.. outside the vocabulary
+    ... Use the tokenizer that matches the model'; it is the positions, and the fix is fewer."""
+    model = models.from_hf(FIXTURES / "gpt2")
+    ids = na.named(jnp.ones((1, 258), jnp.int32), ("batch", "position"))
+    with pytest.raises(
+        na.AxisIndexError,
+        match=r"^Transformer: position\(s\) 256, 257 outside the learned position table: "
+        r"'max_position' has 256 entries, so ids must be in \[0, 256\) \(first at position=256\)\. "
+        r"Negative ids do not count from the end here\. This gpt2 model learned 256 positions: "
+        r"give it at most 256 positions \(0 to 255, a cache's included\), e\.g\. by shortening "
+        r"the input\.$",
+    ):
+        model(ids)
+
+
+def test_from_hf_indivisible_axis_suggests_a_fallback_rule(mesh_2x4, tmp_path):
+    """A vocabulary of 65 with vocab on model=4: the error suggested unsatisfied='replicate' and
+    padding, which from_hf cannot take; it suggests the fallback rule, which loads."""
+    cfg = models.TransformerConfig("llama", **{**SMALL, "vocab_size": 65})
+    models.save_hf(models.Transformer(cfg, key=jax.random.key(0)), tmp_path)
+    with pytest.raises(
+        na.ShardingError,
+        match=r"^from_hf: At leaf 'embed/weight': Cannot shard axis 'vocab' \(size 65\) of an array "
+        r"with axes \(vocab=65, embed=16\) on Mesh\(data=2, model=4\): no rule applies\. "
+        r"Candidates: \(model=4\): 4 does not divide 65\. A checkpoint's sizes are fixed: give "
+        r"'vocab' a fallback in a list mapping, e\.g\. \[\.\.\., \('vocab', 'model'\), "
+        r"\('vocab', None\)\], which replicates it where no earlier rule applies\.$",
+    ):
+        models.from_hf(tmp_path, mapping={"vocab": "model", "embed": "data"}, mesh=mesh_2x4)
+    mapping = [("vocab", "model"), ("vocab", None), ("embed", "data"), ("mlp", "model")]
+    model = models.from_hf(tmp_path, mapping=mapping, mesh=mesh_2x4)
+    assert spec_of(model.embed.weight) == P(None, "data")
+    assert spec_of(model.layers.stacked.mlp.up.weight) == P(None, "data", "model")

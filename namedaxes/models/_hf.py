@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,17 @@ from .._errors import (
     ModelConfigError,
     NamedTypeError,
     QuantizationError,
+    ShardingError,
     format_names,
 )
 from .._logical._context import current_axis_mapping, rules_in_force
+from .._logical._rules import AxisRules
 from .._mesh import context_mesh
 from .._partitioning._jit_args import check_live
 from .._partitioning._plan import check_matched
 from .._partitioning._specs import pspec_for
 from ..distributed import process_allgather
-from ..nn._precision import float_dtype
+from ..nn._precision import POLICY_DTYPES, check_policy_dtype, float_dtype
 from ._config import TransformerConfig, runtime_options
 from ._families import family_of
 from ._layout import Tensor, _get, pick, read_block, tensors_of, to_stored
@@ -45,6 +48,7 @@ CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 FUSED_EXPERTS = ".experts.down_proj"  # a tensor only the fused layout of experts has
+WEIGHT_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")  # the shards an index names
 
 
 def _folder(path: str | os.PathLike[str]) -> Path:
@@ -175,8 +179,32 @@ def _shardings(
             f"from_hf has a mapping ({given!r}) but no mesh to place the parameters on. Pass "
             "mesh=..., or call it inside `with jax.set_mesh(mesh):`."
         )
-    specs = pspec_for(model, rules, mesh=mesh)
+    try:
+        specs = pspec_for(model, rules, mesh=mesh)
+    except ShardingError as e:
+        raise _unsatisfied(e, rules) from None
     return [NamedSharding(mesh, _get(specs, t.path)) for t in tensors]
+
+
+# What resolve says when no rule of an axis applies, up to the fixes it suggests: padding the
+# axis (round_axis_for_partitioning) and AxisRules(unsatisfied=...) are not from_hf's to take.
+UNSATISFIED = re.compile(r"(?P<what>.*Cannot shard axis '(?P<axis>[^']+)'.*?)\. Pad the axis", re.S)
+
+
+def _unsatisfied(error: ShardingError, rules: AxisRules) -> ShardingError:
+    """``error`` with from_hf's fix when it is an axis that no rule could place: a checkpoint's
+    sizes are what they are, so the fix is a fallback rule in a list mapping."""
+    found = UNSATISFIED.match(str(error))
+    if found is None:
+        return error
+    axis = found["axis"]
+    first = next((c for c in rules.candidates(axis) if c is not None), ())
+    target = repr(first[0]) if len(first) == 1 else repr(first)
+    return ShardingError(
+        f"from_hf: {found['what']}. A checkpoint's sizes are fixed: give {axis!r} a fallback in a "
+        f"list mapping, e.g. [..., ({axis!r}, {target}), ({axis!r}, None)], which replicates it "
+        "where no earlier rule applies."
+    )
 
 
 def _make_array(shape: tuple[int, ...], sharding: Sharding, block: Any) -> jax.Array:
@@ -242,6 +270,25 @@ def _match(checkpoint: Checkpoint, tensors: list[Tensor], config: TransformerCon
         )
 
 
+def _param_dtype(value: Any) -> Any:
+    """from_hf's ``dtype``: a dtype layers keep parameters in, by the precision policy's check."""
+    dtype = float_dtype(value, "from_hf dtype=", "from_hf dtype must be")
+    if dtype is None:
+        return None
+    try:
+        check_policy_dtype("from_hf dtype", dtype)
+    except NamedTypeError:
+        if dtype.name in POLICY_DTYPES:  # float64 with 64-bit floats off: that message says it
+            raise
+        # float8 and narrower: the policy's fix (a float8 matmul) is not from_hf's to take
+        raise NamedTypeError(
+            f"from_hf dtype={dtype.name} is not a dtype layers keep parameters in: use float32, "
+            "bfloat16 or float16 (float64 with jax_enable_x64). For float8 weights, load the "
+            "model in one of those and quantize it: models.quantize(model, 'float8')."
+        ) from None
+    return dtype
+
+
 def from_hf(
     path: str | os.PathLike[str],
     *,
@@ -274,8 +321,9 @@ def from_hf(
         mapping: Logical-to-mesh rules, e.g. ``{"embed": "data", "heads": "model", "mlp":
             "model", "vocab": "model"}``.
         mesh: A concrete ``jax.sharding.Mesh``.
-        dtype: Cast floating parameters to this dtype (e.g. ``jnp.bfloat16``); default: as
-            stored.
+        dtype: Cast floating parameters to this dtype (``jnp.float32``, ``jnp.bfloat16``,
+            ``jnp.float16``; ``jnp.float64`` with ``jax_enable_x64``); default: as stored. For
+            float8 weights use :func:`quantize` on the loaded model.
         strict: Refuse mapping entries that match no axis of the model (above).
         **options: Runtime options of the config (``TransformerConfig.RUNTIME_FIELDS``), which
             say how the model runs: ``context_strategy`` (``"all_gather"``, ``"ring"``,
@@ -298,7 +346,9 @@ def from_hf(
         CheckpointAxisError: for a tensor whose shape disagrees with ``config.json`` (named, with
             both shapes).
         MeshError: for a mapping without a mesh.
-        NamedTypeError: for a ``dtype`` that is not a floating dtype (or not a dtype at all).
+        NamedTypeError: for a ``dtype`` that is not a dtype layers keep parameters in (float32,
+            bfloat16, float16; float64 only with ``jax_enable_x64``): ``float8_e4m3fn`` points
+            to :func:`quantize`.
         UnmatchedMappingError: with ``strict=True``, for a mapping entry that matches no axis of
             the model (named, with the closest axis name and the model's axes).
         ModelConfigError: for an option that is not a runtime option (the message lists them).
@@ -319,7 +369,7 @@ def from_hf(
     folder = _folder(path)
     also = ("mapping", "mesh", "dtype", "strict")  # a typo of these lands in options too
     config = runtime_options(config_from_hf(folder), options, "from_hf", also)
-    dtype = float_dtype(dtype, "from_hf dtype=", "from_hf dtype must be")
+    dtype = _param_dtype(dtype)
     abstract = eqx.filter_eval_shape(Transformer, config, key=jax.random.key(0))
     checkpoint = Checkpoint(folder)
     try:
@@ -347,13 +397,19 @@ def from_hf(
 
 
 def _size(s: int | str) -> int:
-    if isinstance(s, int) and not isinstance(s, bool) and s > 0:
-        return s
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    text = str(s).strip().upper()
-    for unit, factor in units.items():
-        if text.endswith(unit) and text[: -len(unit)].strip().replace(".", "", 1).isdigit():
-            return int(float(text[: -len(unit)]) * factor)
+    """``max_shard_size`` in bytes: a positive int, or a number and a unit (``"5GB"``)."""
+    size = 0
+    if isinstance(s, int) and not isinstance(s, bool):
+        size = s
+    elif isinstance(s, str):
+        units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+        text = s.strip().upper()
+        for unit, factor in units.items():
+            if text.endswith(unit) and text[: -len(unit)].strip().replace(".", "", 1).isdigit():
+                size = int(float(text[: -len(unit)]) * factor)
+                break
+    if size > 0:  # "0GB" or "0.0001KB" (0 bytes) is no more a size than 0
+        return size
     raise NamedTypeError(
         f"save_hf max_shard_size must be a positive byte count or a string such as '5GB', got {s!r}."
     )
@@ -374,7 +430,10 @@ def save_hf(
     tensor per expert as ``save_pretrained`` writes them by default), so
     ``AutoModelForCausalLM.from_pretrained(path)`` loads it, and ``from_hf(path)`` gives the same
     values bit for bit. Past ``max_shard_size`` the weights are split into
-    ``model-0000k-of-0000n.safetensors`` files with a ``model.safetensors.index.json``. Tensors are
+    ``model-0000k-of-0000n.safetensors`` files with a ``model.safetensors.index.json``. Saving into
+    a folder that holds an earlier save replaces its weights: the weight files this save does not
+    write (a ``model.safetensors``, an index and ``model-*-of-*.safetensors`` shards) are deleted,
+    so that no reader finds the old model beside the new one; other files stay. Tensors are
     gathered and written one at a time (one layer's slice of a parameter on the host at once); with
     several processes, every process takes part in the gathers and process ``k`` writes the files
     ``k, k + n, ...``. ``generation_config.json`` (where ``transformers``' ``generate`` takes the
@@ -385,9 +444,11 @@ def save_hf(
     Args:
         model: A :class:`Transformer` (e.g. from :func:`from_hf`, or trained).
         path: The folder (created if needed).
-        max_shard_size: Bytes per file (an int, or ``"5GB"``, ``"500MB"``...).
+        max_shard_size: Bytes per file (a positive int, or ``"5GB"``, ``"500MB"``...).
 
     Raises:
+        NamedTypeError: for a ``max_shard_size`` that is not a positive size (``0``, ``"0GB"``,
+            ``"5 parsecs"``).
         ModelConfigError: if the family's ``config.json`` cannot express ``model.config``.
         DonatedArrayError: for a parameter donated to a step (``named_jit(...,
             donate_args=...)``, ``fsdp``), whose buffer is gone: save the model the step returned.
@@ -474,11 +535,23 @@ def save_hf(
                 "weight_map": {entries[i][0]: names[k] for k, m in enumerate(files) for i in m},
             }
             (folder / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        _remove_stale_weights(folder, {*names, INDEX} if n > 1 else {SINGLE})
         (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = _generation_config(model.config, config)
         (folder / GENERATION_CONFIG).write_text(
             json.dumps(generation, indent=2, sort_keys=True) + "\n"
         )
+
+
+def _remove_stale_weights(folder: Path, written: set[str]) -> None:
+    """Delete the weight files of an earlier save in ``folder`` that ``written`` does not replace:
+    a stale index (and its shards) would be read instead of the new ``model.safetensors``, and a
+    stale ``model.safetensors`` is what ``transformers`` reads before an index. Other files stay."""
+    for file in folder.iterdir():
+        if file.name not in written and (
+            file.name in (SINGLE, INDEX) or WEIGHT_SHARD.fullmatch(file.name)
+        ):
+            file.unlink()
 
 
 def _generation_config(config: TransformerConfig, written: dict[str, Any]) -> dict[str, Any]:

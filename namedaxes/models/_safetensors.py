@@ -136,13 +136,21 @@ class SafetensorsFile:
 
 
 class Checkpoint:
-    """The tensors of a Hugging Face folder: ``model.safetensors`` or a sharded index."""
+    """The tensors of a Hugging Face folder: ``model.safetensors`` or a sharded index (a folder with
+    both is refused: which one is the model is not known)."""
 
     def __init__(self, folder: Path):
         index = folder / INDEX
         single = folder / SINGLE
         self.files: list[SafetensorsFile] = []
         self.tensors: dict[str, TensorInfo] = {}
+        if index.exists() and single.exists():  # transformers reads one, the index the other
+            raise CheckpointStructureError(
+                f"{folder} holds both {SINGLE} and {INDEX} (with its shards): two sets of weights, "
+                f"and readers disagree on which is the model (transformers' from_pretrained takes "
+                f"{SINGLE}). Delete the stale one; save_hf into the folder leaves only what it "
+                "wrote."
+            )
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]

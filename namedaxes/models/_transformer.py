@@ -24,6 +24,7 @@ from .._ops.hof import fold
 from .._ops.shape import rename
 from .._partitioning._plan import tree_axis_names
 from ..nn._attention_kernels import preferred
+from ..nn._common import check_ids
 from ..nn._context_layout import context_shards, lay_out
 from ..nn._context_parallel import strategy_for
 from ..nn._kv_cache import KEY_POSITION
@@ -395,6 +396,9 @@ class Transformer(eqx.Module):
                 an axis the ids lack.
             AxisSizeError: if an axis of the mask or the positions has another size than the
                 ids' axis of that name.
+            AxisIndexError: for concrete ids outside the vocabulary, or (learned positions, as
+                GPT-2's) positions outside the learned table (both named; inside ``jit`` their
+                logits are NaN instead).
         """
         if return_aux_loss and cache is not None:
             raise NamedTypeError(
@@ -488,6 +492,15 @@ class Transformer(eqx.Module):
         if self.config.embed_scale != 1.0:
             x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.position_embed is not None:
+            # The table's own lookup would call a position past it a token outside the vocabulary.
+            table = self.position_embed.Vocab
+            check_ids(
+                positions, table, "Transformer", what="position(s)",
+                outside="the learned position table",
+                fix=f"This {self.config.model_type} model learned {table.size} positions: give it "
+                f"at most {table.size} positions (0 to {table.size - 1}, a cache's included), e.g. "
+                "by shortening the input.",
+            )  # fmt: skip
             x = x + self.position_embed(positions)
         aux = jnp.zeros((), jnp.float32)
         if cache is not None:
