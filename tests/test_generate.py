@@ -4,7 +4,9 @@ make_generation_refs.py), on one device and on (data=2, model=4) meshes; traces 
 
 import collections
 import functools
+import json
 import logging
+import shutil
 from pathlib import Path
 
 import equinox as eqx
@@ -13,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers import spec_of
+from _meshes import make_mesh
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import namedaxes as na
@@ -249,8 +253,9 @@ def test_the_prompt_goes_where_the_model_lives(mesh_2x4):
         pytest.raises(
             na.ShardingError,
             match=r"generate: the model's parameters live on one device \(device 0\), but the mesh "
-            r"set around the call is Mesh\(data=2, model=4\) \(devices 0, 1, 2, 3, 4, 5, 6, "
-            r"7\): one program cannot use both\. Call generate outside that "
+            rf"set around the call is Mesh\(data=2, model=4\) \({mesh_2x4.axis_types[0].name} "
+            r"axes, devices 0, 1, 2, 3, 4, 5, 6, 7\): one program cannot use both\. Call generate "
+            r"outside that "
             r"`with jax.set_mesh\(\.\.\.\)` block, or load the model onto that mesh",
         ),
     ):
@@ -489,3 +494,67 @@ def test_a_batch_axis_named_eos():
                           max_new_tokens=2, eos_token_id=[1, 2, 3])  # fmt: skip
     assert out.axis_names == names
     np.testing.assert_array_equal(out.array, want[:, : prompt.shape[1] + 2])
+
+
+def test_a_mesh_of_another_shape_on_the_model_devices_is_refused(mesh_2x4):
+    """The model on (data=2, model=4), a mesh on the same 8 devices set around the call: Explicit
+    axes gave JAX's 'Context mesh ... must match the mesh passed to shardings', Auto axes ran for
+    (data=8) and raised IndivisibleError for (data=4, model=2). Another shape, other names or
+    the other axis type is the ShardingError that says what to do, on both kinds."""
+    prompt, _ = greedy_reference("llama")
+    model = models.from_hf(FIXTURES / "llama", mapping=MAPPING, mesh=mesh_2x4)
+    kind = mesh_2x4.axis_types[0]
+    other_kind = next(t for t in (AxisType.Auto, AxisType.Explicit) if t != kind)
+    others = [
+        (make_mesh((8,), ("data",), kind), f"Mesh\\(data=8\\) \\({kind.name} axes"),
+        (make_mesh((4, 2), ("data", "model"), kind), rf"Mesh\(data=4, model=2\) \({kind.name} axes"),
+        (make_mesh((2, 4), ("dp", "tp"), kind), rf"Mesh\(dp=2, tp=4\) \({kind.name} axes"),
+        (make_mesh((2, 4), ("data", "model"), other_kind),
+         rf"Mesh\(data=2, model=4\) \({other_kind.name} axes"),
+    ]  # fmt: skip
+    for other, shown in others:
+        with (
+            jax.set_mesh(other),
+            na.axis_mapping({"batch": "data"}),
+            pytest.raises(
+                na.ShardingError,
+                match=rf"^generate: the model's parameters live on Mesh\(data=2, model=4\) "
+                rf"\({kind.name} axes, devices 0, 1, 2, 3, 4, 5, 6, 7\), but the mesh set around "
+                rf"the call is {shown}, devices 0, 1, 2, 3, 4, 5, 6, 7\): one program cannot use "
+                r"both\. Call generate outside that `with jax\.set_mesh\(\.\.\.\)` block, or load "
+                r"the model onto that mesh \(models\.from_hf\(path, mapping=\.\.\.\) inside it\)\.$",
+            ),
+        ):
+            models.generate(model, ids(prompt), max_new_tokens=2)
+
+
+def test_eos_and_pad_default_to_the_checkpoints(tmp_path):
+    """transformers' generate stops on the generation_config's eos (else config.json's) unless
+    told otherwise; generate ignored it. Llama's greedy continuation emits 222 second: with 222 as
+    the checkpoint's eos it stops there and pads with the checkpoint's pad id; eos_token_id=[]
+    never stops; an eos outside the vocabulary changes nothing (as GPT-2's 50256 in 512 tokens:
+    test_greedy_matches_transformers runs every fixture with its own generation_config)."""
+    prompt, want = greedy_reference("llama")
+    assert want[0, 9] == 222 and 222 not in want[0, 8:9]
+    folder = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "llama", folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(
+        json.dumps({**generation, "eos_token_id": [222, 50000], "pad_token_id": 7})
+    )
+    model = models.from_hf(folder)
+    stopped = np.asarray(models.generate(model, ids(prompt), max_new_tokens=12).array)
+    np.testing.assert_array_equal(stopped[0, :10], want[0, :10])
+    assert (stopped[0, 10:] == 7).all()
+    out = models.generate(model, ids(prompt), max_new_tokens=12, eos_token_id=[])
+    np.testing.assert_array_equal(out.array, want)
+    out = models.generate(model, ids(prompt), max_new_tokens=12, eos_token_id=5, pad_token_id=1)
+    np.testing.assert_array_equal(out.array, want)  # given ids win: 5 is never emitted
+    (folder / "generation_config.json").unlink()  # then config.json's, as from_model_config
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 222}))
+    stopped = np.asarray(
+        models.generate(models.from_hf(folder), ids(prompt), max_new_tokens=12).array
+    )
+    np.testing.assert_array_equal(stopped[0, :10], want[0, :10])
+    assert (stopped[0, 10:] == 222).all()  # no pad id: the eos id

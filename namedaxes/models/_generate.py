@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -288,6 +289,23 @@ def _check_mask_rows(mask: NamedArray) -> None:
         )
 
 
+def _checkpoint_ids(config: Any, vocab: Axis) -> dict[str, Any]:
+    """The eos ids and pad id ``transformers``' ``generate`` takes from the checkpoint: its
+    ``generation_config.json`` (``config.hf_generation_config``), else its ``config.json`` (as
+    ``GenerationConfig.from_model_config`` does). Ids outside the vocabulary are left out: the
+    model never emits them (GPT-2's 50256 in a small vocabulary), so they change nothing there."""
+    text = config.hf_generation_config or config.hf_config
+    raw = json.loads(text) if text else {}
+    found: dict[str, Any] = {}
+    for name in ("eos_token_id", "pad_token_id"):
+        value = raw.get(name)
+        ids = value if isinstance(value, list) else [value]
+        kept = [i for i in ids if is_static_int(i) and 0 <= i < vocab.size]
+        if kept:
+            found[name] = kept if name == "eos_token_id" else kept[0]
+    return found
+
+
 def _eos_ids(eos_token_id: Any) -> tuple[int, ...]:
     if eos_token_id is None:
         return ()
@@ -322,9 +340,12 @@ def generate(
     otherwise each token is drawn from ``softmax(logits / temperature)`` after top-k and top-p
     filtering as in ``transformers`` (:func:`filter_logits`), with randomness from ``key`` only.
     A row that emits ``eos_token_id`` stops: its later tokens are ``pad_token_id`` (default: the
-    first eos id), and the loop ends when every row has stopped. Rows are left-padded
-    (``attention_mask`` ``False`` at padding): positions count from each row's first real
-    token, as ``transformers.generate`` does, so a row gets the tokens it gets alone.
+    first eos id), and the loop ends when every row has stopped. Not given, both are the
+    checkpoint's, as ``transformers.generate`` takes them: those of the ``generation_config.json``
+    the model was loaded with (``config.hf_generation_config``), else of its ``config.json``.
+    Rows are left-padded (``attention_mask`` ``False`` at padding): positions count from each
+    row's first real token, as ``transformers.generate`` does, so a row gets the tokens it gets
+    alone.
 
     Compiled: the prompt is left-padded to a bucket length (a power of two, at least 16); one
     program fills the cache from the prompt and one runs the whole decoding loop on the device,
@@ -354,8 +375,11 @@ def generate(
             ``transformers`` samples with ``top_k=50`` unless told otherwise).
         top_p: Sample among the most likely tokens whose probability exceeds ``top_p``.
         key: A PRNG key; needed when ``temperature > 0``.
-        eos_token_id: The end-of-sequence id (or ids); ``None`` never stops early.
-        pad_token_id: What stopped rows emit; default the (first) eos id.
+        eos_token_id: The end-of-sequence id (or ids); ``None``: the checkpoint's (above; ids
+            outside the vocabulary, which the model never emits, are left out), none for a model
+            built from a ``TransformerConfig``; ``[]`` never stops early.
+        pad_token_id: What stopped rows emit; ``None``: the checkpoint's, else the (first) eos
+            id.
 
     Returns:
         A NamedArray of the prompt's dtype and axes, ``position`` grown by ``max_new_tokens``.
@@ -364,7 +388,8 @@ def generate(
         NamedTypeError: if ``model`` is not a ``Transformer``, the prompt not integer ids, or
             the mask not boolean with the prompt's axes.
         AxisNotFoundError: if the prompt has no ``position`` axis.
-        ShardingError: if a mesh set around the call is on other devices than the model.
+        ShardingError: if a mesh set around the call is not the one the model lives on (other
+            devices, or the same devices in another shape, axis names or axis types).
         AxisIndexError: if the prompt holds a token id outside ``[0, vocab_size)`` (checked on the
             host before anything runs: the compiled programs cannot raise).
         GenerationError: for a prompt dtype that cannot hold every id of the vocabulary
@@ -391,8 +416,12 @@ def generate(
         raise NamedTypeError(
             f"generate needs a namedaxes.models.Transformer, got {type(model).__name__}."
         )
-    eos = _eos_ids(eos_token_id)
     vocab = model.embed.Vocab
+    if eos_token_id is None or pad_token_id is None:
+        stored = _checkpoint_ids(model.config, vocab)
+        eos_token_id = stored.get("eos_token_id") if eos_token_id is None else eos_token_id
+        pad_token_id = stored.get("pad_token_id") if pad_token_id is None else pad_token_id
+    eos = _eos_ids(eos_token_id)
     temperature, top_p = _check(prompt, attention_mask, max_new_tokens, temperature, top_k, top_p,
                                 key, eos, pad_token_id, vocab)  # fmt: skip
     check_ids(prompt, vocab, "generate: prompt")
@@ -445,7 +474,8 @@ def _placed(model: Transformer, *inputs: Any) -> tuple[Mesh | None, list[Any]]:
     A prompt made under another mesh, or committed to another device, would otherwise meet the
     parameters in one program on two sets of devices; the prompt is small, so it moves (replicated
     on the model's mesh: the prefill then places it by the mapping). A mesh set around the call
-    that does not hold the model cannot be fixed by moving the prompt: that is an error.
+    that is not the model's (other devices, or another shape, names or axis types) cannot be fixed
+    by moving the prompt: that is an error.
     """
     weight = jax.tree.leaves(model.embed.weight)[0]  # its array, also when it is quantized
     sharding = getattr(weight, "sharding", None)
@@ -455,17 +485,21 @@ def _placed(model: Transformer, *inputs: Any) -> tuple[Mesh | None, list[Any]]:
     mesh = sharding.mesh if isinstance(sharding, NamedSharding) else None
     mesh = mesh if isinstance(mesh, Mesh) else None
     if mesh is not None:
-        home, target = format_mesh(mesh), NamedSharding(mesh, PartitionSpec())
+        home, target = _mesh_text(mesh), NamedSharding(mesh, PartitionSpec())
     elif len(devices) == 1:
-        home, target = "one device", SingleDeviceSharding(next(iter(devices)))
+        home = f"one device ({_devices(devices)})"
+        target = SingleDeviceSharding(next(iter(devices)))
     else:
         return None, list(inputs)  # another kind of sharding: JAX decides
     context = context_mesh()
-    if isinstance(context, Mesh) and set(context.devices.flat) != devices:
-        there = f"{format_mesh(context)} ({_devices(context.devices.flat)})"
+    # The mesh itself, not only its devices: JAX refuses a context mesh of another shape, names
+    # or axis types than the parameters' shardings (or, on Auto axes, places by the wrong one).
+    if isinstance(context, Mesh) and (
+        context != mesh if mesh is not None else set(context.devices.flat) != devices
+    ):
         raise ShardingError(
-            f"generate: the model's parameters live on {home} ({_devices(devices)}), but the "
-            f"mesh set around the call is {there}: one program cannot use both. Call generate "
+            f"generate: the model's parameters live on {home}, but the mesh set around the call "
+            f"is {_mesh_text(context)}: one program cannot use both. Call generate "
             "outside that `with jax.set_mesh(...)` block, or load the model onto that mesh "
             "(models.from_hf(path, mapping=...) inside it)."
         )
@@ -483,8 +517,17 @@ def _placed(model: Transformer, *inputs: Any) -> tuple[Mesh | None, list[Any]]:
     return (mesh if context is None else None), [place(x) for x in inputs]
 
 
+def _mesh_text(mesh: Mesh) -> str:
+    """``Mesh(data=2, model=4) (Explicit axes, devices 0, 1, ...)``: its devices in mesh order."""
+    types = [t.name for t in mesh.axis_types]
+    kind = f"{types[0]} axes" if len(set(types)) == 1 else f"axis types {', '.join(types)}"
+    return f"{format_mesh(mesh)} ({kind}, {_devices(list(mesh.devices.flat))})"
+
+
 def _devices(devices: Any) -> str:
-    ids = sorted(d.id for d in devices)
+    """``devices 0, 1, 2``: sorted for a set, else in the order given (a mesh's)."""
+    ids = [d.id for d in devices]
+    ids = sorted(ids) if isinstance(devices, (set, frozenset)) else ids
     shown = ", ".join(map(str, ids)) if len(ids) <= 8 else f"{ids[0]}, {ids[1]}, ..., {ids[-1]}"
     return f"device {shown}" if len(ids) == 1 else f"devices {shown}"
 
