@@ -1,9 +1,10 @@
 """Context parallelism's attention work per shard, timed on one device.
 
-Run on a GPU (or TPU) from the repository root: ``python benchmarks/context_shards.py`` (a CPU runs
-tiny sizes: ``--small``, the default there). A real context-parallel step needs ``c`` devices; this
-measures, on one, what one shard of ``c`` computes in its attention (forward + backward, causal,
-bfloat16 on accelerators), which is what decides the strategies' step time besides the exchange:
+Run on a GPU (or TPU) from the repository root: ``python benchmarks/context_shards.py`` (tiny
+sizes for a check: ``--small`` or ``--quick``, the default on a CPU). A real context-parallel step
+needs ``c`` devices; this measures, on one, what one shard of ``c`` computes in its attention
+(forward + backward, causal, bfloat16 on accelerators), which is what decides the strategies'
+step time besides the exchange:
 
 * ``ring`` in order and ``ring zigzag`` (the balanced layout, ``context_balance="zigzag"``): the
   calls shard ``i`` makes, taken from the ring's own code (``namedaxes.nn._ring``: the same pairs
@@ -42,6 +43,15 @@ import namedaxes as na  # noqa: E402
 from namedaxes.nn import _ring as ring  # noqa: E402
 
 F32 = jnp.float32
+# (option, accelerator size, --small / CPU size)
+SIZES = (
+    ("tokens", 16384, 512),
+    ("shards", 8, 4),
+    ("heads", 16, 4),
+    ("head_dim", 64, 32),
+    ("rounds", 7, 3),
+    ("budget", 90.0, 40.0),
+)
 
 
 def _grads(loss: Callable[..., jax.Array]) -> Any:
@@ -124,13 +134,21 @@ def gather_shard(c: int, q: Any, k: Any, v: Any, g: Any) -> tuple:
 def main() -> int:
     accel = jax.default_backend() in ("gpu", "tpu")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=16384 if accel else 512)
-    parser.add_argument("--shards", type=int, default=8 if accel else 4)
-    parser.add_argument("--heads", type=int, default=16 if accel else 4)
-    parser.add_argument("--head-dim", type=int, default=64 if accel else 32)
-    parser.add_argument("--rounds", type=int, default=7 if accel else 3)
-    parser.add_argument("--budget", type=float, default=90.0 if accel else 40.0)
+    parser.add_argument(
+        "--small", "--quick", action="store_true", help="the tiny CPU sizes (default on a CPU)"
+    )
+    parser.add_argument("--tokens", type=int, help="sequence length (16384; 512 small)")
+    parser.add_argument("--shards", type=int, help="context shards c (8; 4 small)")
+    parser.add_argument("--heads", type=int, help="attention heads (16; 4 small)")
+    parser.add_argument("--head-dim", type=int, help="head width (64; 32 small)")
+    parser.add_argument("--rounds", type=int, help="timed rounds per row (7; 3 small)")
+    parser.add_argument("--budget", type=float, help="seconds for all rows (90; 40 small)")
     args = parser.parse_args()
+    # An explicit size wins; otherwise --small (or a CPU backend) picks the tiny ones.
+    small = args.small or not accel
+    for name, big, tiny in SIZES:
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if small else big)
     t, c = args.tokens, args.shards
     dtype = jnp.bfloat16 if accel else F32
     if t % (2 * c) or args.heads % c:
