@@ -9,11 +9,14 @@ bounded (64 entries per function), so memory stops growing once entries are evic
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+MODES = ("jax.jit", "named_jit")
 
 
 def rss_mb() -> float:
@@ -53,11 +56,18 @@ def run(mode: str, n: int) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 2:
-        run(sys.argv[1], int(sys.argv[2]))
+    argv = sys.argv[1:]
+    if len(argv) == 2 and argv[0] in MODES:  # the private child form ``MODE N`` (see below)
+        run(argv[0], int(argv[1]))
         return
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-    for mode in ("jax.jit", "named_jit"):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "n", type=int, nargs="?", default=256, help="programs each side compiles (default 256)"
+    )
+    n = parser.parse_args(argv).n
+    if n < 4:
+        parser.error(f"n must be at least 4 (memory is sampled every n // 4 programs), got {n}")
+    for mode in MODES:  # each side in a fresh process, so one does not reuse the other's pages
         subprocess.run([sys.executable, __file__, mode, str(n)], check=True)
 
 

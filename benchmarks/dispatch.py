@@ -7,6 +7,7 @@ times include executing the (tiny) computation, as a training step's dispatch wo
 
 from __future__ import annotations
 
+import argparse
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -53,6 +54,10 @@ def compare(
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.parse_args()  # no options: --help, and a typo is an error rather than a full run
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     print(f"jax {jax.__version__}, {len(jax.devices())} devices, mesh {dict(mesh.shape)}")
     print(f"{'case':<44}{'namedaxes us':>14}{'jax us':>10}{'ratio':>8}{'median ratio':>14}")
