@@ -395,7 +395,24 @@ def test_parse_shape_with_explicit_device_count():
         ("2,x", ("dp", "tp"), r"'x' has size 'x', which is not an integer"),
         ("dp:0", ("dp", "tp"), r"has size 0; sizes must be >= 1, or -1"),
         ("2,4,1", ("dp", "tp"), r"gives 3 sizes for 2 mesh axes \('dp', 'tp'\)"),
-        ("dp:2,4", ("dp", "tp"), r"mixes named \('dp:2'\) and positional \('2'\) entries"),
+        (
+            "dp:2,4",
+            ("dp", "tp"),
+            r"^Mesh string 'dp:2,4' mixes named \('dp:2'\) and positional \('4'\) entries\. "
+            r"Use one form throughout\.$",
+        ),
+        ("8,tp:1", ("dp", "tp"), r"mixes named \('tp:1'\) and positional \('8'\) entries"),
+        (
+            "data:2,model",
+            ("data", "model"),
+            r"^Mesh string 'data:2,model': 'model' has no size: write 'model:N'\.$",
+        ),
+        (
+            "data:2,modl",
+            ("data", "model"),
+            r"^Mesh string 'data:2,modl': 'modl' has no size and is not a mesh axis\. "
+            r"Available axes: 'data', 'model'\. Write 'axis:N' with one of them\.$",
+        ),
         ("dp:2,,tp:4", ("dp", "tp"), r"has an empty entry"),
         ("", ("dp", "tp"), r"has an empty entry"),
         ("dp:-1,tp:-1", ("dp", "tp"), r"\(dp=-1, tp=-1\) has 2 axes of size -1"),

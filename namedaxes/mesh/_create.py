@@ -156,6 +156,26 @@ def _parse_size(text: str, token: str, spec: str) -> int:
     return size
 
 
+def _mixed_forms(
+    spec: str, tokens: Sequence[str], named_tokens: Sequence[bool], names: tuple[str, ...]
+) -> MeshError:
+    """The error for a string mixing ``name:size`` and bare entries, quoting the user's own."""
+    named = tokens[named_tokens.index(True)]
+    bare = tokens[named_tokens.index(False)]
+    if _SIZE.fullmatch(bare):
+        return MeshError(
+            f"Mesh string {spec!r} mixes named ({named!r}) and positional ({bare!r}) entries. "
+            "Use one form throughout."
+        )
+    # A bare name among named entries is a forgotten size (e.g. 'data:2,model').
+    if bare in names:
+        return MeshError(f"Mesh string {spec!r}: {bare!r} has no size: write '{bare}:N'.")
+    return MeshError(
+        f"Mesh string {spec!r}: {bare!r} has no size and is not a mesh axis. Available axes: "
+        f"{format_names(names)}. Write 'axis:N' with one of them."
+    )
+
+
 def _check_num_devices(num_devices: object, spec: str) -> int:
     if isinstance(num_devices, bool) or not hasattr(num_devices, "__index__"):
         raise NamedTypeError(
@@ -193,8 +213,8 @@ def parse_mesh_shape(
 
     Raises:
         MeshError: on unknown or repeated names, malformed or non-positive sizes, a mix of the two
-            forms, a wrong number of positional sizes, sizes that cannot cover the devices, or
-            ``num_devices < 1``.
+            forms (or a named-form entry without a size), a wrong number of positional sizes,
+            sizes that cannot cover the devices, or ``num_devices < 1``.
         NamedTypeError: if ``spec`` is not a str or ``num_devices`` not an int.
 
     Example:
@@ -249,10 +269,7 @@ def _parse_shape(
             )
         dims = tuple(_parse_size(t, t, spec) for t in tokens)
     else:
-        raise MeshError(
-            f"Mesh string {spec!r} mixes named ('dp:2') and positional ('2') entries. "
-            "Use one form throughout."
-        )
+        raise _mixed_forms(spec, tokens, named_tokens, names)
     dims = check_dims(dims, names, what=f"Mesh string {spec!r} =")
     resolve_dims(dims, names, num_devices, what=f"Mesh string {spec!r} =", devices=devices)
     return dims, names
