@@ -7,8 +7,9 @@ refused as a misspelling; return ``{"tree": state}`` for a state that itself has
 key. ``--search`` chooses the rules itself: it refuses ``--rules`` and does not use the
 factory's. ``--top`` is how many plans the search shows (default 3) or, without ``--search``, how
 many of the largest leaves the plan lists (``plan``'s ``top``, default 10). Exit status: 0; 1 when
-a ``--budget`` is given and the plan does not fit, or, with ``--search``, no mapping does; 2 on
-bad input, or when the factory or the step raises (``error: ...`` says what to fix).
+a ``--budget`` is given and the plan does not fit, or, with ``--search``, no mapping does (with
+``--json`` it prints ``{"fits": false, "error": ..., "plans": []}``); 2 on bad input, or when the
+factory or the step raises (``error: ...`` says what to fix).
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _show(result, opts.json)
             fits = result.fits
     except PlanDoesNotFitError as e:  # the search's "does not fit": exit 1, as for one plan
+        if opts.json:  # a script reading stdout gets a verdict, as a plan that does not fit gives
+            print(json.dumps({"fits": False, "error": str(e), "plans": []}, indent=2))
         print(f"error: {e}", file=sys.stderr)
         return 1
     except NamedAxesError as e:

@@ -200,6 +200,17 @@ def test_search_that_fits_nothing_exits_1(model_dir, capsys):
     assert err.startswith("error: No mapping of ['embed', 'mlp'] on Mesh(data=2, model=4) fits")
 
 
+def test_search_json_that_fits_nothing_prints_a_verdict(model_dir, capsys):
+    """With --json, "no mapping fits" is JSON on stdout (as a plan's "fits": false), not nothing."""
+    argv = ["plan", "na_cli_model:state", "--mesh", "data=2,model=4", "--search", "--json"]
+    assert main([*argv, "--budget", "1KiB"]) == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["fits"] is False and out["plans"] == []
+    assert out["error"].startswith("No mapping of ['embed', 'mlp'] on Mesh(data=2, model=4) fits")
+    assert captured.err == f"error: {out['error']}\n"
+
+
 def test_empty_rules_are_rules(model_dir, capsys):
     """`--rules '{}'` plans everything replicated (it was "plan needs --rules")."""
     code = main(
