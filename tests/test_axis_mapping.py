@@ -3,6 +3,9 @@ its part in jax.jit's trace cache key."""
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 
 import equinox as eqx
@@ -260,6 +263,36 @@ def test_async_generator_does_not_leak():
         return inside, outside
 
     assert asyncio.run(main()) == ({"batch": "agen"}, None)
+
+
+_SUSPENDED_AT_EXIT = """
+import namedaxes as na
+
+@na.axis_mapping({"batch": "data"})
+def decorated():
+    yield 1
+
+def inside():
+    with na.axis_mapping({"batch": "data"}):
+        yield 1
+
+g, h = decorated(), inside()
+next(g), next(h)
+"""
+
+
+def test_generator_suspended_at_interpreter_exit_closes_quietly():
+    """Closed at interpreter exit (after other modules' globals may be cleared), a generator
+    suspended inside a mapping exits it without "Exception ignored in: <generator ...>"."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", _SUSPENDED_AT_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_contextmanager_wrappers_extend_over_the_block():

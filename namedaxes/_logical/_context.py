@@ -55,6 +55,9 @@ __all__ = [
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _GEN_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+# Bound at import: a generator suspended inside a mapping (decorated, or its own ``with``) is closed
+# at interpreter exit, possibly after ``inspect``'s globals are cleared; ``__exit__`` must still run.
+_currentframe = inspect.currentframe
 
 
 def _enter_code(cm_factory: Callable[..., Any], method: str) -> Any:
@@ -147,7 +150,7 @@ def _visible_entry() -> _Pushed | None:
         return stack[-1] if stack else None
     # Slow path (some generator holds a mapping): the innermost entry among the executing frames.
     scoped = _SCOPED
-    f = inspect.currentframe()
+    f = _currentframe()
     f = f.f_back if f is not None else None
     depth = 0
     positions: dict[int, int] = {}
@@ -295,7 +298,7 @@ class axis_mapping:
             if outer is not None:
                 value = merge_rules(value, outer.value)
                 rules = as_rules(value)
-        here = inspect.currentframe()
+        here = _currentframe()
         with_frame = here.f_back if here is not None else None
         entry = _Pushed(value, rules, with_frame, self)
         if _generator_scoped(with_frame):
@@ -311,7 +314,7 @@ class axis_mapping:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        here = inspect.currentframe()
+        here = _currentframe()
         with_frame = here.f_back if here is not None else None
         if with_frame is not None and id(with_frame) in _SCOPED:
             with _SCOPED_LOCK:
