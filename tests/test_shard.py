@@ -152,6 +152,35 @@ def test_field_rank_mismatch(mesh_2x4):
         na.shard(bad, {"embed": "data"}, mesh_2x4)
 
 
+class _Placeholder(eqx.Module):
+    weight: object = na.field(axis_names=("embed", "mlp"))
+
+
+def test_field_placed_after_a_placeholder_of_the_same_structure(mesh_2x4):
+    # The tree walk is cached per structure: a first tree holding a Python number in the declared
+    # field must not make a later one holding an array (the same treedef) lose its names.
+    mapping = {"embed": "data", "mlp": "model"}
+    assert na.pspec_for(_Placeholder(1.0), mapping, mesh=mesh_2x4).weight == P()
+    out = na.shard(_Placeholder(jnp.ones((8, 4))), mapping, mesh_2x4)
+    assert spec_of(out.weight) == P("data", "model")
+    assert shard_shapes(out.weight) == [(4, 1)]
+
+
+class _Listed(eqx.Module):
+    weights: list = na.field(axis_names=("embed",))
+
+
+def test_field_holding_a_container_is_refused(mesh_2x4):
+    layer = _Listed([jnp.ones(8), jnp.ones(8)])
+    with pytest.raises(
+        AxisError,
+        match=r"Field _Listed\.weights is declared with axis_names \('embed'\) but holds a list "
+        r"\(2 leaves\), and axis_names name the dimensions of one array\. Declare the names on "
+        r"each array's own field, or hold NamedArrays in it",
+    ):
+        na.shard(layer, {"embed": "model"}, mesh_2x4)
+
+
 # -- pspec_for / infer_resource_partitions -------------------------------------------------------
 
 

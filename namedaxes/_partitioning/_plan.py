@@ -153,7 +153,9 @@ class TreePlan:
         try:
             if isinstance(info, FieldAxes):
                 axes = leaf_axes(info, self.leaves[i])
-                return None if axes is None else resolve(axes, self.rules, self.mesh)  # type: ignore[arg-type]
+                if axes is None:  # a placeholder (1.0) in a declared field: as an unnamed leaf
+                    return self._plain(self.leaves[i])
+                return resolve(axes, self.rules, self.mesh)  # type: ignore[arg-type]
             spec = structure.specs[i]
             if spec is _UNSET:
                 spec = structure.specs[i] = resolve(info, self.rules, self.mesh)  # type: ignore[arg-type]
@@ -176,8 +178,9 @@ class TreePlan:
 
     def target(self, i: int) -> NamedSharding | None:
         """Where to place leaf ``i`` (see :attr:`targets`), resolving only that leaf."""
-        if self._structure.walk.infos[i] is None:
-            return None
+        info = self._structure.walk.infos[i]
+        if info is None or (isinstance(info, FieldAxes) and self.axes(i) is None):
+            return None  # no names (or a placeholder in a declared field): left where it is
         spec = self.spec(i)
         return None if spec is None else _named_sharding(self._placing_mesh(), spec)
 

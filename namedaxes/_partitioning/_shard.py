@@ -55,13 +55,32 @@ register(_split.cache_clear)
 
 
 def constrain(x: Any, spec: PartitionSpec, mesh: AnyMesh) -> Any:
-    """Shard a traced array as ``spec`` says: ``reshard`` for Explicit axes, a constraint for Auto."""
+    """Shard a traced array as ``spec`` says: ``reshard`` for Explicit axes, a constraint for Auto.
+
+    The Auto constraint on an ``AbstractMesh`` (all that ``jax.grad``, ``jax.jvp`` or a traced
+    body know of the mesh) is applied inside ``jax.jit`` when the value underneath is concrete:
+    JAX evaluates a constraint on a concrete value at once, and then takes the abstract mesh only
+    from an input already on a ``NamedSharding``; inside ``jax.jit`` it needs no devices."""
     explicit, auto = _split(spec, mesh)
     if explicit is not None:
         x = jax.sharding.reshard(x, explicit)
     if auto is not None:
-        x = jax.lax.with_sharding_constraint(x, auto)
+        if isinstance(mesh, AbstractMesh) and _concrete_underneath(x):
+            x = _constraint_in_jit(x, auto)
+        else:
+            x = jax.lax.with_sharding_constraint(x, auto)
     return x
+
+
+def _concrete_underneath(x: Any) -> bool:
+    """Whether ``x`` holds a concrete value: an array, or a ``jax.grad``/``jax.jvp`` tracer
+    outside ``jax.jit`` (whose primal is one)."""
+    return not isinstance(x, _Tracer) or x.to_concrete_value() is not None
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _constraint_in_jit(x: Any, sharding: NamedSharding) -> Any:
+    return jax.lax.with_sharding_constraint(x, sharding)
 
 
 # -- placement ----------------------------------------------------------------------------------

@@ -58,11 +58,16 @@ def _visit(node: Any, out: list[LeafInfo]) -> None:
         children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda n: n is not node)
         for path, child in children:
             key = getattr(path[0], "name", None) if path else None
+            field = f"{type(node).__name__}.{key}"
             if key in names and isinstance(child, NamedArray):
-                _check_declared(child, names[key], f"{type(node).__name__}.{key}")
+                _check_declared(child, names[key], field)
                 _visit(child, out)  # its own axes: the same names, maybe in another order
-            elif key in names and child is not None and _is_arraylike(child):
-                out.append(FieldAxes(names[key], f"{type(node).__name__}.{key}"))
+            elif key in names and child is not None:
+                # Classified by structure only (the walk is cached per treedef): a declared field
+                # that is one leaf has the names, whatever that leaf holds now (an array, or a
+                # placeholder such as 1.0 that ``leaf_axes`` gives no axes).
+                _check_one_leaf(child, names[key], field)
+                out.append(FieldAxes(names[key], field))
             else:
                 _visit(child, out)
         return
@@ -85,6 +90,18 @@ def _check_declared(child: NamedArray, declared: tuple[str, ...], field: str) ->
             f"Field {field} is declared with axis_names ({format_names(declared)}) but holds a "
             f"NamedArray with axes ({format_names(own)}). Make the declaration match the array's "
             "names, or drop axis_names= from the field (a NamedArray carries its own names)."
+        )
+
+
+def _check_one_leaf(child: Any, declared: tuple[str, ...], field: str) -> None:
+    """A ``field(axis_names=...)`` field names the dimensions of one array: not of a container."""
+    leaves = jax.tree_util.tree_leaves(child)
+    if len(leaves) != 1 or leaves[0] is not child:
+        raise AxisError(
+            f"Field {field} is declared with axis_names ({format_names(declared)}) but holds a "
+            f"{type(child).__name__} ({len(leaves)} leaves), and axis_names name the "
+            "dimensions of one array. Declare the names on each array's own field, or hold "
+            "NamedArrays in it (they carry their own names) and drop axis_names=."
         )
 
 
@@ -137,9 +154,9 @@ def leaf_axes(info: LeafInfo, leaf: Any) -> tuple[Axis, ...] | None:
     """
     if info is None or not isinstance(info, FieldAxes):
         return info
-    shape = getattr(leaf, "shape", None)
-    if shape is None:
+    if not _is_arraylike(leaf):  # a placeholder (a Python number, ...): nothing to place
         return None
+    shape = leaf.shape
     if len(shape) != len(info.names):
         raise AxisError(
             f"Field {info.field} is declared with axis_names ({format_names(info.names)}) but holds "
