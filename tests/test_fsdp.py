@@ -320,3 +320,49 @@ def test_parameters_come_back_held_whatever_their_form_or_axis_order(axis_type):
     assert [s.data.shape for s in module.w.addressable_shards] == [(2, 8)] * 8
     assert turned["w"].axis_names == ("mlp", "embed")
     assert turned["w"].sharding.spec == P(None, "data")
+
+
+def test_grad_through_fsdp_with_an_unplaced_input(axis_type):
+    # jax.grad outside jit: the unplaced batch is constrained on the abstract mesh (on Auto this
+    # was JAX's "must be a NamedSharding" TypeError).
+    mesh = make_mesh((8,), ("data",), axis_type)
+    w0 = np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4)
+    x0 = np.linspace(0, 2, 8 * 16, dtype=np.float32).reshape(8, 16)
+    step = na.fsdp(lambda w, x: loss_fn(w, x), PARAMS, COMPUTE)
+    w, x = named(jnp.asarray(w0), ("embed", "mlp")), named(jnp.asarray(x0), ("batch", "embed"))
+    expected = jax.grad(loss_fn)(w, x)
+    with jax.set_mesh(mesh):
+        grad = jax.grad(step)(w, x)
+    np.testing.assert_allclose(np.asarray(grad.array), np.asarray(expected.array), rtol=1e-6)
+
+
+def test_fsdp_parameters_passed_by_keyword(axis_type):
+    # The parameters are fn's first parameter however they are passed: by keyword, the batch was
+    # placed (and the loss constrained) by the parameter mapping.
+    mesh = make_mesh((8,), ("data",), axis_type)
+    seen = []
+
+    def step(w, x):
+        seen.append(jax.typeof(x.array).sharding.spec)
+        return w * 2, (x * w).sum("embed")
+
+    fsdp_step = na.fsdp(step, {"embed": "data"}, COMPUTE)
+    w, x = named(jnp.ones(64), "embed"), named(jnp.ones((64, 64)), ("batch", "embed"))
+    with jax.set_mesh(mesh):
+        by_position = fsdp_step(w, x)
+        by_keyword = fsdp_step(w=w, x=x)
+        mixed = fsdp_step(w, x=x)
+    for out in (by_position, by_keyword, mixed):
+        assert spec_of(out[0]) == P("data") and spec_of(out[1]) == P("data")
+    if axis_type == jax.sharding.AxisType.Explicit:
+        assert seen == [P("data", None)] * 3
+
+
+def test_fsdp_keyword_only_call_needs_a_nameable_first_parameter():
+    step = na.fsdp(lambda w, x, /: w, PARAMS, COMPUTE)
+    with pytest.raises(
+        NamedTypeError,
+        match=r"called with keyword arguments only \('x'\) and that parameter cannot be passed by "
+        r"keyword .*Pass the parameters positionally: step\(params, \.\.\.\)\.",
+    ):
+        step(x=named(jnp.ones(8), "batch"))

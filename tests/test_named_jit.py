@@ -176,6 +176,24 @@ def test_donation():
     assert z.array.is_deleted()
 
 
+def test_donation_predicate_is_asked_on_every_call():
+    # The predicate depends on the leaves' dtypes, which the cache key (structure and leaf types)
+    # does not tell apart: a bfloat16 argument it rejects is kept, a float32 one is donated, in
+    # either order and on the cached path too.
+    f = na.named_jit(lambda x: scale(x), donate_args=lambda a: a.dtype == jnp.float32)
+    for _ in range(2):
+        wide = data()
+        narrow = named(wide.array.astype(jnp.bfloat16), wide.axes)
+        out = f(narrow)
+        assert not narrow.array.is_deleted() and out.array.dtype == jnp.bfloat16
+        f(wide)
+        assert wide.array.is_deleted()
+        np.testing.assert_array_equal(
+            np.asarray(f(narrow).array, np.float32), 2 * np.asarray(data().array)
+        )
+        assert not narrow.array.is_deleted()
+
+
 def test_nested_in_jit_and_lower(mesh_2x4):
     inner = na.named_jit(scale, axis_resources={"batch": "data"})
     with jax.set_mesh(mesh_2x4):
@@ -423,3 +441,92 @@ def test_a_donated_argument_that_had_to_move_is_released(axis_type):
         kept = na.shard(named(jnp.arange(8.0), "batch"), {"batch": "data"})
         f(kept)  # already placed: JAX donates it itself
         assert kept.array.is_deleted()
+
+
+def test_grad_and_jvp_through_in_axis_resources_with_an_unplaced_input(axis_type):
+    # Under jax.grad outside jit only the abstract mesh is known; the unplaced (single-device)
+    # input is constrained by in_axis_resources there (on Auto this was JAX's "must be a
+    # NamedSharding" TypeError).
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    f = na.named_jit(lambda x: (x * x).sum().array, in_axis_resources={"batch": "data"})
+    x = data()
+    expected = 2 * np.asarray(x.array)
+    with jax.set_mesh(mesh):
+        grad = jax.grad(f)(x)
+        tangent = jax.jvp(f, (x,), (x,))[1]
+    np.testing.assert_allclose(np.asarray(grad.array), expected)
+    np.testing.assert_allclose(float(tangent), float((expected * np.asarray(x.array)).sum()))
+
+
+def test_unplaced_named_inputs_are_placed_by_the_mapping_in_force():
+    # Without in_axis_resources, an unplaced (uncommitted) named input is placed by the mapping
+    # in force, as resolve says, on both kinds: the body sees it sharded on Explicit (it came in
+    # replicated), the compiled program takes it so, and it holds the same bytes on both kinds.
+    mapping = {"batch": "data", "embed": "model"}
+    x = data()
+    expected = na.resolve(x.axes, mapping, {"data": 2, "model": 4})
+    assert expected == P("data", "model")
+    argument_bytes = []
+    for axis_type in (jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit):
+        mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+        seen = []
+
+        def body(x):
+            seen.append(jax.typeof(x.array).sharding.spec)
+            return scale(x)
+
+        f = na.named_jit(body, axis_resources=mapping)
+        with jax.set_mesh(mesh):
+            compiled = f.lower(x).compile()
+            argument_bytes.append(na.analysis.compiled_memory(f, x)["argument_bytes"])
+            out = f(x)
+        assert compiled.input_shardings[0][0] == NamedSharding(mesh, expected)
+        if axis_type == jax.sharding.AxisType.Explicit:
+            assert seen[0] == expected
+        assert spec_of(out) == expected and shard_shapes(out) == [(4, 3)]
+        np.testing.assert_array_equal(np.asarray(out.array), 2 * np.asarray(x.array))
+    assert argument_bytes == [4 * 3 * 4] * 2
+
+
+def test_placed_inputs_stay_where_they_are_under_the_mapping_in_force(mesh_2x4):
+    seen = []
+
+    @na.named_jit
+    def f(x):
+        seen.append(jax.typeof(x.array).sharding.spec)
+        return scale(x)
+
+    with jax.set_mesh(mesh_2x4), axis_mapping(batch="data"):
+        placed = na.shard(data(), {"embed": "model"})
+        out = f(placed)
+        assert spec_of(placed) == P(None, "model")  # the caller's array was not moved
+    assert spec_of(out) == P("data")
+    if mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit:
+        assert seen == [P(None, "model")]
+
+
+def test_input_committed_off_the_mesh_is_refused_naming_it(axis_type):
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    other = make_mesh((8,), ("data",), axis_type)
+    f = na.named_jit(lambda a, b: a + b, axis_resources={"batch": "data"})
+    a = na.shard(data(), {"batch": "data"}, mesh)
+    on_other = na.shard(data(), {"batch": "data"}, other)
+    on_one = named(jax.device_put(data().array, jax.devices()[3]), ("batch", "embed"))
+    fix = r"Pass in_axis_resources=\.\.\. to move it onto this mesh, or place it there before"
+    with pytest.raises(
+        na.ShardingError,
+        match=r"named_jit: argument args\[1\]\.array is committed to another mesh, Mesh\(data=8\), "
+        r"not to the mesh in force, Mesh\(data=2, model=4\)\. " + fix,
+    ):
+        f(a, on_other)  # the mesh is the first argument's
+    with jax.set_mesh(mesh):
+        with pytest.raises(
+            na.ShardingError,
+            match=r"argument args\[1\]\.array is committed to one device, CpuDevice\(id=3\), "
+            r"not to the mesh in force, Mesh\(data=2, model=4\)\. " + fix,
+        ):
+            f(a, on_one)
+        mapping = {"batch": "data"}
+        g = na.named_jit(lambda a, b: a + b, mapping, in_axis_resources=mapping)
+        moved = g(a, on_other)  # in_axis_resources moves it
+    assert spec_of(moved) == P("data") and shard_shapes(moved) == [(4, 12)]

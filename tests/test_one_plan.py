@@ -268,7 +268,7 @@ def test_strict_refuses_unmatched_entries_in_shard_named_jit_and_fsdp(mesh_2x4):
     def forward(t, x):
         return na.dot(x, t["q"], axis="embed")
 
-    x = na.named(jnp.ones((4, 8)), ("batch", "embed"))
+    x = na.shard(na.named(jnp.ones((4, 8)), ("batch", "embed")), {"batch": "data"}, mesh_2x4)
     strict_jit = na.named_jit(forward, strict=True)
     with jax.set_mesh(mesh_2x4):
         with na.axis_mapping({**GQA_MAPPING, "batch": "data"}):

@@ -8,9 +8,12 @@ output. A cached call therefore costs about what ``jax.jit`` costs on the same l
 and the mesh are part of the key, so changing either retraces (never a stale program) and repeating
 them does not.
 
-Output shardings are applied inside the traced function (``reshard`` / sharding constraints), since
-the output structure is only known while tracing; plain-array outputs keep whatever sharding JAX
-gives them, and plain-array inputs keep their own.
+Named inputs are placed before the call: by ``in_axis_resources`` when given (moving what is
+elsewhere); otherwise those not placed yet (NumPy, uncommitted arrays) by the mapping in force, while
+those on the mesh stay put and one committed elsewhere is refused (``IfUnplaced``, the rule fsdp uses
+for its non-parameter inputs). Output shardings are applied inside the traced function (``reshard``
+/ sharding constraints), since the output structure is only known while tracing; plain-array outputs
+keep whatever sharding JAX gives them, and plain-array inputs keep their own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -25,7 +29,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import jax
 
 from .._caches import register_owner
-from .._errors import NamedTypeError
+from .._errors import NamedTypeError, ShardingError
 from .._logical._context import (
     axis_mapping,
     current_mapping_and_rules,
@@ -36,6 +40,7 @@ from .._logical._rules import AxisRules, RulesLike, as_rules
 from .._mesh import AnyMesh, context_mesh, mesh_of_leaves, require_mesh
 from ._held import parameters_held_by
 from ._jit_args import (
+    argument_path,
     check_donation,
     donation_flags,
     frozen_mapping,
@@ -59,7 +64,7 @@ from ._jit_outputs import (
     refuse_unplaceable_outputs,
 )
 from ._lru import lru_put, lru_touch
-from ._plan import plan_tree
+from ._plan import TreePlan, plan_tree
 from ._shard import place_leaves
 from ._tree import walk
 
@@ -103,8 +108,18 @@ class NamedJitWrapped(Generic[P, R]):
         register_owner(self)
         self._donate_args = donate_args
         self._donate_kwargs = donate_kwargs
+        # A `leaf -> bool` donation option depends on the leaves' values (dtype, shape), which the
+        # layout key (structure and leaf types) does not tell apart: evaluated on every call, and
+        # its flags are part of the keys. Bools alone are fixed per structure (once per layout).
+        self._donate_per_call = any(
+            callable(flag)
+            for option in (donate_args, donate_kwargs)
+            for flag in jax.tree_util.tree_leaves(option, is_leaf=callable)
+        )
         self._jit_kwargs = jit_kwargs
         self._cache_size = cache_size
+        # fsdp: the name its parameters (fn's first parameter) can be passed by, read once.
+        self._first_parameter = _first_parameter(fn) if self._fsdp else None
         self._layouts: collections.OrderedDict[Any, Layout] = collections.OrderedDict()
         self._fast: collections.OrderedDict[Any, Any] = collections.OrderedDict()
         functools.update_wrapper(self, fn)
@@ -112,7 +127,7 @@ class NamedJitWrapped(Generic[P, R]):
     # -- the hot path -------------------------------------------------------------------------
 
     def _lookup(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], donated: tuple[int, ...] | None
     ) -> tuple[Layout, Compiled, tuple[Any, ...], list[Any]]:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         types = tuple(map(type, leaves))
@@ -121,7 +136,7 @@ class NamedJitWrapped(Generic[P, R]):
         else:
             found = current_mapping_and_rules()
             value, rules = (None, None) if found is None else found
-        key = (treedef, types, rules)
+        key = (treedef, types, rules, donated)
         try:
             layout = self._layouts.get(key)
         except TypeError as e:
@@ -131,7 +146,8 @@ class NamedJitWrapped(Generic[P, R]):
                 "or array. Make it a tuple, or a regular (non-static) field."
             ) from None
         if layout is None:
-            layout = Layout(treedef, types, self._donated(args, kwargs))
+            donate = donated if donated is not None else self._donated(args, kwargs)
+            layout = Layout(treedef, types, donate)
             lru_put(self._layouts, key, layout, self._cache_size)
         else:
             lru_touch(self._layouts, key)
@@ -144,7 +160,7 @@ class NamedJitWrapped(Generic[P, R]):
         if mesh.empty:  # type: ignore[union-attr]
             mesh = mesh_of_leaves(dyn)
             from_leaves = mesh is not None
-        elif self._in_rules is not None:
+        elif self._in_rules is not None or rules is not None:  # inputs are placed: see _compile
             mesh = context_mesh()
         inner_key = (statics, mesh)
         try:
@@ -166,7 +182,14 @@ class NamedJitWrapped(Generic[P, R]):
         else:
             found = current_mapping_and_rules()
             rules = None if found is None else found[1]
-        fast_key = (treedef, tuple(map(type, leaves)), rules, jax.sharding.get_abstract_mesh())
+        donated = self._donated(args, kwargs) if self._donate_per_call else None
+        fast_key = (
+            treedef,
+            tuple(map(type, leaves)),
+            rules,
+            jax.sharding.get_abstract_mesh(),
+            donated,
+        )
         try:
             hit = self._fast.get(fast_key)
         except TypeError:  # unhashable static data in the structure: reported by the slow path
@@ -203,7 +226,7 @@ class NamedJitWrapped(Generic[P, R]):
             return self._call_slow(args, kwargs, fast_key)
 
     def _call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast_key: Any) -> Any:
-        layout, compiled, dyn, leaves = self._lookup(args, kwargs)
+        layout, compiled, dyn, leaves = self._lookup(args, kwargs, fast_key[4])
         if not compiled.shaped_targets and compiled.set_mesh is None and not fast_key[3].empty:
             # Eligible for the fast path: nothing depends on the leaves' shapes or on the
             # arguments' own mesh. With static leaves the entry is a dict keyed by their values.
@@ -244,8 +267,9 @@ class NamedJitWrapped(Generic[P, R]):
             >>> "multiply" in f.lower(named(jnp.ones(3), "a")).as_text()
             True
         """
+        donated = self._donated(args, kwargs) if self._donate_per_call else None
         with self._lock:
-            layout, compiled, dyn, leaves = self._lookup(args, kwargs)
+            layout, compiled, dyn, leaves = self._lookup(args, kwargs, donated)
         if compiled.in_targets is not None or compiled.shaped_targets:
             dyn = self._place_inputs(layout, compiled, dyn, leaves)
         with neutral_trace_key():
@@ -259,26 +283,76 @@ class NamedJitWrapped(Generic[P, R]):
     ) -> list[Any]:
         targets = compiled.in_targets
         if compiled.shaped_targets:  # field(axis_names=...) leaves: sizes come from shapes
-            all_targets = self._input_targets(layout.treedef, leaves, compiled.mesh)
+            all_targets = self._input_targets(layout.treedef, leaves, compiled.mesh, compiled.rules)
             targets = list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
         placed, _ = place_leaves(list(dyn), concrete_targets(dyn, targets))  # type: ignore[arg-type]
         return placed
 
-    def _input_targets(self, treedef: Any, leaves: list[Any], mesh: AnyMesh) -> list[Any]:
-        """Per leaf of ``(args, kwargs)``: where to place it before the call (``None``: as is)."""
-        args, kwargs = treedef.unflatten(leaves)
-        if self._in_rules_rest is None or not args:
-            parts = [((args, kwargs), self._in_rules)]
-        else:  # fsdp: the first argument holds the parameters; the rest is used where it is
-            parts = [(args[0], self._in_rules), ((args[1:], kwargs), self._in_rules_rest)]
+    def _input_targets(
+        self, treedef: Any, leaves: list[Any], mesh: AnyMesh, rules: AxisRules | None
+    ) -> list[Any]:
+        """Per leaf of ``(args, kwargs)``: where to place it before the call (``None``: as is).
+
+        ``in_axis_resources`` places every named input; fsdp places its parameters by the
+        parameter mapping and the other named inputs, unless already on the mesh, by the compute
+        mapping; ``named_jit`` without ``in_axis_resources`` places the unplaced named inputs by
+        the mapping in force (``rules``), and refuses one committed elsewhere."""
+        tree = treedef.unflatten(leaves)
+        flat = (leaves, treedef)
+        if self._in_rules_rest is not None:  # fsdp: each leaf resolved by its mapping only
+            held = plan_tree(tree, self._in_rules, mesh, caller=self._caller, flat=flat)
+            computed = plan_tree(tree, self._in_rules_rest, mesh, caller=self._caller, flat=flat)
+            is_parameter = self._parameter_mask(*tree)
+            return [
+                held.target(i) if parameter else _if_unplaced(computed, i)
+                for i, parameter in enumerate(is_parameter)
+            ]
+        if self._in_rules is not None:
+            return plan_tree(tree, self._in_rules, mesh, caller=self._caller, flat=flat).targets
+        if rules is None:  # no mapping in force: nothing to place by
+            return [None] * len(leaves)
+        # Planned per argument, so that an error names the argument and the leaf's path in it.
+        args, kwargs = tree
+        prefix = (tuple(range(len(args))), dict.fromkeys(kwargs, 0))
+        units = jax.tree_util.tree_structure(prefix).flatten_up_to(tree)
+        names = [argument_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(prefix)[0]]
         out: list[Any] = []
-        for n, (tree, rules) in enumerate(parts):
-            planned = plan_tree(tree, rules, mesh, caller=self._caller)
-            if not planned.any_named:
-                out += [None] * len(planned.leaves)
-                continue
-            out += [IfUnplaced(t) if n and t is not None else t for t in planned.targets]
+        for name, unit in zip(names, units):
+            planned = plan_tree(unit, rules, mesh, caller=self._caller)
+            paths = jax.tree_util.tree_flatten_with_path(unit)[0]
+            for i, (path, _) in enumerate(paths):
+                out.append(_if_unplaced(planned, i, name + jax.tree_util.keystr(path), name))
         return out
+
+    # -- fsdp: which argument holds the parameters -----------------------------------------------
+
+    def _parameters(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """fsdp: ``(the parameters, a prefix of (args, kwargs) marking them)``: ``fn``'s first
+        parameter, passed by position or by keyword (``None`` when it is not passed).
+
+        Raises:
+            NamedTypeError: for keyword arguments only, when ``fn``'s first parameter has no name
+                they could pass it by (its signature can't be read, or it is positional-only).
+        """
+        if args:
+            return args[0], (tuple(i == 0 for i in range(len(args))), dict.fromkeys(kwargs, False))
+        name = self._first_parameter
+        if name is None and kwargs:
+            raise NamedTypeError(
+                f"fsdp takes the parameters from the first parameter of {self._fn!r}, but it was "
+                f"called with keyword arguments only ({', '.join(map(repr, kwargs))}) and that "
+                "parameter cannot be passed by keyword (its signature can't be read, or it is "
+                "positional-only). Pass the parameters positionally: step(params, ...)."
+            )
+        return kwargs.get(name), ((), {k: k == name for k in kwargs})  # type: ignore[arg-type]
+
+    def _parameter_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bool]:
+        """Per leaf of ``(args, kwargs)``: whether it lies in the parameters."""
+        prefix = self._parameters(args, kwargs)[1]
+        nested = jax.tree_util.tree_map(
+            lambda flag, sub: [flag] * len(jax.tree_util.tree_leaves(sub)), prefix, (args, kwargs)
+        )
+        return [f for part in jax.tree_util.tree_leaves(nested, is_leaf=_is_list) for f in part]
 
     # -- building an entry (once per key) ----------------------------------------------------------
 
@@ -302,9 +376,12 @@ class NamedJitWrapped(Generic[P, R]):
         mesh: AnyMesh | None,
         from_leaves: bool,
     ) -> Compiled:
+        if self._fsdp:  # which argument holds the parameters: refused first if it can't be told
+            self._parameters(*layout.treedef.unflatten(leaves))
         compiled = Compiled()
         compiled.set_mesh = mesh if from_leaves else None
         compiled.mesh = mesh
+        compiled.rules = rules
         fn = self._fn
         out_rules = self._out_rules if self._out_rules is not None else rules
         # Rules given to named_jit itself (not found in the context) are a request to place outputs.
@@ -322,20 +399,23 @@ class NamedJitWrapped(Generic[P, R]):
             mapped = axis_mapping(value) if value is not None else contextlib.nullcontext()
             with held, mapped:
                 out = fn(*args, **kwargs)
+            parameters = self._parameters(args, kwargs)[0] if self._fsdp else None
             if self._strict:  # once per trace: never on the cached path
                 if self._in_rules_rest is not None:  # fsdp: parameters, then everything computed
-                    check_strict(args, kwargs, out, (self._in_rules_rest,), self._in_rules)
+                    check_strict(
+                        args, kwargs, out, (self._in_rules_rest,), self._in_rules, parameters
+                    )
                 else:
                     check_strict(args, kwargs, out, (rules, self._in_rules, out_rules))
             out_leaves, out_def = jax.tree_util.tree_flatten(out)
             specs: dict[int, Any] = {}
             if out_rules is not None and mesh is not None:
-                # fsdp: outputs shaped like the first argument are parameters, the rest computed
+                # fsdp: outputs shaped like the parameters are parameters, the rest computed
                 fsdp_split = {}
-                if self._in_rules_rest is not None and args:
+                if self._in_rules_rest is not None:
                     fsdp_split = {
                         "compute_rules": self._in_rules_rest,
-                        "parameters": parameter_structures(args[0]),
+                        "parameters": parameter_structures(parameters),
                     }
                 out_leaves, specs = constrain_outputs(
                     out, out_def, out_leaves, out_rules, mesh, **fsdp_split
@@ -357,19 +437,20 @@ class NamedJitWrapped(Generic[P, R]):
         flat.__name__ = getattr(fn, "__name__", "named_jit_fn")
         flat.__qualname__ = getattr(fn, "__qualname__", flat.__name__)
         compiled.jitted = jax.jit(flat, donate_argnums=layout.donate, **self._jit_kwargs)
-        if self._in_rules is not None:
-            tree_walk = walk(treedef.unflatten(leaves), treedef)
-            if tree_walk.any_named:
-                caller = "fsdp" if self._fsdp else "named_jit(in_axis_resources=...)"
-                m = require_mesh(mesh, caller=caller, has_mesh_arg=False)
-                compiled.mesh = m
-                if tree_walk.any_field:
-                    compiled.shaped_targets = True  # targets depend on shapes: computed per call
-                else:
-                    all_targets = self._input_targets(treedef, leaves, m)
-                    compiled.in_targets = (
-                        list(layout.get_dyn(all_targets)) if layout.dyn_idx else []
-                    )
+        # Named inputs are placed before the call: by in_axis_resources (which needs a mesh), or,
+        # when unplaced, by the mapping in force (on the mesh there is, if any).
+        places = self._in_rules is not None or (rules is not None and mesh is not None)
+        tree_walk = walk(treedef.unflatten(leaves), treedef)
+        if places and tree_walk.any_named:
+            caller = "fsdp" if self._fsdp else "named_jit(in_axis_resources=...)"
+            m = require_mesh(mesh, caller=caller, has_mesh_arg=False)
+            compiled.mesh = m
+            if tree_walk.any_field:
+                compiled.shaped_targets = True  # targets depend on shapes: computed per call
+            else:
+                targets = list(layout.get_dyn(self._input_targets(treedef, leaves, m, rules)))
+                # Nothing to place (no named array input): the cached call skips placing.
+                compiled.in_targets = targets if any(t is not None for t in targets) else None
         return compiled
 
     def clear_cache(self) -> None:
@@ -386,3 +467,40 @@ class NamedJitWrapped(Generic[P, R]):
         if obj is None:
             return self
         return functools.partial(self, obj)
+
+
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name ``fn``'s first parameter can be passed by (``None``: none, or unreadable)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins and C callables have no readable signature
+        return None
+    if not parameters or parameters[0].kind not in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    ):
+        return None
+    return parameters[0].name
+
+
+def _is_list(x: Any) -> bool:
+    return isinstance(x, list)
+
+
+def _if_unplaced(
+    planned: TreePlan, i: int, path: str = "", argument: str = ""
+) -> IfUnplaced | None:
+    """Leaf ``i``'s target for when it is not on the mesh (``None``: it has no names). A leaf
+    the mapping cannot place is refused only if it has to be placed: one already on the mesh
+    stays put whatever the mapping says of it. ``path``: see ``IfUnplaced``; ``argument``: the
+    argument planned (``args[0]``), for the message."""
+    if planned.walk.infos[i] is None:
+        return None
+    try:
+        target = planned.target(i)
+    except ShardingError as e:  # kept as text: the entry must not hold the trace of this call
+        message = str(e)
+        if argument:
+            message = f"named_jit cannot place argument {argument} by the mapping in force. {e}"
+        return IfUnplaced(None, planned.mesh, path, (type(e), message))
+    return None if target is None else IfUnplaced(target, planned.mesh, path)

@@ -54,7 +54,12 @@ def _leaf_path(
         path = flat[dyn_pos][0]
     else:
         path = flat[leaf_pos][0]  # type: ignore[index]
-    head, rest = path[0].idx, path[1:]  # type: ignore[attr-defined]
+    return argument_path(path)
+
+
+def argument_path(path: Any) -> str:
+    """``args[0]['w']``-style name of a leaf of ``(args, kwargs)`` from its key path."""
+    head, rest = path[0].idx, path[1:]
     return ("args" if head == 0 else "kwargs") + jax.tree_util.keystr(rest)
 
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from .._errors import ShardingError, format_mesh
 from .._mesh import same_placement
 from ._shard import place_leaves
 
@@ -65,23 +66,67 @@ class OutInfo(NamedTuple):
 
 
 class IfUnplaced(NamedTuple):
-    """An fsdp target for a non-parameter input: used only if the leaf is not on the mesh yet
-    (a batch already sharded, or optimizer state held by the parameter mapping, stays put)."""
+    """A target used only if the leaf is not on ``mesh`` yet: an input already there stays put
+    (a batch already sharded, optimizer state held by the parameter mapping, an array the caller
+    placed), and is not resolved by the mapping at all.
 
-    target: Any
+    ``path`` empty (fsdp's non-parameter inputs): any other input is placed, traced ones and
+    ones on other devices included. ``path`` given (``named_jit``'s placement by the mapping in
+    force): only unplaced inputs are placed (NumPy, uncommitted arrays); traced ones are left to
+    the trace they come from, and one committed elsewhere is refused, naming ``path``."""
+
+    target: Any  # a NamedSharding; None when the mapping cannot place the leaf (see `error`)
+    mesh: Any
+    path: str = ""
+    error: tuple[type[Exception], str] | None = None  # why the mapping cannot place it
+
+    def placed(self) -> Any:
+        """The target, for a leaf that must be placed.
+
+        Raises:
+            ShardingError: why the mapping cannot place the leaf (``resolve``'s error).
+        """
+        if self.error is not None:
+            raise self.error[0](self.error[1])
+        return self.target
 
 
 def concrete_targets(dyn: Any, targets: Any) -> list[Any]:
+    """Each leaf's target, with ``IfUnplaced`` decided for the leaf at hand.
+
+    Raises:
+        ShardingError: for a leaf committed off the mesh where its ``IfUnplaced`` has a path.
+    """
     out = []
     for leaf, t in zip(dyn, targets):
         if isinstance(t, IfUnplaced):
-            sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.Array) else None
-            on_mesh = isinstance(sharding, jax.sharding.NamedSharding) and same_placement(
-                sharding.mesh, t.target.mesh
-            )
-            t = None if on_mesh and not isinstance(leaf, jax.core.Tracer) else t.target
+            t = _unless_placed(leaf, t)
         out.append(t)
     return out
+
+
+def _unless_placed(leaf: Any, t: IfUnplaced) -> Any:
+    if isinstance(leaf, jax.core.Tracer):
+        return None if t.path else t.placed()
+    sharding = getattr(leaf, "sharding", None)
+    mesh = t.mesh
+    if isinstance(sharding, jax.sharding.NamedSharding) and same_placement(sharding.mesh, mesh):
+        return None
+    if not t.path or sharding is None or (isinstance(leaf, jax.Array) and not leaf.committed):
+        return t.placed()
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        where = f"another mesh, {format_mesh(sharding.mesh)}"
+        if format_mesh(sharding.mesh) == format_mesh(mesh):
+            where += " over other devices"
+    elif len(sharding.device_set) == 1:
+        where = f"one device, {next(iter(sharding.device_set))!r}"
+    else:
+        where = repr(sharding)
+    raise ShardingError(
+        f"named_jit: argument {t.path} is committed to {where}, not to the mesh in force, "
+        f"{format_mesh(mesh)}. Pass in_axis_resources=... to move it onto this mesh, or place it "
+        "there before the call (na.shard(x, mapping, mesh))."
+    )
 
 
 _SHARDING = operator.attrgetter("sharding")
@@ -130,6 +175,7 @@ class Compiled:
         "single",
         "set_mesh",
         "placed",
+        "rules",
     )
 
     def __init__(self) -> None:
@@ -141,6 +187,7 @@ class Compiled:
         self.shaped_targets = False  # input targets depend on leaf shapes (fields): per call
         self.mesh: Any = None
         self.set_mesh: Any = None  # a mesh found on the arguments, set around each call
+        self.rules: Any = None  # the mapping in force for this entry
 
     def record(self, sig: Any, info: OutInfo) -> None:
         if not self.outs:

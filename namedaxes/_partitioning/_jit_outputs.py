@@ -126,16 +126,17 @@ def check_strict(
     out: Any,
     mappings: tuple[AxisRules | None, ...],
     parameter_rules: AxisRules | None = None,
+    parameters: Any = None,
 ) -> None:
     """``strict=True``: every entry of each of ``mappings`` must name an axis of the arguments or
-    outputs; with ``parameter_rules`` (fsdp), every entry of those an axis of the first argument.
+    outputs; with ``parameter_rules`` (fsdp), every entry of those an axis of ``parameters``.
 
     Raises:
         UnmatchedMappingError: naming the entries and the axes there are.
     """
     caller = "fsdp" if parameter_rules is not None else "named_jit"
     if parameter_rules is not None:
-        params = tree_axis_names(args[0]) if args else frozenset()
+        params = tree_axis_names(parameters)
         check_matched(parameter_rules, params, caller, "the parameters (the first argument)")
     names = tree_axis_names((args, kwargs)) | tree_axis_names(out)
     for rules in dict.fromkeys(m for m in mappings if m is not None):

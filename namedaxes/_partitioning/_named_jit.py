@@ -65,7 +65,10 @@ def named_jit(
       tracing, so ``shard``/``auto_sharded`` inside the function use it.
     - Named outputs are placed by ``out_axis_resources`` (default ``axis_resources``).
     - With ``in_axis_resources``, named inputs are first placed by it (an argument committed with
-      another sharding is moved). Plain-array inputs and outputs keep their own shardings.
+      another sharding, or on another mesh, is moved). Without it, named inputs not placed yet
+      (NumPy, uncommitted arrays) are placed by the mapping in force; those already on the mesh
+      stay where they are, and one committed elsewhere (another mesh, one device) is refused.
+      Plain-array inputs and outputs keep their own shardings.
     - The mesh is the one set with ``jax.set_mesh`` at call time, else the arguments' mesh.
     - One trace per distinct call signature, which includes the mapping and the mesh.
     - ``strict=True`` refuses, when tracing, a mapping entry that names no axis of the arguments
@@ -78,7 +81,8 @@ def named_jit(
         axis_resources: Mapping or ``AxisRules`` in force while tracing.
         in_axis_resources: Mapping used to place named inputs before the call.
         out_axis_resources: Mapping used to place named outputs.
-        donate_args: A pytree prefix of the positional arguments of bools (or ``leaf -> bool``).
+        donate_args: A pytree prefix of the positional arguments of bools (or ``leaf -> bool``,
+            asked on every call).
         donate_kwargs: The same for keyword arguments.
         strict: Raise ``UnmatchedMappingError`` for mapping entries that match no axis of the
             arguments or outputs (checked once per trace).
@@ -90,6 +94,8 @@ def named_jit(
     Raises:
         NamedTypeError: if ``fn`` is not callable, or a ``jax.jit`` option that ``named_jit``
             manages itself (``in_shardings``, ``static_argnums``, ...) is passed.
+        ShardingError: when called, for a named input committed off the mesh (without
+            ``in_axis_resources``), or one the mapping cannot place.
         UnmatchedMappingError: with ``strict=True``, when called (traced) with a mapping entry
             that matches nothing.
 
@@ -187,13 +193,14 @@ def fsdp(
     """``named_jit`` for the FSDP pattern: parameters stored by ``parameter_mapping``, the body
     computed under ``compute_mapping``.
 
-    Placement rule: the **first positional argument** holds the parameters (a model, or a
-    ``(model, optimizer_state)`` tuple) and its named leaves are placed by ``parameter_mapping``.
+    Placement rule: ``fn``'s **first parameter** holds the parameters (a model, or a
+    ``(model, optimizer_state)`` tuple), passed by position or by keyword, and its named leaves
+    are placed by ``parameter_mapping``.
     Named leaves of the **other arguments** (optimizer state, the batch, ...) that are already on
     the mesh are used where they are (optimizer state held by the parameter mapping stays put, a
     batch sharded over ``data`` stays sharded); those not on the mesh yet are placed by
     ``compute_mapping``. Named **outputs** are placed by their structure: a returned subtree with
-    the tree structure of the first argument (or, when that is a tuple or list, of one of its
+    the tree structure of the parameters (or, when that is a tuple or list, of one of its
     elements), axis names and sizes included, is parameters (the updated model, gradients,
     optax's ``mu``/``nu``) and is placed by ``parameter_mapping``; every other named output
     (logits, per-token losses, metrics) by ``compute_mapping``, so activations stay sharded over
@@ -205,12 +212,13 @@ def fsdp(
         compute_mapping: The mapping in force while the body runs, for non-parameter inputs, and
             for outputs that are not shaped like the parameters.
         strict: Raise ``UnmatchedMappingError`` (once per trace) for an entry of
-            ``parameter_mapping`` that matches no axis of the first argument, or of
+            ``parameter_mapping`` that matches no axis of the parameters, or of
             ``compute_mapping`` that matches no axis of the arguments or outputs.
         **jit_kwargs: Passed on to ``named_jit`` (``donate_args=``, ...).
 
     Raises:
-        NamedTypeError: if a mapping is missing or ``fn`` is not callable.
+        NamedTypeError: if a mapping is missing or ``fn`` is not callable; when called with
+            keyword arguments only and ``fn``'s first parameter cannot be passed by keyword.
         UnmatchedMappingError: with ``strict=True``, as above.
 
     Example:
