@@ -156,6 +156,18 @@ def test_indivisible_size():
         resolve((E6,), {"embed": ("data", "model")}, MESH)
 
 
+def test_unsatisfied_error_names_the_same_axis_whatever_the_axis_order():
+    # Both axes are unsatisfiable: the error names the first in rule order ('a'), for either
+    # order of the array's axes (only the array's own layout, as listed, differs).
+    a6, b6 = Axis("a", 6), Axis("b", 6)
+    messages = []
+    for axes in ((a6, b6), (b6, a6)):
+        with pytest.raises(ShardingError, match=r"Cannot shard axis 'a' \(size 6\)") as err:
+            resolve(axes, {"a": "data", "b": "model"}, {"data": 4, "model": 4})
+        messages.append(str(err.value).replace("a=6, b=6", "AXES").replace("b=6, a=6", "AXES"))
+    assert messages[0] == messages[1]
+
+
 def test_policy_precedence():
     rules = AxisRules({"embed": "model"}, unsatisfied="replicate")
     assert resolve((E6,), rules, MESH) == P(None)

@@ -129,8 +129,11 @@ def _resolve_cached(
         for m in target:
             used[m] = name
     if policy == "error":
-        for axis in axes:
-            if axis.name not in placed and rules.candidates(axis.name):
+        # The first unsatisfied axis in rule order: which axis the error names must not depend
+        # on the array's axis order either.
+        for name in rules.names:
+            if name in size_of and name not in placed:
+                axis = Axis(name, size_of[name])
                 raise ShardingError(_unsatisfied_message(axes, axis, rules, sizes, used))
     return PartitionSpec(*(entry_of(placed.get(a.name)) for a in axes))
 
