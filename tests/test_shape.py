@@ -472,6 +472,35 @@ def test_reshapes_of_sharded_axes_under_jit_and_named_jit(mesh_2x4):
         assert named_jitted["back"].sharding.spec == P("data", "model", None)
 
 
+def test_reshapes_of_empty_sharded_arrays(mesh_2x4):
+    """An axis of size 0 in an Explicit-sharded array: the reshape pairing ran past the result
+    axes and leaked a bare ``IndexError``. Nothing moves: kept axes keep their mesh axes."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    e = jnp.zeros((4, 0, 8))
+    x = named(jax.device_put(e, NamedSharding(mesh_2x4, P("data", None, "model"))), ("b", "s", "e"))
+    with jax.set_mesh(mesh_2x4):
+        outs = {
+            "flatten": na.flatten_axes(x, ("s", "e"), "t"),
+            "unflatten": na.unflatten_axis(x, "s", {"p": 0, "q": 5}),
+            "ravel": na.ravel(x, "flat"),
+            "pattern": na.rearrange(x, "b s (e: h d) -> b s h d", h=2),
+        }
+    # No values to compare (and JAX cannot read back a computed empty array sharded on Explicit
+    # axes on CPU: its buffers keep the global shape), so the axes and the placement are the result.
+    assert outs["flatten"].shape == {"b": 4, "t": 0}
+    assert outs["unflatten"].shape == {"b": 4, "p": 0, "q": 5, "e": 8}
+    assert outs["ravel"].shape == {"flat": 0}
+    assert outs["pattern"].shape == {"b": 4, "s": 0, "h": 2, "d": 4}
+    if explicit:
+        assert outs["flatten"].sharding.spec == P("data", None)
+        assert outs["unflatten"].sharding.spec == P("data", None, None, "model")
+        assert outs["ravel"].sharding.spec == P(None)
+        assert outs["pattern"].sharding.spec == P("data", None, None, None)
+
+
 def test_stack_and_concatenate_of_differently_sharded_operands(mesh_2x4):
     """On Explicit meshes JAX refused ``All operands should have the same sharding``."""
     from jax.sharding import AxisType

@@ -11,7 +11,9 @@ supported``. ``reshape_to`` decides the output sharding itself and passes it to 
   where it is;
 * axes merged into one give it the mesh axes of the outermost merged axis; sharded inner axes
   are gathered first (only the outermost can stay split in a row-major merge);
-* size-1 axes are ignored (they hold no data to move).
+* size-1 axes are ignored (they hold no data to move);
+* in an empty array (an axis of size 0) nothing moves: kept axes keep their mesh axes and the
+  new ones are replicated.
 
 When a split cannot keep its mesh axes (``embed=8`` sharded 4 ways split into ``heads=2,
 head_dim=4``), there is no placement that avoids moving data, and which new axis should carry the
@@ -63,7 +65,13 @@ def reshape_to(x: NamedArray, out: Sequence[Axis], caller: str) -> NamedArray:
     if info is None:  # Auto mesh, no mesh, or nothing sharded: JAX needs no help
         return NamedArray(jnp.reshape(x.array, shape), out)
     mesh, entries = info
-    spec = _out_spec(caller, x, entries, out, mesh)
+    if math.prod(shape) == 0:
+        # No data to move: kept axes keep their mesh axes, the others are replicated. (The runs
+        # below pair axes by size, which a size-0 axis cannot do.)
+        kept = dict(zip(x.axes, entries))
+        spec = PartitionSpec(*(kept.get(a) for a in out))
+    else:
+        spec = _out_spec(caller, x, entries, out, mesh)
     array = jnp.reshape(x.array, shape, out_sharding=NamedSharding(mesh, spec))
     return NamedArray(array, out)
 

@@ -1,0 +1,138 @@
+"""The carry of ``scan`` and ``fold``: matched to ``init`` by name, and placed on Explicit meshes.
+
+``lax.scan`` needs the carry's type to be the same before and after each step. By name, a carry
+returned with its axes in another order is the same carry, so it is transposed back; on Explicit
+meshes a sharding is part of the type, so ``init`` is placed where the step puts the carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .._array import NamedArray, is_named_array
+from .._errors import NamedTypeError, ShardingError, format_axes, format_path
+from .._mesh import explicit_axes
+from ._align import align_to
+from ._common import explicit_sharding
+
+__all__ = ["check_carry_placement", "explicit_in_play", "match_carry", "place_carry"]
+
+
+def _leaf_kind(leaf: Any) -> str:
+    return (
+        f"NamedArray({format_axes(leaf.axes)})" if isinstance(leaf, NamedArray) else "a plain leaf"
+    )
+
+
+def match_carry(init: Any, carry: Any, caller: str, name: str) -> Any:
+    """``carry`` (what ``fn`` returned) in ``init``'s layout, or a clear error when it differs.
+
+    A NamedArray leaf with ``init``'s axes in another order (as ``dot`` may return them) is
+    transposed back: by name it is the same carry. A leaf whose dtype differs (other than JAX's
+    promotion of a weakly typed ``init``) is refused here, naming the leaf, before ``lax.scan``
+    refuses it in its own terms.
+
+    Raises:
+        NamedTypeError: if the structure, an axis name or size, or a dtype differs from ``init``.
+    """
+    fix = "Rearrange, rename or cast the carry inside fn to match."
+    paths_in, tree_in = jax.tree_util.tree_flatten_with_path(init, is_leaf=is_named_array)
+    leaves_out, tree_out = jax.tree_util.tree_flatten(carry, is_leaf=is_named_array)
+    if tree_in != tree_out:
+        raise NamedTypeError(
+            f"{caller}() over axis {name!r}: fn must return a carry with the same structure and axes "
+            f"as init. init has structure {tree_in}, fn returned {tree_out}. {fix}"
+        )
+    matched = []
+    for (path, a), b in zip(paths_in, leaves_out):
+        named_a, named_b = isinstance(a, NamedArray), isinstance(b, NamedArray)
+        if named_a and named_b and a.axes != b.axes and set(a.axes) == set(b.axes):
+            b = NamedArray(align_to(b, a.axes), a.axes)  # same axes, another order
+        elif named_a != named_b or (named_a and a.axes != b.axes):
+            raise NamedTypeError(
+                f"{caller}() over axis {name!r}: fn must return a carry with the same structure and "
+                f"axes as init. At {format_path(path)}: init is {_leaf_kind(a)}, fn returned "
+                f"{_leaf_kind(b)}. {fix}"
+            )
+        in_type = jax.typeof(a.array if named_a else a)
+        out_dtype = getattr(b, "dtype", None)
+        if out_dtype is not None and not in_type.weak_type and out_dtype != in_type.dtype:
+            raise NamedTypeError(
+                f"{caller}() over axis {name!r}: the carry's dtype must stay the same. At "
+                f"{format_path(path)}: init is {in_type.dtype}, fn returned {out_dtype}. Cast it "
+                f"inside fn, e.g. .astype({str(in_type.dtype)!r}), or start from an init of that dtype."
+            )
+        matched.append(b)
+    return jax.tree_util.tree_unflatten(tree_in, matched)
+
+
+def _explicit_spec(leaf: Any) -> tuple[Any, ...]:
+    """The Explicit spec entries of an array leaf (or its abstract value), one per dimension."""
+    sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct) else None
+    if sharding is None:
+        try:
+            sharding = jax.typeof(leaf).sharding
+        except (TypeError, AttributeError):  # not an array: nothing placed
+            return ()
+    spec = tuple(getattr(sharding, "spec", ()) or ())
+    return spec + (None,) * (len(np.shape(leaf)) - len(spec))
+
+
+def explicit_in_play(tree: Any) -> bool:
+    """Whether the mesh in context, or any array in ``tree``, has Explicit mesh axes."""
+    if explicit_axes(jax.sharding.get_abstract_mesh()):
+        return True
+    leaves = jax.tree_util.tree_leaves(tree)
+    return any(isinstance(a, jax.Array) and explicit_sharding(a) is not None for a in leaves)
+
+
+def place_carry(body: Callable[..., Any], init: Any, leading: list[Any]) -> Any:
+    """``init`` with each leaf placed where ``body`` puts the carry after one step.
+
+    On Explicit meshes a sharding is part of the carry's type, and ``lax.scan`` needs one type
+    across steps; a body that places the carry elsewhere (a replicated ``zeros`` plus a sharded
+    slice of ``xs``) would otherwise fail on Explicit meshes and work on Auto ones. The body is
+    traced abstractly once (no computation) on ``init`` and the first slice of ``xs``.
+    """
+    first = []
+    for a in leading:
+        spec = _explicit_spec(a)
+        sharding = jax.typeof(a).sharding
+        first.append(
+            jax.ShapeDtypeStruct(
+                np.shape(a)[1:], a.dtype, sharding=NamedSharding(sharding.mesh, P(*spec[1:]))
+            )
+        )
+    out = jax.eval_shape(lambda c, x: jax.tree_util.tree_leaves(body(c, x)[0]), init, first)
+    leaves, treedef = jax.tree_util.tree_flatten(init)
+    placed = [
+        jax.sharding.reshard(leaf, want.sharding)
+        if _explicit_spec(want) != _explicit_spec(leaf)
+        else leaf
+        for leaf, want in zip(leaves, out)
+    ]
+    return treedef.unflatten(placed)
+
+
+def check_carry_placement(carry: Any, new_carry: Any, caller: str, name: str) -> None:
+    """Raise if a step returns the carry placed other than it came in (``init`` was already
+    placed where the first step puts it, so the body has no sharding to settle on)."""
+    paths, _ = jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_named_array)
+    for (path, a), b in zip(paths, jax.tree_util.tree_leaves(new_carry, is_leaf=is_named_array)):
+        before = _explicit_spec(a.array if isinstance(a, NamedArray) else a)
+        after = _explicit_spec(b.array if isinstance(b, NamedArray) else b)
+        if before != after:
+            raise ShardingError(
+                f"{caller}() over axis {name!r}: fn keeps moving the carry between mesh axes, so "
+                f"it has no one sharding that every step keeps. {format_path(('carry', *path))}: "
+                f"a step takes it as {P(*before)} and returns it as {P(*after)}. Place it once: reshard "
+                f"the carry at the end of fn to the sharding it should keep, e.g. "
+                f"jax.sharding.reshard(c, {P(*before)}), and start from an init placed so "
+                "(na.shard(init))."
+            )
