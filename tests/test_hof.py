@@ -339,6 +339,55 @@ def test_vmap_and_scan_over_sharded_axes(mesh_2x4):
         assert ys.sharding.spec == P(None, "model")
 
 
+def test_carry_is_placed_where_the_body_puts_it(mesh_2x4):
+    """A replicated ``zeros`` init plus a batch-sharded slice each step: on Explicit meshes the
+    carry's type changed and ``lax.scan`` refused it in its own terms; Auto meshes ran it."""
+    from jax.sharding import AxisType
+    from jax.sharding import PartitionSpec as P
+
+    explicit = mesh_2x4.axis_types[0] == AxisType.Explicit
+    B = jnp.arange(4 * 3 * 8.0).reshape(4, 3, 8) / 10
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data"}):
+        xs = na.shard(named(B, ("batch", "seq", "embed")))
+        init = na.zeros({"batch": 4, "embed": 8})
+        total = na.fold(lambda c, t: c + t, "seq")(init, xs)
+        carry, ys = jax.jit(na.scan(lambda c, t: (c + t, c), "seq"))(init, xs)
+    close(total.array, B.sum(axis=1))
+    close(carry.array, B.sum(axis=1))
+    close(ys.array, jnp.moveaxis(jnp.cumsum(B, axis=1) - B, 1, 0))
+    assert ys.axis_names == ("seq", "batch", "embed")
+    if explicit:
+        assert total.sharding.spec == P("data", None)
+        assert carry.sharding.spec == P("data", None)
+        assert ys.sharding.spec == P(None, "data", None)
+
+
+def test_carry_that_never_settles_on_a_sharding_is_refused(mesh_2x4):
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    init = named(
+        jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh_2x4, P("data", None))), ("a", "b")
+    )
+
+    def flip(c, _):  # the transpose moves 'data' to the other axis at every step
+        return named(c.array.T, c.axes)
+
+    with jax.set_mesh(mesh_2x4):
+        if mesh_2x4.axis_types[0] == AxisType.Explicit:
+            with pytest.raises(
+                na.ShardingError,
+                match=r"^fold\(\) over axis 'step': fn keeps moving the carry between mesh axes, "
+                r"so it has no one sharding that every step keeps\. carry: a step takes it as "
+                r"P\(None, 'data'\) and returns it as P\('data', None\)\. Place it once: .*"
+                r"jax\.sharding\.reshard\(c, P\(None, 'data'\)\)",
+            ):
+                na.fold(flip, Axis("step", 3))(init, jnp.ones(3))
+        else:  # Auto meshes: shardings are not in the types, XLA places the carry
+            out = na.fold(flip, Axis("step", 3))(init, jnp.ones(3))
+            close(out.array, jnp.ones((4, 4)))
+
+
 # -- plain arrays, several axes, static outputs, extra arguments, checkpointing -------------------
 
 

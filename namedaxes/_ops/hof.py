@@ -31,7 +31,7 @@ from .._errors import (
 )
 from .._logical._resolve import resolve
 from .._spec import entry_axes
-from ._align import align_to
+from ._carry import check_carry_placement, explicit_in_play, match_carry, place_carry
 from ._common import agree_on_dim, mapping_in_force, unshard_dims
 
 __all__ = ["check_remat", "fold", "scan", "vmap"]
@@ -302,54 +302,6 @@ def vmap(
     return mapped
 
 
-def _leaf_kind(leaf: Any) -> str:
-    return (
-        f"NamedArray({format_axes(leaf.axes)})" if isinstance(leaf, NamedArray) else "a plain leaf"
-    )
-
-
-def _match_carry(init: Any, carry: Any, caller: str, name: str) -> Any:
-    """``carry`` (what ``fn`` returned) in ``init``'s layout, or a clear error when it differs.
-
-    A NamedArray leaf with ``init``'s axes in another order (as ``dot`` may return them) is
-    transposed back: by name it is the same carry. A leaf whose dtype differs (other than JAX's
-    promotion of a weakly typed ``init``) is refused here, naming the leaf, before ``lax.scan``
-    refuses it in its own terms.
-
-    Raises:
-        NamedTypeError: if the structure, an axis name or size, or a dtype differs from ``init``.
-    """
-    fix = "Rearrange, rename or cast the carry inside fn to match."
-    paths_in, tree_in = jax.tree_util.tree_flatten_with_path(init, is_leaf=is_named_array)
-    leaves_out, tree_out = jax.tree_util.tree_flatten(carry, is_leaf=is_named_array)
-    if tree_in != tree_out:
-        raise NamedTypeError(
-            f"{caller}() over axis {name!r}: fn must return a carry with the same structure and axes "
-            f"as init. init has structure {tree_in}, fn returned {tree_out}. {fix}"
-        )
-    matched = []
-    for (path, a), b in zip(paths_in, leaves_out):
-        named_a, named_b = isinstance(a, NamedArray), isinstance(b, NamedArray)
-        if named_a and named_b and a.axes != b.axes and set(a.axes) == set(b.axes):
-            b = NamedArray(align_to(b, a.axes), a.axes)  # same axes, another order
-        elif named_a != named_b or (named_a and a.axes != b.axes):
-            raise NamedTypeError(
-                f"{caller}() over axis {name!r}: fn must return a carry with the same structure and "
-                f"axes as init. At {format_path(path)}: init is {_leaf_kind(a)}, fn returned "
-                f"{_leaf_kind(b)}. {fix}"
-            )
-        in_type = jax.typeof(a.array if named_a else a)
-        out_dtype = getattr(b, "dtype", None)
-        if out_dtype is not None and not in_type.weak_type and out_dtype != in_type.dtype:
-            raise NamedTypeError(
-                f"{caller}() over axis {name!r}: the carry's dtype must stay the same. At "
-                f"{format_path(path)}: init is {in_type.dtype}, fn returned {out_dtype}. Cast it "
-                f"inside fn, e.g. .astype({str(in_type.dtype)!r}), or start from an init of that dtype."
-            )
-        matched.append(b)
-    return jax.tree_util.tree_unflatten(tree_in, matched)
-
-
 def _is_policy(f: Any) -> bool:
     """Policies take ``(primitive, *args, **params)``; the other public names build policies."""
     if not callable(f):
@@ -445,7 +397,8 @@ def scan(
     returned with its axes in another order is transposed back to ``init``'s). NamedArrays in ``ys``
     get ``axis`` back as their first axis, plain arrays get it as dimension 0, and leaves that are
     not arrays come back unchanged. A scanned axis sharded over Explicit mesh axes is replicated
-    first (``jax.lax.scan`` needs that; XLA does the same on Auto meshes).
+    first (``jax.lax.scan`` needs that; XLA does the same on Auto meshes), and on Explicit meshes
+    ``init`` is placed where ``fn`` puts the carry (found by tracing one step abstractly).
 
     Args:
         fn: ``(carry, x, *args, **kwargs) -> (carry, y)``.
@@ -466,6 +419,8 @@ def scan(
             names or sizes, or dtypes from ``init``.
         AxisNotFoundError: (when called) if nothing in ``xs`` has the axis.
         AxisSizeError: (when called) if the axis has different sizes in different leaves.
+        ShardingError: (when called, on Explicit meshes) if ``fn`` moves the carry to other mesh
+            axes at every step, so that it has no one sharding to keep.
 
     Example:
         >>> import jax.numpy as jnp
@@ -519,8 +474,17 @@ def _scan(
                     "Return (carry, None) when there is nothing to stack, or use fold()."
                 )
             new_carry, y = out
-            return _match_carry(carry, new_carry, caller, name), outs.split(y, "y")
+            new_carry = match_carry(carry, new_carry, caller, name)
+            if placed:
+                check_carry_placement(carry, new_carry, caller, name)
+            return new_carry, outs.split(y, "y")
 
+        # On Explicit meshes the carry's sharding is in its type: trace one step abstractly to
+        # place init where the body puts it, then (placed=True) every step must keep it there.
+        placed = False
+        if explicit_in_play((init, leading, args, kwargs)):
+            init = place_carry(body, init, leading)
+            placed = True
         if checkpoint:
             # prevent_cse=False: inside scan, CSE cannot undo the recomputation (JAX's advice).
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
@@ -565,6 +529,7 @@ def fold(
             returned carry differs in structure, axis names or sizes, or dtypes from ``init``.
         AxisNotFoundError: (when called) if nothing in ``xs`` has the axis.
         AxisSizeError: (when called) if the axis has different sizes in different leaves.
+        ShardingError: (when called) as for :func:`scan`, if ``fn`` keeps moving the carry.
 
     Example:
         >>> import jax.numpy as jnp
