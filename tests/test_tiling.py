@@ -254,3 +254,46 @@ def test_repeat_per_entry_counts_must_be_nonnegative_integers():
     # Under jit the counts are not known: a negative count repeats 0 times.
     out = jax.jit(lambda r: na.repeat(x, "s", r, total_repeat_length=4))(counts(-1, 2, 2))
     np.testing.assert_array_equal(out.array, [1, 1, 2, 2])
+
+
+def test_diagonal_axis_goes_where_the_first_of_its_two_axes_was():
+    """The docs said "at the rows axis' position"; it is the first of the two axes in ``x``."""
+    a = jnp.arange(3 * 2 * 3).reshape(3, 2, 3)
+    x = na.named(a, ("k", "b", "q"))
+    rows_last = na.diagonal(x, ("q", "k"))  # rows 'q' come after 'k' in x
+    assert rows_last.axes == (Axis("q", 3), Axis("b", 2))
+    np.testing.assert_array_equal(rows_last.array, jnp.diagonal(a, axis1=2, axis2=0).T)
+    assert na.diagonal(x, ("k", "q"), new_axis="d").axis_names == ("d", "b")
+
+
+def test_ravel_checks_the_sizes_of_axes_in_order():
+    """``order=(Axis("a", 99), "b")`` was accepted for ``a=2``: the size was dropped."""
+    x = na.named(jnp.zeros((2, 3)), ("a", "b"))
+    with pytest.raises(
+        na.AxisSizeError,
+        match=r"^Axis 'a' has size 2 in NamedArray\(a=2, b=3\), but size 99 was asked for",
+    ):
+        na.ravel(x, "f", order=(Axis("a", 99), "b"))
+    assert na.ravel(x, "f", order=(Axis("b", 3), Axis("a", 2))).axes == (Axis("f", 6),)
+
+
+@pytest.mark.parametrize("total", [0, 4, 6, 8])
+def test_repeat_total_length_cuts_or_pads_as_jnp_does(total):
+    """An int ``repeats`` ignored ``total_repeat_length=``: ``[1 1 2 2 3 3]`` where jnp gives
+    ``[1 1 2 2]``."""
+    a = jnp.array([[1, 2, 3], [4, 5, 6]])
+    x = na.named(a, ("b", "s"))
+    each = na.named(jnp.array([1, 2, 1]), "s")
+    for reps, plain in ((2, 2), (each, each.array)):
+        out = na.repeat(x, "s", reps, total_repeat_length=total)
+        assert out.shape == {"b": 2, "s": total}
+        np.testing.assert_array_equal(
+            out.array, jnp.repeat(a, plain, axis=1, total_repeat_length=total)
+        )
+    for bad in (-1, 2.0):
+        with pytest.raises(
+            na.AxisSizeError,
+            match=rf"^repeat\(\): total_repeat_length must be a static int >= 0 \(the new size of "
+            rf"'s'\), got {bad}\.$",
+        ):
+            na.repeat(x, "s", 2, total_repeat_length=bad)

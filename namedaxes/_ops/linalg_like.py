@@ -115,7 +115,8 @@ def diagonal(
         offset: Which diagonal (``> 0`` above the main one, ``< 0`` below).
 
     Returns:
-        A NamedArray where the two axes are replaced, at the rows axis' position, by ``new_axis``.
+        A NamedArray where the two axes are replaced by ``new_axis``, at the position of
+        whichever of them comes first in ``x`` (a layout: ``x``'s other axes keep their order).
 
     Raises:
         AxisError: if ``axes`` is not a pair.

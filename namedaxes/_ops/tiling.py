@@ -56,7 +56,9 @@ def repeat(
         repeats: An ``int`` (every entry that many times), or an integer NamedArray over ``axis``
             alone (entry ``i`` repeated ``repeats[i]`` times). Then ``total_repeat_length`` must
             give the static new size (as in ``jnp.repeat`` under ``jit``).
-        total_repeat_length: The new size of ``axis`` for per-entry repeats.
+        total_repeat_length: The new size of ``axis`` (needed for per-entry repeats). As in
+            ``jnp.repeat``, for either form of ``repeats``: a longer result is cut to this size,
+            and a shorter one is padded by repeating its last entry.
 
     Returns:
         A NamedArray with ``x``'s axes; ``axis`` has the new size.
@@ -64,7 +66,8 @@ def repeat(
     Raises:
         AxisNotFoundError: if ``x`` has no ``axis``.
         AxisSizeError: if ``repeats`` is negative (per-entry counts: when known outside ``jit``;
-            under ``jit`` a negative count repeats its entry 0 times).
+            under ``jit`` a negative count repeats its entry 0 times), or ``total_repeat_length``
+            is not a static int >= 0.
         NamedTypeError: if ``repeats`` is not an int or an integer NamedArray.
         AxisError: if per-entry ``repeats`` are not over ``axis`` alone or lack
             ``total_repeat_length``.
@@ -79,17 +82,26 @@ def repeat(
     x = expect_named(x, "repeat")
     i = find_axis(x.axes, axis)
     ax = x.axes[i]
+    if total_repeat_length is not None and (
+        not is_static_int(total_repeat_length) or total_repeat_length < 0
+    ):
+        raise AxisSizeError(
+            "repeat(): total_repeat_length must be a static int >= 0 (the new size of "
+            f"{ax.name!r}), got {total_repeat_length!r}."
+        )
     if isinstance(repeats, (int, np.integer)) and not isinstance(repeats, (bool, np.bool_)):
         if repeats < 0:
             raise AxisSizeError(f"repeat(): repeats must be >= 0, got {repeats}.")
-        size, reps = ax.size * int(repeats), int(repeats)
+        # As jnp.repeat: total_repeat_length cuts the result, or pads it with the last entry.
+        reps = int(repeats)
+        size = ax.size * reps if total_repeat_length is None else int(total_repeat_length)
     elif isinstance(repeats, NamedArray):
         if repeats.axes != (ax,):
             raise AxisError(
                 "repeat(): per-entry repeats must be a NamedArray over "
                 f"({format_axes((ax,))}) alone, got NamedArray({format_axes(repeats.axes)})."
             )
-        if not is_static_int(total_repeat_length):
+        if total_repeat_length is None:
             raise AxisError(
                 "repeat(): per-entry repeats need total_repeat_length= (the static new size of "
                 f"{ax.name!r})."
@@ -394,7 +406,7 @@ def ravel(
 
     Raises:
         AxisError: if ``order`` does not list every axis of ``x`` exactly once.
-        AxisSizeError: if ``new_axis`` is an ``Axis`` of the wrong size.
+        AxisSizeError: if ``new_axis``, or an ``Axis`` in ``order``, has the wrong size.
 
     Example:
         >>> import jax.numpy as jnp
@@ -404,7 +416,8 @@ def ravel(
         Array([1, 3, 2, 4], dtype=int32)
     """
     x = expect_named(x, "ravel")
-    names = tuple(axis_name(a) for a in (x.axes if order is None else order))
+    listed = tuple(x.axes if order is None else order)
+    names = tuple(axis_name(a) for a in listed)
     if sorted(names) != sorted(x.axis_names) or len(set(names)) != len(names):
         raise AxisError(
             f"ravel(): order {names!r} must list every axis of NamedArray({format_axes(x.axes)}) "
@@ -418,4 +431,4 @@ def ravel(
                 f"{new_axis.name!r} was given size {new_axis.size}."
             )
         return NamedArray(jnp.reshape(x.array, (1,)), (out,))
-    return flatten_axes(x, names, new_axis)
+    return flatten_axes(x, listed, new_axis)  # an Axis in order is checked against x's size
