@@ -218,3 +218,35 @@ def test_per_entry_starts_sharded_unlike_x(mesh_2x4, x_spec, pos_spec):
     if mesh_2x4.axis_types[0] == jax.sharding.AxisType.Explicit:
         assert spec_of(out) == x_spec
     np.testing.assert_array_equal(out.array, _per_batch_update(A, new, POS))
+
+
+def test_updated_slice_casts_only_dtypes_that_promote():
+    """A float update into an int array was cast silently (1.7 -> 1), where
+    ``lax.dynamic_update_slice`` and ``x.at[].set`` refuse it."""
+    cache = na.named(jnp.zeros(4, jnp.int32), "seq")
+    floats = na.named(jnp.zeros(3, jnp.float32), "seq")
+    int8 = na.named(jnp.array([3], jnp.int8), "seq")
+    bf16 = na.named(jnp.array([1.5], jnp.bfloat16), "seq")
+    for mode in ("standard", "strict"):
+        with jax.numpy_dtype_promotion(mode):
+            with pytest.raises(
+                na.NamedTypeError,
+                match=r"^updated_slice\(\): update has dtype float32 and x has int32; .*, so "
+                r"writing it would cast it silently\. Cast it on purpose: "
+                r"update\.astype\('int32'\)\.$",
+            ):
+                na.updated_slice(cache, {"seq": 1}, na.named(jnp.array([1.7]), "seq"))
+    with jax.numpy_dtype_promotion("standard"):  # lossless promotions are cast, as x.at[].set does
+        narrow = na.updated_slice(cache, {"seq": 1}, int8)
+        half = na.updated_slice(floats, {"seq": 2}, bf16)
+        with pytest.raises(na.NamedTypeError, match=r"float32 does not promote to bfloat16"):
+            na.updated_slice(floats.astype(jnp.bfloat16), {"seq": 0}, floats[{"seq": 0}])
+    assert narrow.dtype == jnp.int32 and half.dtype == jnp.float32
+    np.testing.assert_array_equal(narrow.array, [0, 3, 0, 0])
+    np.testing.assert_array_equal(half.array, [0.0, 0.0, 1.5])
+    with pytest.raises(  # the suite's mode: no implicit promotion, as x.at[].set refuses
+        na.NamedTypeError,
+        match=r"update has dtype int8 and x has int32; jax_numpy_dtype_promotion='strict' "
+        r"promotes no dtype to another",
+    ):
+        na.updated_slice(cache, {"seq": 1}, int8)

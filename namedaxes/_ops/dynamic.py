@@ -118,7 +118,8 @@ def updated_slice(
             an int, a 0-d integer array (possibly traced), or an integer NamedArray over other axes
             of ``x`` (a different start per batch entry). Axes not listed start at 0.
         update: A NamedArray whose axes are axes of ``x`` (any order; axes it lacks are broadcast).
-            Its sizes give the window; unlisted axes must have ``x``'s size.
+            Its sizes give the window; unlisted axes must have ``x``'s size. Its dtype must be
+            ``x``'s or one that promotes to it (``bfloat16`` into ``float32``).
 
     Returns:
         A NamedArray with ``x``'s axes, layout and (on Explicit meshes) sharding.
@@ -127,6 +128,8 @@ def updated_slice(
         AxisNotFoundError: if a start names an axis ``x`` lacks.
         AxisError: if ``update`` has an axis ``x`` lacks, or a per-entry start varies over a
             sliced axis or an axis ``x`` lacks.
+        NamedTypeError: if ``update``'s dtype does not promote to ``x``'s (a float update into
+            an int array): cast it with ``update.astype(x.dtype)``.
         AxisSizeError: if ``update`` is larger than ``x`` along an axis, smaller along an axis
             without a start, or a static start does not fit.
 
@@ -148,6 +151,7 @@ def updated_slice(
             "updated_slice(x, {'seq': 3}, update)."
         )
     check_unique(list(start))
+    _check_update_dtype(x, update)
     extra = [a.name for a in update.axes if not x.has_axis(a.name)]
     if extra:
         raise AxisError(
@@ -193,7 +197,7 @@ def updated_slice(
                 if a.name not in batch:
                     batch.append(a.name)
     upd = jnp.broadcast_to(align_to(update, tuple(window)), tuple(w.size for w in window))
-    upd = upd.astype(x.dtype)
+    upd = upd.astype(x.dtype)  # a dtype that promotes to x's (checked above)
     # On Explicit meshes JAX wants the operand and the update sharded alike; the window's axes
     # cannot stay sharded (their sizes differ), so they are replicated and the result resharded.
     info = explicit_sharding(x.array)
@@ -210,6 +214,28 @@ def updated_slice(
     if info is not None:
         out = jax.sharding.reshard(out, NamedSharding(info[0], PartitionSpec(*info[1])))
     return NamedArray(out, x.axes)
+
+
+def _check_update_dtype(x: NamedArray, update: NamedArray) -> None:
+    """Refuse an update whose dtype does not promote to ``x``'s (a float into an int array):
+    ``lax.dynamic_update_slice`` and ``x.at[].set`` refuse it too, rather than cast it silently.
+
+    A dtype that promotes (``bfloat16`` into ``float32``, ``int8`` into ``int32``, a weakly typed
+    update of the same kind) is cast, as the promotion mode in force allows.
+    """
+    if update.dtype == x.dtype:
+        return
+    why = f"{update.dtype} does not promote to {x.dtype}"
+    try:
+        ok = jnp.result_type(update.array, x.dtype) == x.dtype
+    except jax.dtypes.TypePromotionError:  # no implicit promotion at all in the mode in force
+        ok, why = False, "jax_numpy_dtype_promotion='strict' promotes no dtype to another"
+    if not ok:
+        raise NamedTypeError(
+            f"updated_slice(): update has dtype {update.dtype} and x has {x.dtype}; {why}, so "
+            f"writing it would cast it silently. Cast it on purpose: "
+            f"update.astype({str(x.dtype)!r})."
+        )
 
 
 def _sharded_like(start: Any, array: Any, axes: tuple[Axis, ...]) -> Any:
