@@ -53,6 +53,33 @@ def test_full_refuses_an_int_fill_the_integer_dtype_cannot_hold():
     np.testing.assert_array_equal(na.full({"batch": 2}, -128, dtype=jnp.int8).array, [-128, -128])
 
 
+def test_full_refuses_a_numpy_int_fill_the_integer_dtype_cannot_hold():
+    """The guard looked at Python ints only: ``np.int64(300)`` into int8 gave 44."""
+    with pytest.raises(
+        OverflowError,
+        match=r"^full\(\): fill_value 300 does not fit int8 \(-128\.\.127\)\. Pass a value in that "
+        r"range or a wider dtype\.$",
+    ):
+        na.full({"batch": 2}, np.int64(300), dtype=jnp.int8)
+    with pytest.raises(OverflowError, match=r"full_like\(\): fill_value 300 does not fit int8"):
+        na.full_like(na.zeros({"batch": 2}, jnp.int8), np.int16(300))
+    np.testing.assert_array_equal(
+        na.full({"b": 2}, np.int64(-128), dtype=jnp.int8).array, [-128] * 2
+    )
+
+
+def test_arange_of_bools_holds_false_and_true_only():
+    """``dtype=bool`` cast 0, 1, 2 to ``[False True True]``; jnp refuses, NumPy allows two."""
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^arange\(\): the values run from 0 to 2, which bool cannot hold \(0\.\.1\)\. Pass a "
+        r"dtype that can, e\.g\. dtype=jnp\.int32\.$",
+    ):
+        na.arange({"p": 3}, dtype=bool)
+    np.testing.assert_array_equal(na.arange({"p": 2}, dtype=bool).array, np.arange(2, dtype=bool))
+    np.testing.assert_array_equal(na.arange({"p": 2}, 1, -1, dtype=bool).array, [True, False])
+
+
 def test_like_functions_copy_axes_and_dtype():
     x = na.named(jnp.arange(6, dtype=jnp.int32).reshape(3, 2), ("embed", "batch"))
     for got, want in [

@@ -98,16 +98,18 @@ def _fill(fill_value: Any, axes: tuple[Axis, ...], caller: str, dtype: Any = Non
             f"{caller}() needs a fill_value, got None. Pass a number, e.g. {caller}(..., 0.0), or "
             "a NamedArray over some of the axes."
         )
+    # NumPy integers too (np.int64(300) wraps to 44 the same way); NumPy's own bools are no ints.
+    value = fill_value.item() if isinstance(fill_value, np.integer) else fill_value
     if (
-        isinstance(fill_value, int)
-        and not isinstance(fill_value, bool)
+        isinstance(value, int)
+        and not isinstance(value, bool)
         and dtype is not None
         and jnp.issubdtype(dtype, jnp.integer)
     ):
         info = jnp.iinfo(dtype)
-        if not info.min <= fill_value <= info.max:
+        if not info.min <= value <= info.max:
             raise OverflowError(
-                f"{caller}(): fill_value {fill_value} does not fit {jnp.dtype(dtype).name} "
+                f"{caller}(): fill_value {value} does not fit {jnp.dtype(dtype).name} "
                 f"({info.min}..{info.max}). Pass a value in that range or a wider dtype."
             )
     return broadcast_into(fill_value, axes, caller=caller, what="fill_value")
@@ -177,7 +179,8 @@ def full(axes: AxisSpec, fill_value: Any, dtype: Any = None) -> NamedArray:
         NamedTypeError: if ``axes`` has no sizes, ``dtype`` is not a dtype, or ``fill_value`` is
             ``None`` or a plain array with dimensions.
         AxisError: if a NamedArray ``fill_value`` has an axis that ``axes`` lacks.
-        OverflowError: if ``fill_value`` is a Python int that the integer ``dtype`` cannot hold.
+        OverflowError: if ``fill_value`` is a Python or NumPy int that the integer ``dtype``
+            cannot hold.
 
     Example:
         >>> import namedaxes as na
@@ -258,7 +261,8 @@ def arange(
         AxisError: if the dict has more than one entry.
         NamedTypeError: if ``axis`` has no size (a bare name), ``dtype`` is not a dtype,
             ``start`` or ``step`` is not one number (to vary them along other axes, broadcast by
-            name: ``na.arange(axis) * step + start``), or the values do not fit an integer dtype.
+            name: ``na.arange(axis) * step + start``), or the values do not fit an integer dtype
+            (or ``bool``: 0 and 1 only).
 
     Example:
         >>> import namedaxes as na
@@ -284,8 +288,9 @@ def _integral(dtype: Any) -> bool:
 
 
 def _check_fits(start: Any, step: Any, size: int, dtypes: tuple[Any, ...]) -> None:
-    """Refuse the values of ``arange`` that an integer dtype cannot hold (casting would wrap them
-    silently), where ``start`` and ``step`` are known here (traced ones are not)."""
+    """Refuse the values of ``arange`` that an integer or bool dtype cannot hold (casting would
+    wrap them, or make every nonzero ``True``, silently), where ``start`` and ``step`` are known
+    here (traced ones are not)."""
     known = (bool, int, float, np.generic, np.ndarray)
     if size == 0 or not isinstance(start, known) or not isinstance(step, known):
         return
@@ -297,13 +302,19 @@ def _check_fits(start: Any, step: Any, size: int, dtypes: tuple[Any, ...]) -> No
     last = first + step * (size - 1)
     lo, hi = min(first, last), max(first, last)
     for dtype in dtypes:
-        info = jnp.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else None
-        if info is not None and not info.min <= lo <= hi <= info.max:
+        if jnp.issubdtype(dtype, jnp.bool_):  # False and True, as 0 and 1 (NumPy's rule)
+            bounds = (0, 1)
+        elif jnp.issubdtype(dtype, jnp.integer):
+            bounds = (int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max))
+        else:
+            continue
+        if not bounds[0] <= lo <= hi <= bounds[1]:
             int32 = jnp.iinfo(jnp.int32)
             wider = "jnp.int32" if int32.min <= lo <= hi <= int32.max else "jnp.float32"
             raise NamedTypeError(
-                f"arange(): the values run from {first} to {last}, which {dtype} cannot hold "
-                f"({info.min}..{info.max}). Pass a dtype that can, e.g. dtype={wider}."
+                f"arange(): the values run from {first} to {last}, which {jnp.dtype(dtype).name} "
+                f"cannot hold ({bounds[0]}..{bounds[1]}). Pass a dtype that can, e.g. "
+                f"dtype={wider}."
             )
 
 
