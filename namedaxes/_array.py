@@ -91,6 +91,13 @@ def _is_operand(x: Any) -> bool:
     )
 
 
+def _compares(x: Any) -> bool:
+    """Whether ``==``/``!=`` should handle ``x``: an operand, or a list or tuple (meant as an
+    array, which the named op refuses with its fix). For anything else Python falls back to
+    identity, so ``x == [1, 2, 3]`` would be a silent ``False`` (``x == None`` stays ``False``)."""
+    return _is_operand(x) or isinstance(x, (list, tuple))
+
+
 def _dtype_name(dtype: Any) -> str:
     try:
         return str(np.dtype(dtype).name)
@@ -469,11 +476,11 @@ class NamedArray:
     # Python reflects comparisons itself (``1 < x`` calls ``x.__gt__(1)``), so they have no __r*__.
     def __eq__(self, other: object) -> NamedArray:  # type: ignore[override]
         """``self == other``: named ``equal`` (elementwise, not identity)."""
-        return _elementwise.equal(self, other) if _is_operand(other) else NotImplemented
+        return _elementwise.equal(self, other) if _compares(other) else NotImplemented
 
     def __ne__(self, other: object) -> NamedArray:  # type: ignore[override]
         """``self != other``: named ``not_equal`` (elementwise)."""
-        return _elementwise.not_equal(self, other) if _is_operand(other) else NotImplemented
+        return _elementwise.not_equal(self, other) if _compares(other) else NotImplemented
 
     def __lt__(self, other: NamedArray | Scalar) -> NamedArray:
         """``self < other``: named ``less``."""

@@ -375,3 +375,16 @@ def test_methods_and_operators_match_the_functions():
     np.testing.assert_array_equal(round(x / 4, 1).array, jnp.round(x.array / 4, 1))
     with pytest.raises(TypeError, match="unsupported operand"):
         x + "a"  # not an operand: NotImplemented, then Python's own TypeError
+
+
+def test_comparing_with_a_list_is_refused_not_identity():
+    """``x == [1, 2, 3]`` fell back to identity: a silent ``False`` (and ``!=`` a ``True``)."""
+    x = named(jnp.array([1, 2, 3]), "seq")
+    for compare, op in ((lambda: x == [1, 2, 3], "equal"), (lambda: x != (1, 2, 3), "not_equal")):
+        with pytest.raises(
+            NamedTypeError,
+            match=rf"^{op}\(\) needs a NamedArray or a scalar for x2, got .* \((list|tuple)\)",
+        ):
+            compare()
+    assert (x == None) is False and (x != "seq") is True  # noqa: E711 - unrelated objects: identity
+    np.testing.assert_array_equal((x == 2).array, [False, True, False])
