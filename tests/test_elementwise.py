@@ -504,3 +504,27 @@ def test_where_keeps_sharded_scores_layout(mesh_2x4):
     for line in hlo.splitlines():
         if " transpose(" in line:
             assert "[4,3]" in line or "[3,4]" in line, line
+
+
+def test_keywords_that_are_named_arrays_are_refused_by_the_op():
+    """A NamedArray keyword reached JAX as it was: ``leaky_relu`` named ``multiply()`` in its error,
+    ``isclose`` and ``nan_to_num`` raised JAX's own TypeErrors."""
+    x = na.named(jnp.array([[-1.0, jnp.nan], [2.0, -3.0]]), ("batch", "embed"))
+    slope = na.named(jnp.array([0.1, 0.2]), "batch")
+    calls = {
+        ("leaky_relu", "negative_slope"): lambda: na.leaky_relu(x, negative_slope=slope),
+        ("nan_to_num", "nan"): lambda: na.nan_to_num(x, nan=slope),
+        ("isclose", "atol"): lambda: na.isclose(x, x, atol=slope),
+        ("allclose", "atol"): lambda: na.allclose(x, x, atol=slope),
+    }
+    for (op, key), call in calls.items():
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^{op}\(\): keyword {key}= got NamedArray\(batch=2\); keywords are passed to "
+            rf"JAX as they are, with no axis names to broadcast by\. Pass a scalar for {key}=, or "
+            r"compute the result with named ops, which broadcast by name\.$",
+        ):
+            call()
+    # A 0-d NamedArray is a scalar: it is passed on as one.
+    got = na.leaky_relu(x, negative_slope=na.named(jnp.float32(0.5), ()))
+    np.testing.assert_array_equal(got.array, jax.nn.leaky_relu(x.array, negative_slope=0.5))

@@ -291,3 +291,19 @@ def test_where_mask_sharded_unlike_x_is_reconciled_by_name(mesh_2x4):
     if explicit:
         assert total.sharding.spec == P("data") and probs.sharding.spec == P("data", "model")
         assert agreeing.sharding.spec == P("data")
+
+
+def test_initial_that_is_a_named_array_is_refused_with_the_named_way():
+    """``initial=`` NamedArray reached ``jnp.max`` as it was and failed in JAX's terms."""
+    x = na.named(A, AXES)
+    per_batch = na.named(jnp.zeros(2), "batch")
+    for op, combine in (("max", "maximum"), ("min", "minimum"), ("nanmax", "maximum")):
+        with pytest.raises(
+            na.NamedTypeError,
+            match=rf"^{op}\(\): keyword initial= got NamedArray\(batch=2\); keywords are passed to "
+            r"JAX as they are, with no axis names to broadcast by\. Pass a scalar for initial=, or "
+            rf"combine by name after reducing: na\.{combine}\(na\.{op}\(x, axis\), v\)\.$",
+        ):
+            getattr(na, op)(x, "embed", initial=per_batch)
+    got = na.max(x, "embed", initial=na.named(jnp.float32(0.0), ()))  # 0-d: a scalar
+    np.testing.assert_array_equal(got.array, jnp.max(A, axis=2, initial=0.0))

@@ -10,7 +10,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._errors import NamedTypeError, ShardingError
+from .._errors import NamedTypeError, ShardingError, format_axes
 from .._logical._context import current_axis_mapping
 from .._logical._resolve import resolve
 from .._mesh import explicit_axes
@@ -24,6 +24,7 @@ __all__ = [
     "explicit_sharding",
     "join_by_name",
     "mapping_in_force",
+    "scalar_keywords",
     "unshard_dims",
 ]
 
@@ -44,6 +45,25 @@ def expect_named(x: Any, caller: str, arg: str = "x") -> NamedArray:
         f"{caller}() needs a NamedArray for `{arg}`, got {describe_operand(x)}. "
         "Name its axes first, e.g. named(array, ('batch', 'embed'))."
     )
+
+
+def scalar_keywords(
+    caller: str,
+    kwargs: dict[str, Any],
+    fix: str = "compute the result with named ops, which broadcast by name",
+) -> dict[str, Any]:
+    """``kwargs`` for JAX, which takes them unchanged (``negative_slope=``, ``atol=``,
+    ``initial=``): a 0-d NamedArray is a scalar and is unwrapped; one with axes is refused, since
+    JAX would fail on it in its own terms, or name an op inside it. ``fix`` is the named way to
+    the result, offered after "pass a scalar"."""
+    for key, value in kwargs.items():
+        if isinstance(value, NamedArray) and value.axes:
+            raise NamedTypeError(
+                f"{caller}(): keyword {key}= got NamedArray({format_axes(value.axes)}); keywords "
+                "are passed to JAX as they are, with no axis names to broadcast by. Pass a scalar "
+                f"for {key}=, or {fix}."
+            )
+    return {k: v.array if isinstance(v, NamedArray) else v for k, v in kwargs.items()}
 
 
 def explicit_sharding(array: Any) -> tuple[Any, list[Any]] | None:

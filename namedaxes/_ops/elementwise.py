@@ -23,7 +23,7 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to, result_axes
-from ._common import agree_by_name, expect_named
+from ._common import agree_by_name, expect_named, scalar_keywords
 
 __all__ = ["ELEMENTWISE_OPS", "astype", "broadcast_into", "canonical_dtype", "clip", "lift_call"]
 
@@ -72,9 +72,11 @@ def lift_call(
 
     Raises:
         AxisSizeError: if one axis name has two sizes among the operands.
-        NamedTypeError: if an operand is a plain array with dimensions, or not array-like.
+        NamedTypeError: if an operand is a plain array with dimensions, or not array-like, or a
+            keyword is a NamedArray.
         ShardingError: if Explicit shardings conflict and no mapping is in force.
     """
+    kwargs = scalar_keywords(caller, kwargs)
     labels = names or [f"operand {i + 1}" for i in range(len(operands))]
     checked = [x if x is None else _check_operand(x, caller, w) for x, w in zip(operands, labels)]
     checked = agree_by_name(caller, checked, labels)  # Explicit meshes: conflicting shardings
@@ -238,7 +240,7 @@ def _lift(
         "    Returns:\n        A NamedArray.\n\n"
         f"    Raises:\n{size_error}"
         "        NamedTypeError: if an operand is a plain array with dimensions (wrap it with\n"
-        "            ``named``).\n\n"
+        "            ``named``), or a keyword is a NamedArray (keywords take scalars).\n\n"
         f"    Example:\n{_example(name, arity, domain)}\n"
     )
     op.__name__ = op.__qualname__ = name

@@ -23,7 +23,7 @@ from .._array import AxisSelection, NamedArray
 from .._axis import Axis, AxisSelector, find_axis
 from .._errors import AxisError, NamedTypeError, format_axes, format_names
 from ._checks import check_mask, check_nonempty, reject_positional, selected_positions
-from ._common import agree_by_name, expect_named, unshard_dims
+from ._common import agree_by_name, expect_named, scalar_keywords, unshard_dims
 from .elementwise import broadcast_into, canonical_dtype
 
 __all__ = [
@@ -69,6 +69,13 @@ def _reduce(
     x = expect_named(x, caller)
     # Names only, never positions, and never an empty selection (which would return x unchanged).
     pos = selected_positions(caller, x, axis)
+    combine = {"max": "maximum", "min": "minimum"}.get(caller.removeprefix("nan"))
+    if combine:  # initial= is one more value in every row: combined by name after reducing
+        kwargs = scalar_keywords(
+            caller, kwargs, f"combine by name after reducing: na.{combine}(na.{caller}(x, axis), v)"
+        )
+    else:
+        kwargs = scalar_keywords(caller, kwargs)
     if fn in _NO_IDENTITY and kwargs.get("initial") is None:
         sign = "-" if "max" in caller else ""
         if where is not None:  # a row whose elements are all masked out has no result either
