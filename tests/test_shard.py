@@ -350,3 +350,22 @@ def test_placing_a_constant_inside_an_eagerly_traced_body(axis_type):
     with jax.set_mesh(mesh), na.axis_mapping({"position": "model"}):
         total, _ = jax.lax.scan(body, jnp.int32(0), None, length=2)
     assert int(total) == 2 * sum(range(8))
+
+
+def test_abstract_mesh_outside_jit_refuses_a_tree_mixing_arrays_and_shape_structs(mesh_2x4):
+    """One ShapeDtypeStruct leaf does not let the tree's concrete arrays through: they have no
+    devices to go to on an AbstractMesh (they met JAX's own errors, or stayed unplaced on Auto)."""
+    abstract = mesh_2x4.abstract_mesh
+    refused = (
+        r"shard was given an AbstractMesh outside jit, but placing arrays needs devices\. "
+        r"Pass the concrete jax\.sharding\.Mesh"
+    )
+    struct = jax.ShapeDtypeStruct((8,), jnp.float32)
+    tree = {"w": data(), "s": named(struct, ("batch",))}
+    with pytest.raises(ShardingError, match=refused):
+        na.shard(tree, {"batch": "data"}, abstract)
+    with pytest.raises(ShardingError, match=rf"AutoShardingRule\.{refused}"):
+        na.rules.AutoShardingRule().shard({"w": jnp.ones((8, 16)), "s": struct}, abstract)
+    # the shape structs alone take the sharding
+    alone = na.shard({"s": named(struct, ("batch",))}, {"batch": "data"}, abstract)
+    assert alone["s"].array.sharding.spec == P("data")

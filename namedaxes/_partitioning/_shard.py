@@ -109,7 +109,9 @@ def place_leaves(leaves: list[Any], targets: list[NamedSharding | None]) -> tupl
         if target is None:
             continue
         if isinstance(leaf, _Tracer) or (
-            isinstance(target.mesh, AbstractMesh) and isinstance(leaf, jax.Array)
+            # a concrete leaf with an abstract target: only reached inside a trace (see
+            # place_planned), where a constraint places it
+            isinstance(target.mesh, AbstractMesh) and _is_concrete(leaf)
         ):
             new[i] = constrain(leaf, target.spec, target.mesh)
             changed = True
@@ -160,13 +162,7 @@ def place_planned(
     Raises:
         ShardingError: for an ``AbstractMesh`` target of a concrete leaf outside any trace.
     """
-    if isinstance(mesh, AbstractMesh) and not _tracing(leaves):
-        if _inside_a_trace():
-            new = [
-                leaf if t is None else constrain(leaf, t.spec, t.mesh)
-                for leaf, t in zip(leaves, targets)
-            ]
-            return new, True
+    if isinstance(mesh, AbstractMesh) and _any_concrete(leaves, targets) and not _inside_a_trace():
         raise ShardingError(
             f"{caller} was given an AbstractMesh outside jit, but placing arrays needs devices. "
             "Pass the concrete jax.sharding.Mesh (or call it inside jax.jit, where the abstract "
@@ -185,10 +181,14 @@ def _inside_a_trace() -> bool:
     return False
 
 
-def _tracing(leaves: list[Any]) -> bool:
-    return any(isinstance(leaf, _Tracer) for leaf in leaves) or any(
-        isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves
-    )
+def _any_concrete(leaves: list[Any], targets: list[Any]) -> bool:
+    """Whether a leaf with a target holds data (an array, not a tracer or a ``ShapeDtypeStruct``):
+    judged leaf by leaf, so one abstract leaf in a tree does not let its concrete ones through."""
+    return any(t is not None and _is_concrete(leaf) for leaf, t in zip(leaves, targets))
+
+
+def _is_concrete(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic)) and not isinstance(leaf, _Tracer)
 
 
 def shard(
