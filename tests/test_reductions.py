@@ -110,6 +110,21 @@ def test_sum_dtype():
     assert out.dtype == jnp.int32 and out.array.tolist() == [300, 300]
 
 
+def test_dtype_refuses_a_value():
+    """A NamedArray or an array for dtype= is named as a value, not a dtype (it met the keyword
+    error "Pass a scalar for dtype=", or JAX's own refusal)."""
+    x = na.named(A, AXES)
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"^sum\(\): dtype= needs a dtype, got NamedArray\(batch=2, seq=3, embed=4\)\. Pass a "
+        r"dtype such as jnp\.float32, or that value's own: dtype=x\.dtype\.$",
+    ):
+        na.sum(x, "embed", dtype=x)
+    with pytest.raises(na.NamedTypeError, match=r"^mean\(\): dtype= needs a dtype, got ArrayImpl"):
+        na.mean(x, "embed", dtype=A)
+    assert na.sum(x, "embed", dtype=x.dtype).dtype == jnp.float32  # the value's own dtype works
+
+
 def test_argmax_argmin():
     x = na.named(A, AXES)
     for fn, ref in ((na.argmax, jnp.argmax), (na.argmin, jnp.argmin)):

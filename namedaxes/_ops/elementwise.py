@@ -23,7 +23,7 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to, result_axes
-from ._common import agree_by_name, expect_named, scalar_keywords
+from ._common import agree_by_name, describe_operand, expect_named, scalar_keywords
 
 __all__ = ["ELEMENTWISE_OPS", "astype", "broadcast_into", "canonical_dtype", "clip", "lift_call"]
 
@@ -125,11 +125,23 @@ def canonical_dtype(dtype: Any, *, caller: str) -> Any:
     """``dtype`` checked to be a numeric or bool dtype (``None`` passes through).
 
     Raises:
-        NamedTypeError: if ``dtype`` is not understood by ``jnp.dtype``, or is one that JAX arrays
-            cannot hold (``str``, ``object``, bytes, datetimes).
+        NamedTypeError: if ``dtype`` is a value rather than a dtype (a NamedArray, an array, a
+            scalar: ``jnp.dtype`` would read its ``.dtype``, or refuse it in JAX's terms), is not
+            understood by ``jnp.dtype``, or is one that JAX arrays cannot hold (``str``,
+            ``object``, bytes, datetimes).
     """
     if dtype is None:
         return None
+    if not isinstance(dtype, (type, np.dtype, str)) and hasattr(dtype, "dtype"):
+        what = (
+            f"NamedArray({format_axes(dtype.axes)})"
+            if isinstance(dtype, NamedArray)
+            else describe_operand(dtype)
+        )
+        raise NamedTypeError(
+            f"{caller}(): dtype= needs a dtype, got {what}. Pass a dtype such as jnp.float32, "
+            "or that value's own: dtype=x.dtype."
+        )
     try:
         resolved = jnp.dtype(dtype)
     except TypeError:
