@@ -255,7 +255,7 @@ def make_mesh(spec: str | None, explicit: bool) -> jax.sharding.Mesh:
         spec = "data:2,model:4" if jax.default_backend() == "cpu" and n == 8 else f"data:{n}"
     kind = AxisType.Explicit if explicit else AxisType.Auto
     names = ("stage", "data", "model") if "stage" in spec else ("data", "model")
-    return na.mesh.parse_mesh_from_string(spec.replace("=", ":"), names, axis_types=kind)
+    return na.mesh.parse_mesh_from_string(spec, names, axis_types=kind)  # errors quote `spec`
 
 
 # -- training -----------------------------------------------------------------------------------------

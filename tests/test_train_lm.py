@@ -234,6 +234,21 @@ def test_mesh_follows_the_devices_and_the_flag(capsys):
     )
 
 
+def test_a_bad_mesh_flag_is_quoted_as_typed():
+    """The error names the flag's own text (it quoted 'data:2,modl', a rewrite of it) and the fix
+    in the flag's spelling."""
+    with pytest.raises(
+        na.MeshError,
+        match=r"^Mesh string 'data=2,modl': 'modl' has no size and is not a mesh axis\. Available "
+        r"axes: 'data', 'model'\. Write 'axis=N' with one of them\.$",
+    ):
+        train_lm.make_mesh("data=2,modl", explicit=False)
+    with pytest.raises(
+        na.MeshError, match=r"^Mesh string 'data=2,model': 'model' has no size: write 'model=N'\.$"
+    ):
+        train_lm.make_mesh("data=2,model", explicit=False)
+
+
 @pytest.mark.parametrize("flag", ["--eval-every", "--checkpoint-every", "--eval-batches"])
 def test_periods_and_counts_are_positive(flag, capsys):
     """0 reached `(step + 1) % 0` (ZeroDivisionError) after the data and model were built."""

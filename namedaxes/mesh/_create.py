@@ -139,6 +139,8 @@ def cpu_context(
 
 
 _SIZE = re.compile(r"-?\d+")
+# A named entry is ``name:size`` or ``name=size`` (as command-line flags often write it).
+_NAMED = re.compile(r"[:=]")
 
 
 def _parse_size(text: str, token: str, spec: str) -> int:
@@ -159,9 +161,11 @@ def _parse_size(text: str, token: str, spec: str) -> int:
 def _mixed_forms(
     spec: str, tokens: Sequence[str], named_tokens: Sequence[bool], names: tuple[str, ...]
 ) -> MeshError:
-    """The error for a string mixing ``name:size`` and bare entries, quoting the user's own."""
+    """The error for a string mixing ``name:size`` (or ``name=size``) and bare entries, quoting the
+    user's own."""
     named = tokens[named_tokens.index(True)]
     bare = tokens[named_tokens.index(False)]
+    sep = next(c for c in named if c in ":=")  # the fix in the spelling the user chose
     if _SIZE.fullmatch(bare):
         return MeshError(
             f"Mesh string {spec!r} mixes named ({named!r}) and positional ({bare!r}) entries. "
@@ -169,10 +173,10 @@ def _mixed_forms(
         )
     # A bare name among named entries is a forgotten size (e.g. 'data:2,model').
     if bare in names:
-        return MeshError(f"Mesh string {spec!r}: {bare!r} has no size: write '{bare}:N'.")
+        return MeshError(f"Mesh string {spec!r}: {bare!r} has no size: write '{bare}{sep}N'.")
     return MeshError(
         f"Mesh string {spec!r}: {bare!r} has no size and is not a mesh axis. Available axes: "
-        f"{format_names(names)}. Write 'axis:N' with one of them."
+        f"{format_names(names)}. Write 'axis{sep}N' with one of them."
     )
 
 
@@ -197,10 +201,11 @@ def parse_mesh_shape(
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Parse ``"dp:2,tp:4"`` (named) or ``"2,4"`` (positional) into a mesh shape and names.
 
-    In the named form, axes of ``names`` that the string does not mention get size 1; in the
-    positional form the string gives one size per name. ``-1`` is kept (``create_mesh`` fills it
-    in), but the sizes are checked against the device count. Nothing is built: use this to check
-    or adjust a shape; ``parse_mesh_from_string`` builds the mesh.
+    A named entry may also be written ``name=size`` (``"dp=2,tp=4"``). In the named form, axes of
+    ``names`` that the string does not mention get size 1; in the positional form the string gives
+    one size per name. ``-1`` is kept (``create_mesh`` fills it in), but the sizes are checked
+    against the device count. Nothing is built: use this to check or adjust a shape;
+    ``parse_mesh_from_string`` builds the mesh.
 
     Args:
         spec: The mesh string, e.g. from a command-line flag.
@@ -222,6 +227,8 @@ def parse_mesh_shape(
         ((2, 1, 4), ('dp', 'fsdp', 'tp'))
         >>> parse_mesh_shape("2,-1", ("data", "model"), num_devices=8)
         ((2, -1), ('data', 'model'))
+        >>> parse_mesh_shape("dp=2,tp=4", ("dp", "tp"), num_devices=8)
+        ((2, 4), ('dp', 'tp'))
     """
     if not isinstance(spec, str):
         raise NamedTypeError(
@@ -244,11 +251,11 @@ def _parse_shape(
             f"Mesh string {spec!r} has an empty entry. Write comma-separated entries such as "
             "'dp:2,tp:4' or '2,4'."
         )
-    named_tokens = [":" in t for t in tokens]
+    named_tokens = [_NAMED.search(t) is not None for t in tokens]
     if all(named_tokens):
         sizes: dict[str, int] = {}
         for token in tokens:
-            name, _, size_text = (part.strip() for part in token.partition(":"))
+            name, size_text = (part.strip() for part in _NAMED.split(token, maxsplit=1))
             if name not in names:
                 raise MeshError(
                     f"Mesh string {spec!r} names axis {name!r}, which is not a mesh axis. "
@@ -285,9 +292,9 @@ def parse_mesh_from_string(
 ) -> jax.sharding.Mesh:
     """Build a mesh from ``"dp:2,tp:4"`` (named) or ``"2,4"`` (positional), e.g. a command-line flag.
 
-    The string is read as ``parse_mesh_shape`` reads it (named-form axes not mentioned get size
-    1; one ``-1`` takes the remaining devices) and the mesh is built by ``create_mesh``, so
-    multi-host layouts follow the same ICI/DCN rule.
+    The string is read as ``parse_mesh_shape`` reads it (``"dp=2,tp=4"`` too; named-form axes not
+    mentioned get size 1; one ``-1`` takes the remaining devices) and the mesh is built by
+    ``create_mesh``, so multi-host layouts follow the same ICI/DCN rule.
 
     Args:
         spec: The mesh string.
