@@ -654,3 +654,27 @@ def test_vmap_reconciles_the_mapped_axis_sharding_across_arguments(mesh_2x4):
         else:
             out = f(x, s_model)
         close(out.array, B * np.arange(8.0)[:, None])
+
+
+def test_nested_scans_trace_each_body_once(mesh_2x4):
+    """A carry that stays where it is costs no extra trace of the body, at any nesting depth
+    (an abstract trace per scan to learn the carry's placement made nested scans 2**depth)."""
+    traces = []
+
+    def inner(c, t):
+        traces.append("inner")
+        return c + t, None
+
+    def middle(c, t):
+        return na.scan(inner, "k")(c, t)[0], None
+
+    def outer(c, t):
+        return na.scan(middle, "j")(c, t)[0], None
+
+    x = na.ones({"i": 2, "j": 2, "k": 2, "batch": 4})
+    with jax.set_mesh(mesh_2x4), na.axis_mapping({"batch": "data"}):
+        x = na.shard(x)
+        init = na.shard(na.zeros({"batch": 4}))
+        carry = jax.jit(na.scan(outer, "i"))(init, x)[0]
+    close(carry.array, jnp.full(4, 8.0))
+    assert traces == ["inner"]

@@ -7,12 +7,10 @@ meshes a sharding is part of the type, so ``init`` is placed where the step puts
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._array import NamedArray, is_named_array
@@ -21,7 +19,7 @@ from .._mesh import explicit_axes
 from ._align import align_to
 from ._common import explicit_sharding
 
-__all__ = ["check_carry_placement", "explicit_in_play", "match_carry", "place_carry"]
+__all__ = ["CarryMoved", "check_carry_placement", "explicit_in_play", "match_carry", "place_carry"]
 
 
 def _leaf_kind(leaf: Any) -> str:
@@ -92,47 +90,55 @@ def explicit_in_play(tree: Any) -> bool:
     return any(isinstance(a, jax.Array) and explicit_sharding(a) is not None for a in leaves)
 
 
-def place_carry(body: Callable[..., Any], init: Any, leading: list[Any]) -> Any:
-    """``init`` with each leaf placed where ``body`` puts the carry after one step.
+class CarryMoved(Exception):
+    """Raised while tracing a first attempt whose step returns the carry placed elsewhere: it
+    carries the shardings the step gives each leaf, to place ``init`` there and trace again."""
+
+    def __init__(self, shardings: list[Any]):
+        super().__init__("the step moves the carry")
+        self.shardings = shardings
+
+
+def place_carry(init: Any, shardings: list[Any]) -> Any:
+    """``init`` with each leaf resharded to the sharding a step gave it (``CarryMoved``).
 
     On Explicit meshes a sharding is part of the carry's type, and ``lax.scan`` needs one type
     across steps; a body that places the carry elsewhere (a replicated ``zeros`` plus a sharded
-    slice of ``xs``) would otherwise fail on Explicit meshes and work on Auto ones. The body is
-    traced abstractly once (no computation) on ``init`` and the first slice of ``xs``.
+    slice of ``xs``) would otherwise fail on Explicit meshes and work on Auto ones.
     """
-    first = []
-    for a in leading:
-        spec = _explicit_spec(a)
-        sharding = jax.typeof(a).sharding
-        first.append(
-            jax.ShapeDtypeStruct(
-                np.shape(a)[1:], a.dtype, sharding=NamedSharding(sharding.mesh, P(*spec[1:]))
-            )
-        )
-    out = jax.eval_shape(lambda c, x: jax.tree_util.tree_leaves(body(c, x)[0]), init, first)
     leaves, treedef = jax.tree_util.tree_flatten(init)
     placed = [
-        jax.sharding.reshard(leaf, want.sharding)
-        if _explicit_spec(want) != _explicit_spec(leaf)
+        jax.sharding.reshard(leaf, want)
+        if _explicit_spec(leaf) != tuple(want.spec) + (None,) * (np.ndim(leaf) - len(want.spec))
         else leaf
-        for leaf, want in zip(leaves, out)
+        for leaf, want in zip(leaves, shardings)
     ]
     return treedef.unflatten(placed)
 
 
-def check_carry_placement(carry: Any, new_carry: Any, caller: str, name: str) -> None:
-    """Raise if a step returns the carry placed other than it came in (``init`` was already
-    placed where the first step puts it, so the body has no sharding to settle on)."""
+def check_carry_placement(
+    carry: Any, new_carry: Any, caller: str, name: str, *, first: bool
+) -> None:
+    """On a ``first`` attempt, raise ``CarryMoved`` if a step returns the carry placed other than
+    it came in (so the scan is traced again from a placed ``init``: one trace when nothing moves,
+    also for nested scans); after that, a ``ShardingError``: the body has no sharding to settle on.
+    """
     paths, _ = jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_named_array)
-    for (path, a), b in zip(paths, jax.tree_util.tree_leaves(new_carry, is_leaf=is_named_array)):
+    returned = jax.tree_util.tree_leaves(new_carry, is_leaf=is_named_array)
+    for (path, a), b in zip(paths, returned):
         before = _explicit_spec(a.array if isinstance(a, NamedArray) else a)
         after = _explicit_spec(b.array if isinstance(b, NamedArray) else b)
-        if before != after:
-            raise ShardingError(
-                f"{caller}() over axis {name!r}: fn keeps moving the carry between mesh axes, so "
-                f"it has no one sharding that every step keeps. {format_path(('carry', *path))}: "
-                f"a step takes it as {P(*before)} and returns it as {P(*after)}. Place it once: reshard "
-                f"the carry at the end of fn to the sharding it should keep, e.g. "
-                f"jax.sharding.reshard(c, {P(*before)}), and start from an init placed so "
-                "(na.shard(init))."
+        if before == after:
+            continue
+        if first:
+            raise CarryMoved(
+                [jax.typeof(leaf).sharding for leaf in jax.tree_util.tree_leaves(new_carry)]
             )
+        raise ShardingError(
+            f"{caller}() over axis {name!r}: fn keeps moving the carry between mesh axes, so "
+            f"it has no one sharding that every step keeps. {format_path(('carry', *path))}: "
+            f"a step takes it as {P(*before)} and returns it as {P(*after)}. Place it once: reshard "
+            f"the carry at the end of fn to the sharding it should keep, e.g. "
+            f"jax.sharding.reshard(c, {P(*before)}), and start from an init placed so "
+            "(na.shard(init))."
+        )

@@ -31,7 +31,13 @@ from .._errors import (
 )
 from .._logical._resolve import resolve
 from .._spec import entry_axes
-from ._carry import check_carry_placement, explicit_in_play, match_carry, place_carry
+from ._carry import (
+    CarryMoved,
+    check_carry_placement,
+    explicit_in_play,
+    match_carry,
+    place_carry,
+)
 from ._common import agree_on_dim, mapping_in_force, unshard_dims
 
 __all__ = ["check_remat", "fold", "scan", "vmap"]
@@ -475,22 +481,29 @@ def _scan(
                 )
             new_carry, y = out
             new_carry = match_carry(carry, new_carry, caller, name)
-            if placed:
-                check_carry_placement(carry, new_carry, caller, name)
+            if explicit:
+                check_carry_placement(carry, new_carry, caller, name, first=first)
             return new_carry, outs.split(y, "y")
 
-        # On Explicit meshes the carry's sharding is in its type: trace one step abstractly to
-        # place init where the body puts it, then (placed=True) every step must keep it there.
-        placed = False
-        if explicit_in_play((init, leading, args, kwargs)):
-            init = place_carry(body, init, leading)
-            placed = True
-        if checkpoint:
-            # prevent_cse=False: inside scan, CSE cannot undo the recomputation (JAX's advice).
-            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        carry, ys = jax.lax.scan(
-            body, init, leading, length=ins.size, reverse=reverse, unroll=unroll
-        )
+        def run(init: Any) -> tuple[Any, Any]:
+            step = body
+            if checkpoint:
+                # prevent_cse=False: inside scan, CSE cannot undo the recomputation (JAX's advice).
+                step = jax.checkpoint(body, policy=policy, prevent_cse=False)
+            return jax.lax.scan(
+                step, init, leading, length=ins.size, reverse=reverse, unroll=unroll
+            )
+
+        # On Explicit meshes the carry's sharding is in its type: if a step returns the carry
+        # placed elsewhere, init is placed there and the scan traced again (once); after that,
+        # every step must keep it there.
+        explicit = explicit_in_play((init, leading, args, kwargs))
+        first = explicit
+        try:
+            carry, ys = run(init)
+        except CarryMoved as moved:
+            first = False
+            carry, ys = run(place_carry(init, moved.shardings))
         return carry, outs.join(ys, ins.size)
 
     return scanned
