@@ -628,7 +628,7 @@ def test_mesh_typo_in_a_pattern_that_matches_nothing_raises(given, mesh_2x4):
     else:
         shape_rule, path_rule = (
             ShapeBasedShardingRule(shape_patterns),
-            PathRegexRule(path_patterns[::2], strict=False),  # '^x$' matches no leaf on purpose
+            PathRegexRule(path_patterns[::2]),
         )
         assert shape_rule.apply(tree) == {"w": P()} and path_rule.apply(tree) == {
             "w": P()
@@ -1039,21 +1039,20 @@ def test_shape_pattern_with_a_negative_size_is_refused():
         ShapeBasedShardingRule([((-8, 4), P("data"))])
 
 
-def test_strict_path_rule_refuses_a_pattern_that_matches_no_leaf():
-    tree = {"attn": {"kernel": sds(8, 8)}, "bias": sds(8)}
-    typo = [(r"atn/kernel", P(None, "model")), (r".*", P())]  # the typo hides behind the catch-all
-    with pytest.raises(
-        ShardingError,
-        match=r"PathRegexRule pattern\(s\) 'atn/kernel' match no leaf path \(strict=True\), so "
-        r"they place nothing: a misspelling\? Leaf paths: 'attn/kernel', 'bias'\. Fix or remove "
-        r"the pattern, or pass strict=False\.",
-    ):
-        PathRegexRule(typo, mesh=MESH).apply(tree)
-    assert PathRegexRule(typo, strict=False, mesh=MESH).apply(tree) == {
-        "attn": {"kernel": P()},
-        "bias": P(),
+def test_strict_path_rule_allows_patterns_for_modules_a_tree_lacks():
+    """strict refuses leaves no pattern matches, never patterns no leaf matches: a rule set
+    carries patterns for optional modules (an lm_head a tied model lacks, biases) and is applied
+    to subtrees."""
+    rules = [
+        (r"embed/kernel", P("model", None)),
+        (r"lm_head/kernel", P(None, "model")),
+        (r"bias", P()),
+        (r".*", P()),
+    ]
+    tree = {"embed": {"kernel": sds(16, 8)}, "layer0": {"w": sds(8, 8)}}
+    assert PathRegexRule(rules, mesh=MESH).apply(tree) == {
+        "embed": {"kernel": P("model", None)},
+        "layer0": {"w": P()},
     }
-    # a pattern shadowed by an earlier one still matches a path: not refused
-    shadowed = [(r".*", P()), (r"attn/kernel", P(None, "model"))]
-    assert PathRegexRule(shadowed, mesh=MESH).apply(tree)["attn"]["kernel"] == P()
-    assert PathRegexRule(typo, mesh=MESH).apply({"n": 3}) == {"n": None}  # no array leaves
+    with pytest.raises(ShardingError, match=r"layer0/w"):  # a leaf no pattern matches still is
+        PathRegexRule(rules[:3], mesh=MESH).apply(tree)

@@ -297,17 +297,16 @@ class PathRegexRule(ShardingRule):
 
     Args:
         rules: ``[(regex, spec), ...]`` (or a dict in insertion order).
-        strict: Raise when array leaves match no pattern (else they are replicated), and when a
-            pattern matches no array leaf's path (a misspelt pattern before a catch-all would
-            otherwise place nothing, silently). Checked only for a tree with array leaves.
+        strict: Raise when array leaves match no pattern (else they are replicated). A pattern
+            that matches no leaf is allowed: rule sets carry patterns for optional modules (an
+            ``lm_head`` a tied model lacks, biases) and are applied to subtrees.
         mesh: A ``Mesh``, ``AbstractMesh`` or ``{axis: size}`` dict (``None``: the context mesh,
             if any).
 
     Raises:
         ShardingError: if a regex does not compile or a spec repeats a mesh axis; on ``apply``,
-            if ``strict`` and leaves are unmatched (all listed) or patterns match no leaf (all
-            listed), a spec names a mesh axis the mesh lacks, a matched spec is invalid for its
-            leaf, or a mapping spec matches with no mesh.
+            if ``strict`` and leaves are unmatched (all listed), a spec names a mesh axis the mesh
+            lacks, a matched spec is invalid for its leaf, or a mapping spec matches with no mesh.
 
     Example:
         >>> import jax.numpy as jnp
@@ -377,8 +376,6 @@ class PathRegexRule(ShardingRule):
         plans: dict[int, TreePlan] = {}
         out: list[Any] = []
         unmatched: list[str] = []
-        paths: list[str] = []  # of the array leaves, for strict's check of unused patterns
-        won: set[int] = set()  # patterns that gave some leaf its spec
         checked: set[tuple[int, tuple[int, ...]]] = set()  # (pattern index, shape) seen valid
         resolved: dict[tuple[int, Any], PartitionSpec] = {}  # (pattern index, axes) -> spec
         for j, value in enumerate(values):
@@ -387,11 +384,9 @@ class PathRegexRule(ShardingRule):
                 out.append(None)
                 continue
             path = format_path(keys[j])
-            paths.append(path)
             for i, (regex, spec) in enumerate(self.rules):
                 if not regex.search(path):
                     continue
-                won.add(i)
                 if isinstance(spec, (dict, AxisRules)):
                     # A NamedArray's spec depends on its axes alone: once per (pattern, axes).
                     key = (i, value.axes) if isinstance(value, NamedArray) else None
@@ -427,25 +422,7 @@ class PathRegexRule(ShardingRule):
                 f"Patterns: {', '.join(repr(r.pattern) for r, _ in self.rules) or '(none)'}. Add a "
                 "pattern for them, end with a catch-all (r'.*', P()), or pass strict=False."
             )
-        if self.strict and paths:
-            self._check_used(won, paths)
         return treedef.unflatten(out)
-
-    def _check_used(self, won: set[int], paths: list[str]) -> None:
-        """Raise for patterns whose regex finds no leaf path (a pattern shadowed by an earlier
-        one still matches paths, and is not refused)."""
-        unused = [
-            r.pattern
-            for i, (r, _) in enumerate(self.rules)
-            if i not in won and not any(r.search(p) for p in paths)
-        ]
-        if unused:
-            shown = ", ".join(repr(p) for p in paths[:5]) + (" ..." if len(paths) > 5 else "")
-            raise ShardingError(
-                f"PathRegexRule pattern(s) {', '.join(map(repr, unused))} match no leaf path "
-                f"(strict=True), so they place nothing: a misspelling? Leaf paths: {shown}. Fix "
-                "or remove the pattern, or pass strict=False."
-            )
 
     @staticmethod
     def _check_mappable(leaf: Leaf, pattern: str, spec: Any, mesh: MeshLike | None) -> None:
