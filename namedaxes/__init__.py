@@ -91,6 +91,7 @@ from ._errors import ShardingError as ShardingError
 from ._errors import ShardingWarning as ShardingWarning
 from ._errors import SpecMismatchError as SpecMismatchError
 from ._errors import UnmatchedMappingError as UnmatchedMappingError
+from ._errors import UnsatisfiedAxisError as UnsatisfiedAxisError
 from ._logical._context import axis_mapping as axis_mapping
 from ._logical._context import current_axis_mapping as current_axis_mapping
 from ._logical._resolve import resolve as resolve

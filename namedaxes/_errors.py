@@ -42,6 +42,7 @@ __all__ = [
     "ShardingWarning",
     "SpecMismatchError",
     "UnmatchedMappingError",
+    "UnsatisfiedAxisError",
     "did_you_mean",
     "format_axes",
     "format_mesh",
@@ -103,6 +104,36 @@ class MappingTypeError(ShardingError, NamedTypeError):
 
 class SpecMismatchError(ShardingError):
     """A tree of partition specs does not match the tree of arrays it describes."""
+
+
+class UnsatisfiedAxisError(ShardingError):
+    """No rule of a mapping can place an axis (``resolve`` with ``unsatisfied="error"``).
+
+    Callers that know the remedies their users have (``from_hf``, ``named_jit``) rewrite the
+    advice from the fields instead of the text.
+
+    Attributes:
+        axis: The axis's name.
+        diagnosis: The message without its advice: the array, the mesh and why each candidate
+            rule failed.
+        candidates: The axis's candidate mesh-axis tuples in rule order.
+    """
+
+    def __init__(
+        self, message: str, axis: str = "", diagnosis: str = "", candidates: tuple[Any, ...] = ()
+    ):
+        super().__init__(message)
+        self.axis, self.diagnosis, self.candidates = axis, diagnosis, candidates
+
+
+def with_prefix(error: Exception, prefix: str) -> Exception:
+    """``error`` again, of its type, its message after ``prefix`` (where it happened: a leaf's
+    path, the caller), keeping the fields of a structured error (``UnsatisfiedAxisError``)."""
+    new = type(error)(f"{prefix}{error}")
+    new.__dict__.update(error.__dict__)
+    if isinstance(error, UnsatisfiedAxisError) and error.diagnosis:
+        new.diagnosis = f"{prefix}{error.diagnosis}"  # type: ignore[attr-defined]
+    return new
 
 
 class UnmatchedMappingError(ShardingError):

@@ -530,3 +530,37 @@ def test_input_committed_off_the_mesh_is_refused_naming_it(axis_type):
         g = na.named_jit(lambda a, b: a + b, mapping, in_axis_resources=mapping)
         moved = g(a, on_other)  # in_axis_resources moves it
     assert spec_of(moved) == P("data") and shard_shapes(moved) == [(4, 12)]
+
+
+def test_input_on_the_one_device_of_a_one_device_mesh_stays(axis_type):
+    """An array committed to the only device of a 1-device mesh (a model loaded without a
+    mapping, a batch put on the device) is on the mesh: it is not refused as off the mesh."""
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1], axis_types=(axis_type,))
+    f = na.named_jit(lambda x: x * 2)
+    x = named(jax.device_put(jnp.ones((4, 3)), jax.devices()[0]), ("batch", "embed"))
+    with jax.set_mesh(mesh), na.axis_mapping({"batch": "data"}):
+        out = f(x)
+    np.testing.assert_array_equal(out.array, np.full((4, 3), 2.0))
+
+
+def test_an_unplaced_input_the_mapping_cannot_divide_names_named_jit_remedies(axis_type):
+    """The advice names what a named_jit caller can do (resolve's generic advice named options
+    named_jit does not have); the error keeps resolve's fields."""
+    mesh = make_mesh((2, 4), ("data", "model"), axis_type)
+    loss = na.named_jit(lambda x: x.array.sum())
+    x = named(jnp.ones((3, 8)), ("batch", "embed"))  # made outside the mesh: unplaced
+    with jax.set_mesh(mesh), axis_mapping({"batch": "data"}):
+        with pytest.raises(
+            na.UnsatisfiedAxisError,
+            match=r"^named_jit cannot place argument args\[0\] by the mapping in force\. .*Cannot "
+            r"shard axis 'batch' \(size 3\) .*Candidates: \(data=2\): 2 does not divide 3\. Place "
+            r"it yourself before the call \(na\.shard\(x, mapping, mesh\) with a mapping that "
+            r"divides it, or pad it\), or give 'batch' a fallback in a list mapping, e\.g\. "
+            r"\[\.\.\., \('batch', 'data'\), \('batch', None\)\], which replicates it where no "
+            r"earlier rule applies\.$",
+        ) as caught:
+            loss(x)
+        assert caught.value.axis == "batch" and caught.value.candidates == (("data",),)
+        fallback = [("batch", "data"), ("batch", None)]
+        with axis_mapping(fallback):
+            assert float(loss(x)) == 24.0

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import jax
 
-from .._errors import MappingTypeError, ShardingError
+from .._errors import MappingTypeError, ShardingError, with_prefix
 from ._rules import AxisRules, MeshAxes, RulesLike, as_rules, merge_rules
 
 __all__ = [
@@ -221,7 +221,7 @@ def rules_in_force(mapping: RulesLike | None, caller: str) -> AxisRules:
         try:
             return as_rules(mapping)
         except MappingTypeError as err:  # say which call got the bad mapping
-            raise type(err)(f"{caller}(): {err}") from None
+            raise with_prefix(err, f"{caller}(): ") from None
     e = _visible_entry()
     if e is None:
         raise ShardingError(

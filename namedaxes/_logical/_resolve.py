@@ -15,7 +15,14 @@ from jax.sharding import PartitionSpec
 
 from .._axis import Axis, check_unique
 from .._caches import register
-from .._errors import NamedTypeError, ShardingError, format_axes, format_mesh, format_names
+from .._errors import (
+    NamedTypeError,
+    ShardingError,
+    UnsatisfiedAxisError,
+    format_axes,
+    format_mesh,
+    format_names,
+)
 from .._mesh import MeshLike, MeshShape, mesh_shape
 from .._spec import entry_of
 from ._rules import _POLICIES, AxisRules, RulesLike, UnsatisfiedPolicy, as_rules
@@ -134,7 +141,7 @@ def _resolve_cached(
         for name in rules.names:
             if name in size_of and name not in placed:
                 axis = Axis(name, size_of[name])
-                raise ShardingError(_unsatisfied_message(axes, axis, rules, sizes, used))
+                raise _unsatisfied(axes, axis, rules, sizes, used)
     return PartitionSpec(*(entry_of(placed.get(a.name)) for a in axes))
 
 
@@ -172,13 +179,13 @@ def _check_mesh_axes(rules: AxisRules, sizes: dict[str, int], mesh: MeshShape) -
         )
 
 
-def _unsatisfied_message(
+def _unsatisfied(
     axes: tuple[Axis, ...],
     axis: Axis,
     rules: AxisRules,
     sizes: dict[str, int],
     used: dict[str, str],
-) -> str:
+) -> UnsatisfiedAxisError:
     reasons = []
     for target in rules.candidates(axis.name):
         if target is None:  # unreachable: a None candidate always applies
@@ -191,12 +198,17 @@ def _unsatisfied_message(
         else:
             why = f"{size} does not divide {axis.size}"
         reasons.append(f"({shown}): {why}")
-    return (
+    diagnosis = (
         f"Cannot shard axis {axis.name!r} (size {axis.size}) of an array with axes "
         f"({format_axes(axes)}) on {format_mesh(sizes)}: no rule applies. Candidates: "
         + "; ".join(reasons)
-        + ". Pad the axis with round_axis_for_partitioning, add a fallback rule (e.g. "
-        f"({axis.name!r}, None) to replicate), or use unsatisfied='replicate'."
+    )
+    return UnsatisfiedAxisError(
+        f"{diagnosis}. Pad the axis with round_axis_for_partitioning, add a fallback rule (e.g. "
+        f"({axis.name!r}, None) to replicate), or use unsatisfied='replicate'.",
+        axis=axis.name,
+        diagnosis=diagnosis,
+        candidates=tuple(c for c in rules.candidates(axis.name) if c is not None),
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import jax
 
 from .._caches import register_owner
-from .._errors import NamedTypeError, ShardingError
+from .._errors import NamedTypeError, ShardingError, UnsatisfiedAxisError
 from .._logical._context import (
     axis_mapping,
     current_mapping_and_rules,
@@ -500,7 +500,18 @@ def _if_unplaced(
         target = planned.target(i)
     except ShardingError as e:  # kept as text: the entry must not hold the trace of this call
         message = str(e)
-        if argument:
+        if argument and isinstance(e, UnsatisfiedAxisError):
+            # named_jit's remedies: resolve's generic ones name options named_jit does not have.
+            first = e.candidates[0] if e.candidates else ()
+            target = repr(first[0]) if len(first) == 1 else repr(first)
+            message = (
+                f"named_jit cannot place argument {argument} by the mapping in force. "
+                f"{e.diagnosis}. Place it yourself before the call (na.shard(x, mapping, mesh) "
+                f"with a mapping that divides it, or pad it), or give {e.axis!r} a fallback in a "
+                f"list mapping, e.g. [..., ({e.axis!r}, {target}), ({e.axis!r}, None)], which "
+                "replicates it where no earlier rule applies."
+            )
+        elif argument:
             message = f"named_jit cannot place argument {argument} by the mapping in force. {e}"
-        return IfUnplaced(None, planned.mesh, path, (type(e), message))
+        return IfUnplaced(None, planned.mesh, path, (type(e), message, dict(e.__dict__)))
     return None if target is None else IfUnplaced(target, planned.mesh, path)

@@ -78,7 +78,9 @@ class IfUnplaced(NamedTuple):
     target: Any  # a NamedSharding; None when the mapping cannot place the leaf (see `error`)
     mesh: Any
     path: str = ""
-    error: tuple[type[Exception], str] | None = None  # why the mapping cannot place it
+    # Why the mapping cannot place it: the error's type, message and fields (not the error,
+    # whose traceback would hold this call's frames).
+    error: tuple[type[Exception], str, dict[str, Any]] | None = None
 
     def placed(self) -> Any:
         """The target, for a leaf that must be placed.
@@ -87,7 +89,10 @@ class IfUnplaced(NamedTuple):
             ShardingError: why the mapping cannot place the leaf (``resolve``'s error).
         """
         if self.error is not None:
-            raise self.error[0](self.error[1])
+            kind, message, fields = self.error
+            error = kind(message)
+            error.__dict__.update(fields)
+            raise error
         return self.target
 
 
@@ -111,6 +116,13 @@ def _unless_placed(leaf: Any, t: IfUnplaced) -> Any:
     sharding = getattr(leaf, "sharding", None)
     mesh = t.mesh
     if isinstance(sharding, jax.sharding.NamedSharding) and same_placement(sharding.mesh, mesh):
+        return None
+    if (
+        sharding is not None
+        and not isinstance(sharding, jax.sharding.NamedSharding)
+        and isinstance(mesh, jax.sharding.Mesh)
+        and sharding.device_set == set(mesh.devices.flat)
+    ):  # on the mesh's devices in another form (one device, of a 1-device mesh): it stays
         return None
     if not t.path or sharding is None or (isinstance(leaf, jax.Array) and not leaf.committed):
         return t.placed()

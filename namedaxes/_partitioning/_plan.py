@@ -44,6 +44,7 @@ from .._errors import (
     did_you_mean,
     format_names,
     format_path,
+    with_prefix,
 )
 from .._logical._resolve import check_rules_mesh_axes, resolve
 from .._logical._rules import AxisRules, MeshAxes
@@ -160,7 +161,7 @@ class TreePlan:
             if spec is _UNSET:
                 spec = structure.specs[i] = resolve(info, self.rules, self.mesh)  # type: ignore[arg-type]
         except ShardingError as e:  # in a large tree the path is how to find the leaf
-            raise type(e)(f"At leaf {self.path(i)!r}: {e}") from e
+            raise with_prefix(e, f"At leaf {self.path(i)!r}: ") from e
         return spec
 
     def path(self, i: int) -> str:

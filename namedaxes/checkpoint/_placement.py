@@ -34,7 +34,7 @@ from jax.sharding import (
 
 from .._array import NamedArray
 from .._axis import Axis
-from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh
+from .._errors import MeshError, MeshTypeError, NamedAxesError, format_mesh, with_prefix
 from .._logical._context import current_axis_mapping
 from .._logical._rules import as_rules
 from .._mesh import mesh_axis_sizes
@@ -82,7 +82,7 @@ class Placement:
             try:
                 axes.append(leaf_axes(info, leaf))
             except NamedAxesError as e:
-                raise type(e)(f"Leaf {key!r}: {e}") from None
+                raise with_prefix(e, f"Leaf {key!r}: ") from None
         specs: dict[str, PartitionSpec | None] = {}
         if self.rules is not None:
             named = {k: NamedArray(x, a) for x, k, a in zip(leaves, keys, axes) if a is not None}

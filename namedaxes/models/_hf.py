@@ -25,10 +25,10 @@ from .._errors import (
     NamedTypeError,
     QuantizationError,
     ShardingError,
+    UnsatisfiedAxisError,
     format_names,
 )
 from .._logical._context import current_axis_mapping, rules_in_force
-from .._logical._rules import AxisRules
 from .._mesh import context_mesh
 from .._partitioning._jit_args import check_live
 from .._partitioning._plan import check_matched
@@ -182,27 +182,21 @@ def _shardings(
     try:
         specs = pspec_for(model, rules, mesh=mesh)
     except ShardingError as e:
-        raise _unsatisfied(e, rules) from None
+        raise _unsatisfied(e) from None
     return [NamedSharding(mesh, _get(specs, t.path)) for t in tensors]
 
 
-# What resolve says when no rule of an axis applies, up to the fixes it suggests: padding the
-# axis (round_axis_for_partitioning) and AxisRules(unsatisfied=...) are not from_hf's to take.
-UNSATISFIED = re.compile(r"(?P<what>.*Cannot shard axis '(?P<axis>[^']+)'.*?)\. Pad the axis", re.S)
-
-
-def _unsatisfied(error: ShardingError, rules: AxisRules) -> ShardingError:
+def _unsatisfied(error: ShardingError) -> ShardingError:
     """``error`` with from_hf's fix when it is an axis that no rule could place: a checkpoint's
     sizes are what they are, so the fix is a fallback rule in a list mapping."""
-    found = UNSATISFIED.match(str(error))
-    if found is None:
+    if not isinstance(error, UnsatisfiedAxisError):
         return error
-    axis = found["axis"]
-    first = next((c for c in rules.candidates(axis) if c is not None), ())
+    axis = error.axis
+    first = error.candidates[0] if error.candidates else ()
     target = repr(first[0]) if len(first) == 1 else repr(first)
     return ShardingError(
-        f"from_hf: {found['what']}. A checkpoint's sizes are fixed: give {axis!r} a fallback in a "
-        f"list mapping, e.g. [..., ({axis!r}, {target}), ({axis!r}, None)], which replicates it "
+        f"from_hf: {error.diagnosis}. A checkpoint's sizes are fixed: give {axis!r} a fallback in "
+        f"a list mapping, e.g. [..., ({axis!r}, {target}), ({axis!r}, None)], which replicates it "
         "where no earlier rule applies."
     )
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
-from .._errors import MeshError, ShardingError, format_mesh, format_names
+from .._errors import MeshError, ShardingError, format_mesh, format_names, with_prefix
 from .._logical._resolve import check_rules_mesh_axes
 from .._mesh import MeshLike, context_mesh, mesh_axis_sizes, same_placement
 from .._spec import entry_axes, rank_problem, spec_alone_problems
@@ -63,7 +63,7 @@ def check_pattern_specs(
             try:
                 check_rules_mesh_axes(spec, mesh)
             except ShardingError as e:
-                raise type(e)(f"{caller} {label}: {e}") from e
+                raise with_prefix(e, f"{caller} {label}: ") from e
 
 
 def check_same_mesh(caller: str, rules: Sequence[Any]) -> MeshLike | None:
