@@ -21,7 +21,8 @@ for flag in FAST_COMPILE.split():
 # Identical programs recur across tests (a fixture model's forward pass in several tests, the same
 # helper in both xdist workers): one compilation cache for the run's processes compiles each once
 # (about 12% of the suite). The controller makes it before the workers start, so they (and the
-# subprocesses tests start) inherit it, and removes it at the end: nothing carries over between runs.
+# subprocesses tests start) inherit it, and removes it at the end: nothing carries over between runs
+# (a JAX_COMPILATION_CACHE_DIR set by the caller is used as it is, and kept).
 _CACHE_MADE_HERE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _CACHE_MADE_HERE = tempfile.mkdtemp(prefix="namedaxes-test-compile-cache-")
