@@ -106,21 +106,19 @@ def test_plan_with_factory_step_and_rules(model_dir, capsys):
     assert out["compiled"]["output_bytes"] >= out["state_bytes_per_device"]  # + the output tuple
 
 
+SEARCH = [
+    "plan",
+    "na_cli_model:state",
+    "--mesh",
+    "data=2,model=4",
+    "--search",
+    "--budget",
+    "600KiB",
+]
+
+
 def test_search_json(model_dir, capsys):
-    code = main(
-        [
-            "plan",
-            "na_cli_model:state",
-            "--mesh",
-            "data=2,model=4",
-            "--search",
-            "--budget",
-            "600KiB",
-            "--top",
-            "2",
-            "--json",
-        ]
-    )
+    code = main([*SEARCH, "--top", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert 1 <= len(out["plans"]) <= 2 and out["plans"][0]["fits"] is True
@@ -288,17 +286,6 @@ def test_factory_and_step_failures_exit_2_with_a_message(model_dir, capsys, fact
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and "Traceback" not in err
-
-
-SEARCH = [
-    "plan",
-    "na_cli_model:state",
-    "--mesh",
-    "data=2,model=4",
-    "--search",
-    "--budget",
-    "600KiB",
-]
 
 
 def test_search_json_rejected_rules_are_json_lists(model_dir, capsys):
