@@ -10,6 +10,7 @@ it), and a delegation then costs one global and one attribute read.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from types import EllipsisType
 from typing import Any, NoReturn, Protocol, TypeAlias, cast
@@ -135,7 +136,11 @@ class NamedArray:
     through ``jax.jit``, ``jax.grad``, ``jax.eval_shape``, ``eqx.filter_jit`` and friends. Axis
     names are unique and the axes' sizes equal the array's shape; both are checked on every
     construction. Trees rebuilt by JAX itself (``tree_unflatten``) are not checked, because JAX and
-    equinox legitimately put non-arrays (``None``, sentinels, batched tracers) in the leaf.
+    equinox legitimately put non-arrays (``None``, sentinels, batched tracers) in the leaf; named
+    ops check their NamedArray inputs' shapes instead. So map NamedArrays with ``na.vmap`` /
+    ``na.scan`` / ``na.fold``, never ``jax.vmap`` / ``lax.scan`` / ``lax.map`` (or a per-example
+    ``jax.vmap(jax.grad(...))``): those change the array's dimensions but not its axes, and named
+    ops then raise an ``AxisError``.
 
     Args:
         array: A ``jax.Array`` (or anything array-like with a ``shape``, such as a
@@ -264,7 +269,12 @@ class NamedArray:
 
     @property
     def sharding(self) -> Any:
-        """The array's ``jax.sharding.Sharding`` (``None`` where the leaf has none)."""
+        """The array's ``jax.sharding.Sharding``, or ``None`` where the leaf has none.
+
+        The leaf has none inside ``jax.jit`` (a tracer), even on Explicit meshes, and for
+        placeholders (``None``, ``ShapeDtypeStruct`` without one). Inside ``jit`` read the
+        sharding from the type instead: ``jax.typeof(x.array).sharding``.
+        """
         return getattr(self.array, "sharding", None)
 
     def axis_size(self, axis: AxisSelector) -> int:
@@ -351,13 +361,40 @@ class NamedArray:
             f"would drop its axis names. Use x.array (axes in the order {layout!r}){other}."
         )
 
-    def __bool__(self) -> bool:
+    def _single(self, what: str, fix: str) -> Any:
+        """The 0-d array of a single-element NamedArray, for Python's scalar conversions."""
         if self.size != 1:
             raise AxisError(
-                f"The truth value of NamedArray({format_axes(self.axes)}) with {self.size} elements "
-                "is ambiguous. Reduce it first, e.g. bool(x.any()) or bool(x.all())."
+                f"The {what} of NamedArray({format_axes(self.axes)}) with {self.size} elements "
+                f"is ambiguous. Reduce it first, e.g. {fix}."
             )
-        return bool(self.array)
+        return self.array.reshape(())  # NumPy deprecates converting arrays with dimensions
+
+    def __bool__(self) -> bool:
+        return bool(self._single("truth value", "bool(x.any()) or bool(x.all())"))
+
+    def __float__(self) -> float:
+        return float(self._single("float value", "float(x.sum()) or float(x.max())"))
+
+    def __int__(self) -> int:
+        return int(self._single("int value", "int(x.sum()) or int(x.argmax())"))
+
+    def __complex__(self) -> complex:
+        return complex(self._single("complex value", "complex(x.sum())"))
+
+    def __index__(self) -> int:
+        # Only integers are indices: Python's rule, which lets x[1.0] fail.
+        if not jnp.issubdtype(self.dtype, jnp.integer):
+            raise NamedTypeError(
+                f"NamedArray({_dtype_name(self.dtype)}, {format_axes(self.axes)}) cannot be used "
+                "as an index: only integer arrays can. Convert it first, e.g. x.astype(jnp.int32)."
+            )
+        return operator.index(self._single("index value", "x.argmax() or x['axis', 0]"))
+
+    def __format__(self, format_spec: str) -> str:
+        if not format_spec:  # f"{x}" keeps str()/repr()
+            return str(self)
+        return format(self._single(f"format {format_spec!r}", "f'{x.max():.2f}'"), format_spec)
 
     def __matmul__(self, other: Any) -> NoReturn:
         raise NamedTypeError(

@@ -388,3 +388,59 @@ def test_comparing_with_a_list_is_refused_not_identity():
             compare()
     assert (x == None) is False and (x != "seq") is True  # noqa: E711 - unrelated objects: identity
     np.testing.assert_array_equal((x == 2).array, [False, True, False])
+
+
+_MAPPED = (
+    r"NamedArray axes \(batch=2, embed=3\) do not match its array's shape \(3, 2\): was it mapped "
+    r"by jax\.vmap or lax\.scan/lax\.map\? Map NamedArrays with na\.vmap / na\.scan, which keep names\."
+)
+
+
+def test_named_ops_refuse_an_array_that_jax_vmap_relabelled():
+    import namedaxes as na
+
+    x = _x()
+    y = jax.vmap(lambda v: v, in_axes=1)(x)  # array (3, 2), axes still (batch=2, embed=3)
+    with pytest.raises(AxisError, match=_MAPPED):
+        y["batch", 0]
+    with pytest.raises(AxisError, match=_MAPPED):
+        y.sum("embed")
+    with pytest.raises(AxisError, match=_MAPPED):
+        y * 2
+    with pytest.raises(AxisError, match=r"do not match its array's shape \(3,\)"):
+        jax.vmap(lambda v: v.sum("batch"))(x)  # inside: the mapped dimension is gone
+    # The named way keeps names (and a placeholder leaf, with no shape, is not checked).
+    out = na.vmap(lambda v: v.sum("embed"), "batch")(x)
+    assert out.axes == (Axis("batch", 2),)
+    np.testing.assert_allclose(out.array, [3.0, 12.0])
+
+
+def test_scalar_conversions_of_a_single_element_array():
+    import operator
+
+    one = named(jnp.full((1, 1), 2.5), ("a", "b"))
+    assert float(one) == 2.5 and int(one) == 2 and complex(one) == 2.5 + 0j
+    assert f"{one:.2f}" == "2.50"
+    assert f"{one}" == str(one) == "NamedArray(float32, a=1, b=1)"
+    assert [10, 20, 30][named(jnp.int32(1), ())] == 20
+    assert operator.index(named(jnp.ones((1,), jnp.int32), "a")) == 1
+
+    many = named(jnp.ones(3), "a")
+    for convert, what in [
+        (float, "float value"),
+        (int, "int value"),
+        (complex, "complex value"),
+        (lambda v: f"{v:.2f}", "format '.2f'"),
+    ]:
+        with pytest.raises(
+            AxisError, match=rf"The {what} of NamedArray\(a=3\) with 3 elements is ambiguous\."
+        ):
+            convert(many)
+    with pytest.raises(
+        NamedTypeError,
+        match=r"NamedArray\(float32, a=1, b=1\) cannot be used as an index: only integer arrays "
+        r"can\. Convert it first, e\.g\. x\.astype\(jnp\.int32\)\.",
+    ):
+        operator.index(one)
+    with pytest.raises(AxisError, match=r"The index value of NamedArray\(a=3\) with 3 elements"):
+        operator.index(named(jnp.ones(3, jnp.int32), "a"))

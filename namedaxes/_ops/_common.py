@@ -10,7 +10,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._array import NamedArray
-from .._errors import NamedTypeError, ShardingError, format_axes
+from .._errors import AxisError, NamedTypeError, ShardingError, format_axes
 from .._logical._context import current_axis_mapping
 from .._logical._resolve import resolve
 from .._mesh import explicit_axes
@@ -19,6 +19,7 @@ from .._spec import entry_axes, entry_of
 __all__ = [
     "agree_by_name",
     "agree_on_dim",
+    "check_layout",
     "describe_operand",
     "expect_named",
     "explicit_sharding",
@@ -37,10 +38,31 @@ def describe_operand(x: Any) -> str:
     return f"{x!r} ({type(x).__name__})"
 
 
-def expect_named(x: Any, caller: str, arg: str = "x") -> NamedArray:
-    """Return ``x`` if it is a NamedArray, else raise a ``NamedTypeError`` that says how to name it."""
-    if isinstance(x, NamedArray):
+def check_layout(x: NamedArray) -> NamedArray:
+    """Return ``x`` if its array's shape matches its axes, else raise an ``AxisError``.
+
+    Construction checks this, but trees rebuilt by JAX are not checked (see ``NamedArray``), so
+    ``jax.vmap``/``lax.map`` over a NamedArray hand named ops an array with a dimension removed
+    or added, and ``in_axes=1`` moves one. Named ops check here, on every input; placeholders with
+    no shape (``None``, sentinels) pass.
+    """
+    shape = getattr(x.array, "shape", None)
+    if shape is None or tuple(shape) == tuple(a.size for a in x.axes):
         return x
+    if not all(isinstance(d, int) for d in shape):  # symbolic dimensions: nothing to compare
+        return x
+    raise AxisError(
+        f"NamedArray axes ({format_axes(x.axes)}) do not match its array's shape {tuple(shape)}: "
+        "was it mapped by jax.vmap or lax.scan/lax.map? Map NamedArrays with na.vmap / na.scan, "
+        "which keep names."
+    )
+
+
+def expect_named(x: Any, caller: str, arg: str = "x") -> NamedArray:
+    """Return ``x`` if it is a NamedArray (with an array of its axes' shape, see
+    :func:`check_layout`), else raise a ``NamedTypeError`` that says how to name it."""
+    if isinstance(x, NamedArray):
+        return check_layout(x)
     raise NamedTypeError(
         f"{caller}() needs a NamedArray for `{arg}`, got {describe_operand(x)}. "
         "Name its axes first, e.g. named(array, ('batch', 'embed'))."

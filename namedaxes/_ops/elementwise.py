@@ -23,7 +23,13 @@ from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisError, AxisSizeError, NamedTypeError, format_axes, format_names
 from ._align import align_to, result_axes
-from ._common import agree_by_name, describe_operand, expect_named, scalar_keywords
+from ._common import (
+    agree_by_name,
+    check_layout,
+    describe_operand,
+    expect_named,
+    scalar_keywords,
+)
 
 __all__ = ["ELEMENTWISE_OPS", "astype", "broadcast_into", "canonical_dtype", "clip", "lift_call"]
 
@@ -35,7 +41,9 @@ _SCALAR_TYPES = (bool, int, float, complex, np.generic)
 
 def _check_operand(x: Any, caller: str, what: str) -> Any:
     """``x`` if it can take part in a by-name broadcast; a typed error otherwise."""
-    if isinstance(x, (NamedArray, *_SCALAR_TYPES)):
+    if isinstance(x, NamedArray):
+        return check_layout(x)
+    if isinstance(x, _SCALAR_TYPES):
         return x
     shape = None if isinstance(x, type) else getattr(x, "shape", None)
     if shape is not None:

@@ -62,6 +62,7 @@ def getitem(x: NamedArray, key: Any) -> NamedArray:
         >>> x["seq", 0].axis_names, x[{"embed": slice(0, 2)}].shape
         (('batch', 'embed'), {'batch': 2, 'seq': 3, 'embed': 2})
     """
+    x = expect_named(x, "getitem")
     return plan_selection(x, parse_key(x, key)).gather(x)
 
 
