@@ -4,7 +4,9 @@
 exactly the axes ``batch`` and ``embed``, in any order (named ops never depend on axis order, so
 the annotation does not either). ``...`` allows further axes: ``NamedArray["batch ..."]``. An
 optional second item constrains the dtype with ``jnp.issubdtype``, so both exact types and
-categories work: ``NamedArray["batch embed", jnp.floating]``. Because the check is a plain
+categories work: ``NamedArray["batch embed", jnp.floating]``; Python's ``float``, ``int``,
+``complex`` and ``bool`` stand for ``jnp.floating``, ``jnp.integer``, ``jnp.complexfloating`` and
+``jnp.bool_`` (jaxtyping's convention), so ``NamedArray["batch", float]`` accepts float32. Because the check is a plain
 ``isinstance``, runtime checkers that use ``isinstance`` (beartype, typeguard) understand it too.
 
 Static checkers see ``NamedArray["..."]`` as ``NamedArray``: pyright accepts the subscript because
@@ -72,7 +74,8 @@ def _mismatch(ann: _AxesMeta, x: Any) -> str | None:
     if ann._dtype is not None:
         dtype = getattr(x.array, "dtype", None)
         if dtype is not None and not jnp.issubdtype(dtype, ann._dtype):
-            problems.append(f"dtype {np.dtype(dtype)} is not {_dtype_name(ann._dtype)}")
+            # str(), not np.dtype(): typed PRNG keys (key<fry>) are not NumPy dtypes.
+            problems.append(f"dtype {dtype} is not {_dtype_name(ann._dtype)}")
     return "; ".join(problems) or None
 
 
@@ -121,6 +124,14 @@ def _annotation(base: type, spec: str, dtype: Any) -> _AxesMeta:
     return _AxesMeta(f"NamedArray[{spec!r}]", (base,), namespace)
 
 
+_PYTHON_DTYPES: dict[type, Any] = {
+    bool: jnp.bool_,
+    int: jnp.integer,
+    float: jnp.floating,
+    complex: jnp.complexfloating,
+}
+
+
 def annotation_class(cls: type, item: Any) -> _AxesMeta:
     """``NamedArray["batch embed"]`` or ``NamedArray["batch embed", dtype]`` (``cls[item]``).
 
@@ -139,6 +150,9 @@ def annotation_class(cls: type, item: Any) -> _AxesMeta:
             f"NamedArray[...] takes a string of axis names, optionally with a dtype, e.g. "
             f"NamedArray['batch embed'] or NamedArray['batch embed', jnp.float32]; got {item!r}."
         )
+    # Python's float/int/complex name categories (jaxtyping's convention): jnp.issubdtype(float32,
+    # float) is False unless x64 is on, so `float` would otherwise match nothing by default.
+    dtype = _PYTHON_DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
     if dtype is not None:
         try:
             jnp.issubdtype(jnp.float32, dtype)

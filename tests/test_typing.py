@@ -296,3 +296,38 @@ def test_check_axes_refuses_a_function_with_nothing_to_check():
         r"or result \(annotations it cannot resolve: 'Ann' of parameter 'x'\), so there is",
     ):
         keep(X)
+
+
+@pytest.mark.parametrize(
+    ("python_type", "category", "matching", "other"),
+    [
+        (float, "floating", jnp.ones(2), jnp.ones(2, jnp.int32)),
+        (int, "integer", jnp.ones(2, jnp.int32), jnp.ones(2)),
+        (complex, "complexfloating", jnp.ones(2, jnp.complex64), jnp.ones(2)),
+        (bool, "bool", jnp.ones(2, bool), jnp.ones(2, jnp.int32)),
+    ],
+)
+def test_python_scalar_types_name_dtype_categories(python_type, category, matching, other):
+    ann = NamedArray["batch", python_type]
+    assert repr(ann) == f"NamedArray['batch', {category}]"
+    assert isinstance(na.named(matching, ("batch",)), ann)
+    assert not isinstance(na.named(other, ("batch",)), ann)
+    if python_type is float:
+        assert isinstance(na.named(jnp.ones(2, jnp.bfloat16), ("batch",)), ann)
+
+
+def test_prng_key_arrays_match_no_numeric_dtype():
+    keys = na.named(jax.random.split(jax.random.key(0), 2), ("batch",))
+    assert not isinstance(keys, NamedArray["batch", jnp.floating])
+    assert isinstance(keys, NamedArray["batch"])
+
+    @na.check_axes
+    def f(x: NamedArray["batch", jnp.floating]) -> NamedArray["batch"]:
+        return x
+
+    with pytest.raises(
+        na.NamedTypeError,
+        match=r"f\(\) argument 'x' is NamedArray\(batch=2\), which does not match "
+        r"NamedArray\['batch', floating\]: dtype key<fry> is not floating\.",
+    ):
+        f(keys)
