@@ -376,3 +376,11 @@ def test_einsum_ellipsis_glued_to_a_name_says_to_add_a_space():
         na.AxisError, match=r"result spec 'mlp\.\.\.' has 'mlp\.\.\.'.*'mlp \.\.\.'"
     ):
         na.einsum("-> mlp...", x, w)
+
+
+def test_dot_refuses_an_array_that_jax_vmap_relabelled():
+    """dot/einsum check their operands' layout as the other named ops do."""
+    x = na.named(jnp.arange(6.0).reshape(2, 3), ("batch", "embed"))
+    relabelled = jax.vmap(lambda t: jax.tree.map(lambda v: v * 1, t), in_axes=1)(x)
+    with pytest.raises(na.AxisError, match=r"do not match its array's shape \(3, 2\)"):
+        na.dot(relabelled, x, axis="embed")

@@ -28,7 +28,7 @@ from .._errors import (
 from .._logical._resolve import resolve
 from .._logical._rules import AxisRules
 from ._checks import as_selectors, dtype_arg, reject_positional
-from ._common import agree_by_name, explicit_sharding
+from ._common import agree_by_name, check_layout, explicit_sharding
 
 __all__ = ["dot", "einsum"]
 
@@ -50,6 +50,7 @@ def _operands(caller: str, arrays: Sequence[Any]) -> tuple[NamedArray, ...]:
                 f"{caller}() operand {i + 1} must be a NamedArray, got {type(x).__name__}"
                 f"{'' if shape is None else f' of shape {tuple(shape)}'}; {hint}."
             )
+        check_layout(x)
     return tuple(arrays)
 
 
