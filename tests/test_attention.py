@@ -392,8 +392,82 @@ def test_heads_pair_by_name_not_by_layout():
 
 def test_causal_must_be_a_bool():
     q, k, v = qkv(1, 2, 2, 2, 2, 4)
-    with pytest.raises(na.NamedTypeError, match=r"causal must be True or False, got 'no'"):
+    with pytest.raises(na.NamedTypeError, match=r"causal must be True, False or None, got 'no'"):
         na.nn.dot_product_attention(q, k, v, causal="no")
     E, H, D = na.Axis("embed", 8), na.Axis("heads", 2), na.Axis("head_dim", 4)
     with pytest.raises(na.NamedTypeError, match=r"Attention causal must be True or False, got 1"):
         na.nn.Attention(E, H, D, key=jax.random.key(0), causal=1)
+
+
+def test_grouped_query_heads_on_the_named_path_pair_like_the_kernel():
+    """A value with another head size runs by named ops; query head h uses kv head h // 2."""
+    q, k, _ = qkv(2, 3, 5, 4, 2, 8)
+    v = na.random.normal(
+        jax.random.key(3), {"batch": 2, "key_position": 5, "kv_heads": 2, "head_dim": 6}
+    )
+    heads = jax.random.bernoulli(jax.random.key(4), 0.6, (4, 5)).at[:, -1].set(True)
+    mask = named(heads, ("heads", "key_position"))
+    i, j = jnp.arange(3)[:, None] + 2, jnp.arange(5)[None, :]
+    allowed = (j <= i)[None, None] & heads[None, :, None, :]
+    want = reference(q.array, k.array, v.array, allowed, 8**-0.5)
+    order = ("head_dim", "heads", "position", "batch")  # names, not positions
+    out = na.nn.dot_product_attention(q.rearrange(order), k, v, causal=True, mask=mask)
+    assert out.axes == (
+        na.Axis("head_dim", 6), na.Axis("heads", 4), na.Axis("position", 3), na.Axis("batch", 2)
+    )  # fmt: skip
+    got = out.rearrange(("batch", "position", "heads", "head_dim")).array
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "where, axes, match",
+    [
+        ("key", {"batch": 3, "key_position": 5, "heads": 4, "head_dim": 8},
+         r"axis 'batch' has size 2 in the query .* but size 3 in the key"),
+        ("key", {"batch": 2, "key_position": 5, "heads": 2, "head_dim": 8},
+         r"axis 'heads' has size 4 in the query .* but size 2 in the key"),
+        ("mask", {"position": 1, "key_position": 5},
+         r"axis 'position' has size 3 in the query .* but size 1 in the mask .* One name must "
+         r"have one size: give the mask size 3 along 'position'"),
+        ("key_mask", {"batch": 3, "key_position": 5},
+         r"axis 'batch' has size 2 in the query .* but size 3 in the key_mask"),
+        ("key_lengths", {"batch": 3}, r"size 3 in the key_lengths"),
+    ],
+)  # fmt: skip
+def test_one_name_has_one_size_across_the_inputs(where, axes, match):
+    q, k, v = qkv(2, 3, 5, 4, 4, 8)
+    kw = {}
+    if where == "key":
+        k = v = na.ones(axes)
+    elif where == "key_lengths":
+        kw[where] = na.full(axes, 2)
+    else:
+        kw[where] = na.full(axes, True)
+    with pytest.raises(na.AxisSizeError, match=match):
+        na.nn.dot_product_attention(q, k, v, **kw)
+
+
+def test_integer_inputs_are_refused():
+    q, k, v = (x.astype(jnp.int32) for x in qkv(1, 3, 3, 2, 2, 4))
+    with pytest.raises(na.NamedTypeError, match=r"must be floating point .* got int32"):
+        na.nn.dot_product_attention(q, k, v)
+
+
+def test_scale_must_be_a_static_real_number():
+    q, k, v = qkv(1, 3, 3, 2, 2, 4)
+    with pytest.raises(na.NamedTypeError, match=r"scale must be a real number .* got 'a'"):
+        na.nn.dot_product_attention(q, k, v, scale="a")
+    with pytest.raises(na.NamedTypeError, match=r"scale must be a static number, got a traced"):
+        jax.jit(lambda s: na.nn.dot_product_attention(q, k, v, scale=s))(0.5)
+    a = na.nn.dot_product_attention(q, k, v, scale=jnp.float32(0.25))
+    b = na.nn.dot_product_attention(q, k, v, scale=0.25)
+    np.testing.assert_array_equal(a.array, b.array)
+
+
+def test_a_sliding_window_is_causal_and_refuses_causal_false():
+    q, k, v = qkv(1, 4, 4, 2, 2, 4)
+    a = na.nn.dot_product_attention(q, k, v, sliding_window=2)
+    b = na.nn.dot_product_attention(q, k, v, sliding_window=2, causal=True)
+    np.testing.assert_array_equal(a.array, b.array)
+    with pytest.raises(na.LayerError, match=r"sliding_window=2 is a causal window"):
+        na.nn.dot_product_attention(q, k, v, sliding_window=2, causal=False)

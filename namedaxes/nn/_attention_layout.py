@@ -19,7 +19,7 @@ from .._array import NamedArray
 from .._errors import AxisSizeError, format_axes
 from .._ops.shape import rearrange
 
-__all__ = ["Layout", "classify", "to_layout"]
+__all__ = ["Layout", "classify", "heads_layout", "to_layout"]
 
 _WHAT = "dot_product_attention"
 
@@ -43,6 +43,19 @@ def classify(q: NamedArray, k: NamedArray, v: NamedArray, head: str, kpos: str, 
         set(k.axis_names) != set(v.axis_names) or any(v.axis_size(a.name) != a.size for a in k.axes)
     ):
         return None
+    return heads_layout(q, k, head, kpos, position, heads)
+
+
+def heads_layout(q: NamedArray, k: NamedArray, head: str, kpos: str, position: str,
+                 heads: str) -> Layout:  # fmt: skip
+    """Which of the query's and key's axes are batch, query heads and key/value heads.
+
+    The kernel path and the named-ops path both pair query heads with key/value heads by it.
+
+    Raises:
+        AxisSizeError: if the key/value heads do not divide the query heads, or several heads
+            axes on a side would pair in their layout order.
+    """
     in_k = set(k.axis_names)
     pos = position if q.has_axis(position) else None
     batch = tuple(n for n in q.axis_names if n in in_k and n not in (head, heads))

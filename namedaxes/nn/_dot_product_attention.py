@@ -20,8 +20,8 @@ from .._array import NamedArray
 from .._axis import Axis, AxisSelector, axis_name
 from .._errors import (
     AttentionKernelError,
-    AxisNotFoundError,
     AxisSizeError,
+    LayerError,
     NamedTypeError,
     format_axes,
     format_names,
@@ -31,12 +31,13 @@ from .._ops.contract import dot
 from .._ops.creation import arange
 from .._ops.reductions import softmax
 from .._ops.sets import where
-from .._ops.shape import rearrange
+from .._ops.shape import broadcast_to, flatten_axes, rearrange, unflatten_axis
 from .._partitioning._shard_map import shard_map
 from .._spec import entry_axes, entry_of
 from . import _attention_kernels as kernels
 from . import _context_parallel as cp
-from ._attention_layout import Layout, classify, to_layout
+from ._attention_checks import check_mask, check_padding, check_sizes, offset_value, scale_value
+from ._attention_layout import Layout, classify, heads_layout, to_layout
 from ._common import expect_axes, expect_free, mesh_entries, spec_by_name
 from ._context_layout import LAYOUTS
 from ._precision import current_precision, upcast
@@ -44,17 +45,6 @@ from ._precision import current_precision, upcast
 __all__ = ["dot_product_attention"]
 
 _WHAT = "dot_product_attention"
-
-
-def _offset_value(query_offset: Any) -> int | jax.Array | None:
-    if query_offset is None or isinstance(query_offset, int) and not isinstance(query_offset, bool):
-        return query_offset
-    arr = query_offset.array if isinstance(query_offset, NamedArray) else query_offset
-    if getattr(arr, "ndim", None) == 0 and jnp.issubdtype(arr.dtype, jnp.integer):
-        return jnp.asarray(arr, jnp.int32)
-    raise NamedTypeError(
-        f"{_WHAT}: query_offset must be an int or an integer scalar array, got {query_offset!r}."
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,16 +220,45 @@ def _run_kernel(
     return shard_map(local, in_specs=specs, out_specs=specs[0], check_vma=False)(*arrays)
 
 
+_FLAT, _PER_KV = "__query_heads__", "__queries_per_kv_head__"  # scratch names, never returned
+
+
 def _general(
     q: NamedArray, k: NamedArray, v: NamedArray, scale: float, allowed: NamedArray | None,
-    kpos: str, head: str,
+    layout: Layout,
 ) -> NamedArray:  # fmt: skip
-    """Attention with named ops (the value may have other axes than the key)."""
-    scores = upcast(dot(q * jnp.asarray(scale, q.dtype), k, axis=head))
+    """Attention with named ops (the value may have other axes than the key).
+
+    Axes the query shares with the key pair by name. Grouped-query heads (key/value heads the
+    query lacks) pair as on the kernel path: the query heads, flattened as ``layout`` orders
+    them, are split into the key/value heads and a group of queries per key/value head, so that
+    query head ``h`` meets key/value head ``h // (N // K)`` by name; the output is merged back.
+    """
+    query_names = q.axis_names
+    q_heads = tuple(q.resolve_axis(n) for n in layout.q_heads)
+    kv_heads = tuple(k.resolve_axis(n) for n in layout.kv_heads)
+    grouped = any(not q.has_axis(a.name) for a in kv_heads)
+    if grouped:
+        n, kv = (math.prod(a.size for a in x) for x in (q_heads, kv_heads))
+        per_kv = Axis(_PER_KV, n // kv)
+
+        def group(x: NamedArray) -> NamedArray:
+            flat = flatten_axes(broadcast_to(x, (*q_heads, ...)), layout.q_heads, _FLAT)
+            return unflatten_axis(flat, _FLAT, (*kv_heads, per_kv))
+
+        q = group(q)
+        if allowed is not None and any(allowed.has_axis(a.name) for a in q_heads):
+            allowed = group(allowed)
+    scores = upcast(dot(q * jnp.asarray(scale, q.dtype), k, axis=layout.head))
     if allowed is not None:
         scores = where(allowed, scores, float(jnp.finfo(scores.dtype).min))
-    weights = softmax(scores, kpos).astype(v.dtype)
-    return dot(weights, v, axis=kpos)
+    weights = softmax(scores, layout.kpos).astype(v.dtype)
+    out = dot(weights, v, axis=layout.kpos)
+    if not grouped:
+        return out
+    out = flatten_axes(out, tuple(a.name for a in (*kv_heads, per_kv)), _FLAT)
+    out = unflatten_axis(out, _FLAT, q_heads)
+    return rearrange(out, (*(n for n in query_names if out.has_axis(n)), ...))
 
 
 def _general_refuses_context(
@@ -275,57 +294,6 @@ def _structural(position: Axis | None, kpos: Axis, offset: Any, window: int | No
     return allowed
 
 
-def _check_mask(mask: Any, q: NamedArray, head: str, kpos: Axis) -> None:
-    if not isinstance(mask, NamedArray) or mask.dtype != jnp.bool_:
-        raise NamedTypeError(
-            f"{_WHAT}: mask must be a boolean NamedArray, got {mask!r}. Build it with "
-            "causal_mask(...) or a comparison such as tokens != pad_id."
-        )
-    scores = tuple(a for a in q.axes if a.name != head) + (kpos,)
-    extra = [a.name for a in mask.axes if a.name not in {s.name for s in scores}]
-    if extra:
-        raise AxisNotFoundError(
-            f"{_WHAT}: mask NamedArray({format_axes(mask.axes)}) has axis "
-            f"{format_names(extra)} that the scores NamedArray({format_axes(scores)}) "
-            "lack. Mask over query, key and shared axes only (rename the mask's axes to match)."
-        )
-
-
-def _check_padding(
-    key_mask: Any, key_lengths: Any, q: NamedArray, k: NamedArray, head: str, kpos: Axis, heads: str
-) -> None:
-    if key_mask is not None and key_lengths is not None:
-        raise NamedTypeError(f"{_WHAT}: pass key_mask= or key_lengths=, not both.")
-    shared = {n for n in q.axis_names if k.has_axis(n) and n not in (head, heads)}
-    if key_mask is not None:
-        if not isinstance(key_mask, NamedArray) or key_mask.dtype != jnp.bool_:
-            raise NamedTypeError(
-                f"{_WHAT}: key_mask must be a boolean NamedArray over (batch..., "
-                f"{kpos.name}), True at real keys, got {key_mask!r}."
-            )
-        expect_axes(key_mask, (kpos,), _WHAT, "key_mask")
-        allowed, x, what = shared | {kpos.name}, key_mask, "key_mask"
-    elif key_lengths is not None:
-        if not isinstance(key_lengths, NamedArray) or not jnp.issubdtype(
-            key_lengths.dtype, jnp.integer
-        ):
-            raise NamedTypeError(
-                f"{_WHAT}: key_lengths must be an integer NamedArray over batch axes (the number "
-                f"of real keys at the start of each row), got {key_lengths!r}."
-            )
-        allowed, x, what = shared, key_lengths, "key_lengths"
-    else:
-        return
-    extra = [n for n in x.axis_names if n not in allowed]
-    if extra:
-        may = sorted(shared) + ([kpos.name] if what == "key_mask" else [])
-        raise AxisNotFoundError(
-            f"{_WHAT}: {what} NamedArray({format_axes(x.axes)}) has axis {format_names(extra)}; "
-            f"padding is per batch row, so it may only have {format_names(may)} (axes the query, "
-            f"key and value share, besides {heads!r}). Drop or rename that axis."
-        )
-
-
 def dot_product_attention(
     query: NamedArray,
     key: NamedArray,
@@ -337,7 +305,7 @@ def dot_product_attention(
     heads: AxisSelector = "heads",
     mask: NamedArray | None = None,
     scale: float | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     sliding_window: int | None = None,
     key_lengths: NamedArray | None = None,
     key_mask: NamedArray | None = None,
@@ -431,9 +399,12 @@ def dot_product_attention(
         position: The query position axis.
         heads: The query heads axis name (shared with key/value in multi-head attention).
         mask: Boolean NamedArray over some of the scores' axes; ``True`` attends.
-        scale: Multiplies the scores; default ``head_axis size ** -0.5``.
-        causal: Causal attention at ``query_offset``.
-        sliding_window: Window size ``w`` (HF semantics); implies ``causal``.
+        scale: Multiplies the scores; default ``head_axis size ** -0.5``. A static real number
+            (the kernels take it as a constant): a traced one raises.
+        causal: Causal attention at ``query_offset``; ``None`` (the default) is causal exactly
+            when ``sliding_window`` is given.
+        sliding_window: Window size ``w`` (HF semantics); causal (``causal=False`` with it
+            raises).
         key_lengths: Integer NamedArray over batch axes: real keys per row (right padding).
         key_mask: Boolean NamedArray ``(batch..., key_position)``: real keys (any padding side).
         query_offset: Key position of the first query: an int or an integer scalar (traced is
@@ -452,10 +423,14 @@ def dot_product_attention(
         AxisNotFoundError: if ``head_axis``/``key_position`` is missing, or the mask or padding has
             an axis it may not have.
         AxisSizeError: if ``head_axis`` differs in size between query and key, the value's key
-            positions differ from the key's, the key/value heads do not divide the query heads,
-            or several heads axes would pair in their layout order (above).
+            positions differ from the key's, an axis name has two sizes among the inputs (a
+            mask's size-1 axis does not broadcast either: leave the axis out), the key/value
+            heads do not divide the query heads, or several heads axes would pair in their
+            layout order (above).
         DuplicateAxisError: if the query has ``key_position``.
-        NamedTypeError: if an option has the wrong type.
+        NamedTypeError: if an option has the wrong type (``scale`` traced, too), or the query,
+            key and value are not floating point.
+        LayerError: if ``causal=False`` is passed with a ``sliding_window``.
         AttentionKernelError: if ``implementation`` or a context option is unknown, names a
             kernel that cannot run here (with the reason: device, dtype, shapes or options), asks
             for a ring whose key positions do not split into equal blocks, for Ulysses with query
@@ -511,8 +486,8 @@ def dot_product_attention(
         )
     why = "names the key positions; query positions need another name"
     expect_free(query, (kpos_name,), _WHAT, why)
-    if not isinstance(causal, bool):
-        raise NamedTypeError(f"{_WHAT}: causal must be True or False, got {causal!r}.")
+    if causal is not None and not isinstance(causal, bool):
+        raise NamedTypeError(f"{_WHAT}: causal must be True, False or None, got {causal!r}.")
     if sliding_window is not None:
         if (
             not isinstance(sliding_window, int)
@@ -520,11 +495,19 @@ def dot_product_attention(
             or sliding_window < 1
         ):
             raise NamedTypeError(f"{_WHAT}: sliding_window must be a positive int, got {sliding_window!r}.")  # fmt: skip
-        causal = True
+        if causal is False:
+            raise LayerError(
+                f"{_WHAT}: sliding_window={sliding_window} is a causal window (a query sees the "
+                "keys at and before it); pass causal=True (or leave it None), or "
+                "sliding_window=None."
+            )
+    causal = sliding_window is not None if causal is None else causal
     if mask is not None:
-        _check_mask(mask, query, head, kpos)
-    _check_padding(key_mask, key_lengths, query, key, head, kpos, heads_name)
-    offset = _offset_value(query_offset)
+        check_mask(mask, query, head, kpos)
+    check_padding(key_mask, key_lengths, query, key, head, kpos, heads_name)
+    inputs = dict(query=query, key=key, value=value, mask=mask, key_mask=key_mask)
+    check_sizes(dict(inputs, key_lengths=key_lengths), head)
+    offset = offset_value(query_offset)
     policy = current_precision()
     query, key, value = policy.cast_to_compute((query, key, value))
     if len({query.dtype, key.dtype, value.dtype}) > 1:
@@ -532,10 +515,16 @@ def dot_product_attention(
             f"{_WHAT}: query, key and value must share a dtype, got {query.dtype}, {key.dtype} "
             f"and {value.dtype}. Cast them (or use a precision policy)."
         )
-    scale = q_head.size**-0.5 if scale is None else float(scale)
+    if not jnp.issubdtype(query.dtype, jnp.floating):
+        raise NamedTypeError(
+            f"{_WHAT}: query, key and value must be floating point (the softmax weights are "
+            f"fractions), got {query.dtype}. Cast them, e.g. query.astype(jnp.float32)."
+        )
+    scale = scale_value(scale, q_head)
 
     layout = classify(query, key, value, head, kpos_name, pos_name, heads_name)
     if layout is None:
+        heads_of = heads_layout(query, key, head, kpos_name, pos_name, heads_name)
         _general_refuses_context(query, key, value, pos_name, context_strategy, context_layout)
         if implementation not in (None, "xla"):
             raise AttentionKernelError(
@@ -552,7 +541,7 @@ def dot_product_attention(
             allowed = _and(allowed, key_mask)
         elif key_lengths is not None:
             allowed = _and(allowed, arange(kpos) < key_lengths.astype(jnp.int32))
-        return _general(query, key, value, scale, allowed, kpos_name, head)
+        return _general(query, key, value, scale, allowed, heads_of)
 
     arrays = (query, key, value, mask, key_mask, key_lengths, offset)
     strategy = _ContextOptions(context_strategy, context_balance, context_layout)
