@@ -214,8 +214,22 @@ class NamedArray:
                     f"Axis {i} must be a name (str) or an Axis, got {a!r} ({type(a).__name__})."
                 )
         check_unique(resolved)
-        self.array = array
-        self.axes = tuple(resolved)
+        object.__setattr__(self, "array", array)  # immutable afterwards (__setattr__)
+        object.__setattr__(self, "axes", tuple(resolved))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise NamedTypeError(
+            f"NamedArray is immutable: cannot set {name!r} (its names and array are checked "
+            "together when it is made). Make a new one: x.rename(...) for names, "
+            "named(new_array, x.axes) for values."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise NamedTypeError(f"NamedArray is immutable: cannot delete {name!r}.")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # copy, deepcopy and pickle rebuild it as the pytree does (slots would be set one by one).
+        return (type(self)._tree_unflatten, (self.axes, (self.array,)))
 
     # -- pytree -----------------------------------------------------------------------------
 
@@ -229,8 +243,9 @@ class NamedArray:
     def _tree_unflatten(cls, axes: tuple[Axis, ...], children: Iterable[Any]) -> NamedArray:
         # No validation: JAX rebuilds trees with placeholders and batched tracers in the leaf.
         obj = object.__new__(cls)
-        (obj.array,) = children
-        obj.axes = axes
+        (array,) = children
+        object.__setattr__(obj, "array", array)
+        object.__setattr__(obj, "axes", axes)
         return obj
 
     # -- properties -------------------------------------------------------------------------

@@ -444,3 +444,23 @@ def test_scalar_conversions_of_a_single_element_array():
         operator.index(one)
     with pytest.raises(AxisError, match=r"The index value of NamedArray\(a=3\) with 3 elements"):
         operator.index(named(jnp.ones(3, jnp.int32), "a"))
+
+
+def test_named_array_is_immutable_and_copies_and_pickles():
+    """Its names and array are checked together when it is made, so they cannot be set apart
+    (x.axes = ... was accepted, and a sum then took the wrong dimension); copy, deepcopy and
+    pickle still round-trip."""
+    import copy
+    import pickle
+
+    x = named(jnp.arange(6.0).reshape(2, 3), ("batch", "embed"))
+    with pytest.raises(NamedTypeError, match=r"^NamedArray is immutable: cannot set 'axes'"):
+        x.axes = (Axis("embed", 2), Axis("batch", 3))
+    with pytest.raises(NamedTypeError, match=r"^NamedArray is immutable: cannot set 'array'"):
+        x.array = jnp.ones(7)
+    with pytest.raises(NamedTypeError, match=r"^NamedArray is immutable: cannot delete"):
+        del x.array
+    for again in (copy.copy(x), copy.deepcopy(x), pickle.loads(pickle.dumps(x))):
+        assert again.axes == x.axes
+        np.testing.assert_array_equal(again.array, x.array)
+    np.testing.assert_array_equal(x.sum("embed").array, [3.0, 12.0])
