@@ -125,6 +125,16 @@ class UnsatisfiedAxisError(ShardingError):
         super().__init__(message)
         self.axis, self.diagnosis, self.candidates = axis, diagnosis, candidates
 
+    def fallback_advice(self) -> str:
+        """The fix every caller can offer: a fallback rule for the axis in a list mapping."""
+        first = self.candidates[0] if self.candidates else ()
+        target = repr(first[0]) if len(first) == 1 else repr(first)
+        axis = repr(self.axis)
+        return (
+            f"give {axis} a fallback in a list mapping, e.g. [..., ({axis}, {target}), ({axis}, "
+            "None)], which replicates it where no earlier rule applies"
+        )
+
 
 def with_prefix(error: Exception, prefix: str) -> Exception:
     """``error`` again, of its type, its message after ``prefix`` (where it happened: a leaf's

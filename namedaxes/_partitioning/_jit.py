@@ -502,14 +502,10 @@ def _if_unplaced(
         message = str(e)
         if argument and isinstance(e, UnsatisfiedAxisError):
             # named_jit's remedies: resolve's generic ones name options named_jit does not have.
-            first = e.candidates[0] if e.candidates else ()
-            target = repr(first[0]) if len(first) == 1 else repr(first)
             message = (
                 f"named_jit cannot place argument {argument} by the mapping in force. "
                 f"{e.diagnosis}. Place it yourself before the call (na.shard(x, mapping, mesh) "
-                f"with a mapping that divides it, or pad it), or give {e.axis!r} a fallback in a "
-                f"list mapping, e.g. [..., ({e.axis!r}, {target}), ({e.axis!r}, None)], which "
-                "replicates it where no earlier rule applies."
+                f"with a mapping that divides it, or pad it), or {e.fallback_advice()}."
             )
         elif argument:
             message = f"named_jit cannot place argument {argument} by the mapping in force. {e}"

@@ -191,13 +191,8 @@ def _unsatisfied(error: ShardingError) -> ShardingError:
     sizes are what they are, so the fix is a fallback rule in a list mapping."""
     if not isinstance(error, UnsatisfiedAxisError):
         return error
-    axis = error.axis
-    first = error.candidates[0] if error.candidates else ()
-    target = repr(first[0]) if len(first) == 1 else repr(first)
     return ShardingError(
-        f"from_hf: {error.diagnosis}. A checkpoint's sizes are fixed: give {axis!r} a fallback in "
-        f"a list mapping, e.g. [..., ({axis!r}, {target}), ({axis!r}, None)], which replicates it "
-        "where no earlier rule applies."
+        f"from_hf: {error.diagnosis}. A checkpoint's sizes are fixed: {error.fallback_advice()}."
     )
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from .._array import NamedArray
 from .._axis import Axis
 from .._errors import AxisNotFoundError, AxisSizeError, NamedTypeError, format_axes, format_names
-from ._common import expect_axes
+from ._common import expect_axes, real_number
 
 __all__ = ["check_mask", "check_padding", "check_sizes", "offset_value", "scale_value"]
 
@@ -35,23 +35,18 @@ def scale_value(scale: Any, head: Axis) -> float:
     """``scale`` as the static float every kernel takes (default ``head size ** -0.5``)."""
     if scale is None:
         return head.size**-0.5
-    if isinstance(scale, bool) or not (
-        isinstance(scale, (int, float))
-        or getattr(scale, "ndim", None) == 0
-        and jnp.issubdtype(scale.dtype, jnp.number)
-        and not jnp.issubdtype(scale.dtype, jnp.complexfloating)
-    ):
-        raise NamedTypeError(
-            f"{_WHAT}: scale must be a real number (it multiplies the scores), got {scale!r}."
-        )
-    try:
-        return float(scale)
-    except jax.errors.ConcretizationTypeError:
+    value = real_number(scale)
+    if value is not None:
+        return value
+    if isinstance(scale, jax.core.Tracer) and jnp.issubdtype(scale.dtype, jnp.number):
         raise NamedTypeError(
             f"{_WHAT}: scale must be a static number, got a traced value {scale!r}: the kernels "
             "take it as a constant. Pass a Python float (mark it static under jax.jit), or "
             "multiply the query by it and pass scale=1.0."
-        ) from None
+        )
+    raise NamedTypeError(
+        f"{_WHAT}: scale must be a real number (it multiplies the scores), got {scale!r}."
+    )
 
 
 def check_sizes(inputs: dict[str, NamedArray | None], value_head: str) -> None:
