@@ -71,13 +71,11 @@ def match_carry(init: Any, carry: Any, caller: str, name: str) -> Any:
 
 
 def _explicit_spec(leaf: Any) -> tuple[Any, ...]:
-    """The Explicit spec entries of an array leaf (or its abstract value), one per dimension."""
-    sharding = getattr(leaf, "sharding", None) if isinstance(leaf, jax.ShapeDtypeStruct) else None
-    if sharding is None:
-        try:
-            sharding = jax.typeof(leaf).sharding
-        except (TypeError, AttributeError):  # not an array: nothing placed
-            return ()
+    """The Explicit spec entries of an array leaf (a tracer's type), one per dimension."""
+    try:
+        sharding = jax.typeof(leaf).sharding
+    except (TypeError, AttributeError):  # not an array: nothing placed
+        return ()
     spec = tuple(getattr(sharding, "spec", ()) or ())
     return spec + (None,) * (len(np.shape(leaf)) - len(spec))
 
@@ -100,7 +98,8 @@ class CarryMoved(Exception):
 
 
 def place_carry(init: Any, shardings: list[Any]) -> Any:
-    """``init`` with each leaf resharded to the sharding a step gave it (``CarryMoved``).
+    """``init`` with each leaf that a step moved resharded to where the step put it
+    (``CarryMoved``: a sharding per leaf, ``None`` for leaves left where they were).
 
     On Explicit meshes a sharding is part of the carry's type, and ``lax.scan`` needs one type
     across steps; a body that places the carry elsewhere (a replicated ``zeros`` plus a sharded
@@ -108,9 +107,7 @@ def place_carry(init: Any, shardings: list[Any]) -> Any:
     """
     leaves, treedef = jax.tree_util.tree_flatten(init)
     placed = [
-        jax.sharding.reshard(leaf, want)
-        if _explicit_spec(leaf) != tuple(want.spec) + (None,) * (np.ndim(leaf) - len(want.spec))
-        else leaf
+        leaf if want is None else jax.sharding.reshard(leaf, want)
         for leaf, want in zip(leaves, shardings)
     ]
     return treedef.unflatten(placed)
@@ -123,22 +120,23 @@ def check_carry_placement(
     it came in (so the scan is traced again from a placed ``init``: one trace when nothing moves,
     also for nested scans); after that, a ``ShardingError``: the body has no sharding to settle on.
     """
-    paths, _ = jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_named_array)
-    returned = jax.tree_util.tree_leaves(new_carry, is_leaf=is_named_array)
-    for (path, a), b in zip(paths, returned):
-        before = _explicit_spec(a.array if isinstance(a, NamedArray) else a)
-        after = _explicit_spec(b.array if isinstance(b, NamedArray) else b)
-        if before == after:
+    before = [_explicit_spec(a) for a in jax.tree_util.tree_leaves(carry)]
+    returned = jax.tree_util.tree_leaves(new_carry)
+    after = [_explicit_spec(b) for b in returned]
+    if before == after:
+        return
+    if first:
+        moved = [x != y for x, y in zip(before, after)]
+        raise CarryMoved([jax.typeof(b).sharding if m else None for m, b in zip(moved, returned)])
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_named_array)[0]]
+    for path, was, now in zip(paths, before, after):
+        if was == now:
             continue
-        if first:
-            raise CarryMoved(
-                [jax.typeof(leaf).sharding for leaf in jax.tree_util.tree_leaves(new_carry)]
-            )
         raise ShardingError(
             f"{caller}() over axis {name!r}: fn keeps moving the carry between mesh axes, so "
             f"it has no one sharding that every step keeps. {format_path(('carry', *path))}: "
-            f"a step takes it as {P(*before)} and returns it as {P(*after)}. Place it once: reshard "
+            f"a step takes it as {P(*was)} and returns it as {P(*now)}. Place it once: reshard "
             f"the carry at the end of fn to the sharding it should keep, e.g. "
-            f"jax.sharding.reshard(c, {P(*before)}), and start from an init placed so "
+            f"jax.sharding.reshard(c, {P(*was)}), and start from an init placed so "
             "(na.shard(init))."
         )
