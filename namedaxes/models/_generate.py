@@ -48,7 +48,7 @@ from .._ops.tiling import pad
 from .._partitioning._named_jit import named_jit
 from .._partitioning._shard import auto_sharded
 from .._partitioning._specs import round_axis_for_partitioning
-from ..nn._common import check_ids
+from ..nn._common import check_ids, real_number
 from ..nn._kv_cache import as_traced_index
 from ..random import categorical
 from ._transformer import Transformer
@@ -128,23 +128,6 @@ def _filter(logits: NamedArray, k: int | None, threshold: Any, axis: str) -> Nam
     return logits
 
 
-def _real(value: Any) -> float | None:
-    """``value`` as a Python float when it is a concrete real scalar (a Python, NumPy or 0-d JAX
-    number; not a bool), else ``None``."""
-    if isinstance(value, (bool, np.bool_, jax.core.Tracer)):
-        return None
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
-    if (
-        isinstance(value, (np.ndarray, jax.Array))
-        and value.ndim == 0
-        and (jnp.issubdtype(value.dtype, jnp.integer) or jnp.issubdtype(value.dtype, jnp.floating))
-        and getattr(value, "is_fully_addressable", True)
-    ):
-        return float(value)
-    return None
-
-
 def _check_filters(caller: str, top_k: Any, top_p: Any, *, traced_top_p: bool) -> Any:
     """Check the sampling filters; return ``top_p`` as a float (``None`` stays, and so does a
     traced float scalar when ``traced_top_p``).
@@ -161,7 +144,7 @@ def _check_filters(caller: str, top_k: Any, top_p: Any, *, traced_top_p: bool) -
         if top_p.ndim == 0 and jnp.issubdtype(top_p.dtype, jnp.floating):
             return top_p  # its range is not known here
     else:
-        p = _real(top_p)
+        p = real_number(top_p)
         if p is not None and 0 < p <= 1:
             return p
     traced = " or a traced float scalar" if traced_top_p else ""
@@ -242,7 +225,7 @@ def _check(prompt: Any, attention_mask: Any, max_new_tokens: Any, temperature: A
         raise GenerationError(
             f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}."
         )
-    t = _real(temperature)
+    t = real_number(temperature)
     if t is None or not math.isfinite(t) or t < 0:
         raise GenerationError(
             f"generate: temperature must be a finite number >= 0 (0 is greedy), got "

@@ -154,7 +154,7 @@ def check_ids(
 def real_number(value: Any) -> float | None:
     """``value`` as a Python float when it is a real number: a Python or NumPy one, or a concrete
     0-d array of a real dtype (``jnp.float32(0.1)`` is one); ``None`` for anything else, bools and
-    traced values included. Layers' settings are static: they are read once, here."""
+    traced values included. Settings are static (layers', generate's): they are read once, here."""
     if isinstance(value, bool):
         return None
     if isinstance(value, numbers.Real):
@@ -165,6 +165,7 @@ def real_number(value: Any) -> float | None:
         and dtype is not None
         and (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
         and not isinstance(value, jax.core.Tracer)
+        and getattr(value, "is_fully_addressable", True)  # another host's value cannot be read
     ):
         return float(value)
     return None
